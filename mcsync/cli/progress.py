@@ -1,0 +1,142 @@
+"""Render engine events for a person: a tqdm bar on a terminal, a plain line every few seconds
+in a log, and a summary at the end. The only module that imports tqdm."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import IO
+
+from tqdm import tqdm
+
+from ..config import format_size
+from ..events import (
+    BytesMoved,
+    Event,
+    ListingDone,
+    ObjectDone,
+    ObjectFailed,
+    ObjectPlanned,
+)
+from ..report import SyncReport
+
+
+class _Totals:
+    def __init__(self) -> None:
+        self.objects_total = 0
+        self.objects_done = 0
+        self.bytes_total = 0
+        self.bytes_done = 0
+        self.listing_done = False
+
+    def count(self, event: Event) -> int:
+        """Update the totals; returns the bytes this event moved."""
+        match event:
+            case ObjectPlanned(action=action, size=size) if action in ("copy", "server_copy"):
+                self.objects_total += 1
+                self.bytes_total += size
+            case ObjectPlanned(action="delete"):
+                self.objects_total += 1
+            case ListingDone():
+                self.listing_done = True
+            case BytesMoved(nbytes=n):
+                self.bytes_done += n
+                return n
+            case ObjectDone() | ObjectFailed():
+                self.objects_done += 1
+        return 0
+
+
+class TerminalProgress:
+    """A byte-progress bar whose total grows while the listing runs."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._t = _Totals()
+        self._bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024,
+                         dynamic_ncols=True, file=stream or sys.stderr, leave=True,
+                         desc="listing")
+
+    def emit(self, event: Event) -> None:
+        moved = self._t.count(event)
+        bar = self._bar
+        if isinstance(event, ObjectPlanned) and bar.total != self._t.bytes_total:
+            bar.total = self._t.bytes_total
+            bar.refresh()
+        if moved:
+            bar.update(moved)
+        if isinstance(event, (ObjectDone, ObjectFailed, ListingDone)):
+            desc = "syncing" if self._t.listing_done else "listing+syncing"
+            bar.set_description_str(f"{desc} {self._t.objects_done}/{self._t.objects_total} obj",
+                                    refresh=False)
+        if isinstance(event, ObjectFailed):
+            bar.write(f"failed: {event.key}: {event.error}", file=sys.stderr)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+class LogProgress:
+    """For a log or a pipe: one line every ``interval`` seconds, never a carriage return."""
+
+    def __init__(self, stream: IO[str] | None = None, interval: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._t = _Totals()
+        self._out = stream or sys.stderr
+        self._interval = interval
+        self._clock = clock
+        self._start = clock()
+        self._next = self._start + interval
+
+    def emit(self, event: Event) -> None:
+        self._t.count(event)
+        if isinstance(event, ObjectFailed):
+            print(f"failed: {event.key}: {event.error}", file=self._out, flush=True)
+        now = self._clock()
+        if now >= self._next:
+            self._next = now + self._interval
+            self._line(now)
+
+    def _line(self, now: float) -> None:
+        t = self._t
+        elapsed = max(now - self._start, 1e-9)
+        rate = t.bytes_done / elapsed
+        total = f"{format_size(t.bytes_total)}" + ("" if t.listing_done else "+")
+        eta = ""
+        if t.listing_done and rate > 0:
+            eta = f", eta {max(t.bytes_total - t.bytes_done, 0) / rate:.0f}s"
+        print(f"progress: {t.objects_done}/{t.objects_total} objects, "
+              f"{format_size(t.bytes_done)}/{total}, {format_size(rate)}/s{eta}",
+              file=self._out, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class FailureLines:
+    """With --quiet: only failures are printed."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._out = stream or sys.stderr
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, ObjectFailed):
+            print(f"failed: {event.key}: {event.error}", file=self._out, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def summary(report: SyncReport) -> str:
+    verb = "would copy" if report.dry_run else "copied"
+    parts = [
+        f"{verb} {report.objects_copied} objects ({format_size(report.bytes_copied)})",
+        f"server-side {report.objects_server_copied} ({format_size(report.bytes_server_copied)})",
+        f"skipped {report.objects_skipped}",
+        f"deleted {report.objects_deleted}",
+        f"failed {report.objects_failed}",
+        f"{report.elapsed_s:.1f}s",
+    ]
+    if not report.dry_run:
+        parts.append(f"{format_size(report.throughput_bps)}/s")
+    return " · ".join(parts)

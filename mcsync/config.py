@@ -1,0 +1,108 @@
+"""Options of a sync and the arithmetic that turns them into part sizes and limits.
+
+Memory: at most ``memory_limit`` bytes of object data are buffered at once. Every part or small
+object acquires its size from that budget before its first byte is read and returns it when the
+write is acknowledged, so 128 requests in flight never means 128 x part size of RAM unless the
+budget allows it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+from .errors import UsageError
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+DEFAULT_CONCURRENCY = 128
+DEFAULT_MEMORY_LIMIT = 1 * GiB
+MIN_PART_SIZE = 8 * MiB  # S3's floor is 5 MiB; 8 MiB keeps request overhead negligible
+S3_MIN_PART_SIZE = 5 * MiB
+S3_MAX_PART_SIZE = 5 * GiB
+MAX_PARTS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class SyncOptions:
+    """Everything that shapes one sync. The CLI and the library build the same record."""
+
+    concurrency: int = DEFAULT_CONCURRENCY
+    part_size: int | None = None  # None: auto, see part_size_for()
+    memory_limit: int = DEFAULT_MEMORY_LIMIT
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    delete: bool = False
+    dry_run: bool = False
+    endpoint_url: str | None = None  # for s3:// (meta:// has its own, see stores.registry)
+    profile: str | None = None
+    server_side_copy: bool = True
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise UsageError(f"--concurrency must be at least 1, got {self.concurrency}")
+        if self.part_size is not None and not (
+            S3_MIN_PART_SIZE <= self.part_size <= S3_MAX_PART_SIZE
+        ):
+            raise UsageError(
+                f"--part-size must be between 5 MiB and 5 GiB, got {format_size(self.part_size)}"
+            )
+        if self.memory_limit < S3_MIN_PART_SIZE:
+            raise UsageError(
+                f"--memory-limit must be at least 5 MiB, got {format_size(self.memory_limit)}"
+            )
+
+    def part_size_for(self, size: int) -> int:
+        """Part size for an object of ``size`` bytes: at least 8 MiB (or the chosen size), grown
+        so that no object needs more than 10,000 parts, and never above the memory budget."""
+        part = self.part_size or MIN_PART_SIZE
+        if size > part * MAX_PARTS:
+            part = -(-size // MAX_PARTS)  # ceil
+            part = -(-part // MiB) * MiB  # round up to whole MiB
+        return min(part, max(self.memory_limit, S3_MIN_PART_SIZE), S3_MAX_PART_SIZE)
+
+    @property
+    def multipart_threshold(self) -> int:
+        """Objects larger than this move as parts; smaller ones in one request."""
+        return self.part_size or MIN_PART_SIZE
+
+    def selects(self, key: str) -> bool:
+        """Include/exclude filtering, rsync-like: a key must match an include (if any is given)
+        and no exclude. A pattern matches the whole key or its last path component."""
+
+        def matches(pattern: str) -> bool:
+            name = key.rsplit("/", 1)[-1]
+            return fnmatch.fnmatchcase(key, pattern) or fnmatch.fnmatchcase(name, pattern)
+
+        if self.include and not any(matches(p) for p in self.include):
+            return False
+        return not any(matches(p) for p in self.exclude)
+
+
+_UNITS = {"": 1, "b": 1, "k": KiB, "kb": KiB, "kib": KiB, "m": MiB, "mb": MiB, "mib": MiB,
+          "g": GiB, "gb": GiB, "gib": GiB, "t": 1024 * GiB, "tb": 1024 * GiB, "tib": 1024 * GiB}
+
+
+def parse_size(text: str) -> int:
+    """``"8MiB"`` → 8388608. Units are binary (K = 1024) whatever their spelling."""
+    s = text.strip().lower().replace(" ", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num):]
+    if unit not in _UNITS or not num:
+        raise UsageError(f"not a size: {text!r} (examples: 8MiB, 512K, 2G)")
+    try:
+        value = float(num)
+    except ValueError:
+        raise UsageError(f"not a size: {text!r} (examples: 8MiB, 512K, 2G)") from None
+    return int(value * _UNITS[unit])
+
+
+def format_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

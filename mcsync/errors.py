@@ -1,0 +1,43 @@
+"""The closed set of errors mcsync raises; stores translate SDK errors into these at the edge.
+
+Retry decisions are made by type (``Transient``), never by matching message text.
+"""
+
+from __future__ import annotations
+
+
+class MCSyncError(Exception):
+    """Base class of every error mcsync raises on purpose."""
+
+
+class UsageError(MCSyncError):
+    """Bad command line, URL, option or configuration (exit code 2)."""
+
+
+class ConfigError(UsageError):
+    """The target or source cannot be used at all: missing bucket, bad credentials, unwritable
+    directory. Raised before any byte moves (exit code 2)."""
+
+
+class NotFound(MCSyncError):
+    """The object does not exist."""
+
+
+class PreconditionFailed(MCSyncError):
+    """A conditional request failed: the object changed since it was planned."""
+
+
+class UnsafeKey(MCSyncError):
+    """A key that cannot be written under a filesystem root (``..``, absolute, NUL byte)."""
+
+
+class Transient(MCSyncError):
+    """Worth retrying: throttling, a dropped connection, a 5xx."""
+
+
+class Permanent(MCSyncError):
+    """Not worth retrying: access denied, invalid request."""
+
+
+class IntegrityError(MCSyncError):
+    """Bytes read or written do not match what was expected."""

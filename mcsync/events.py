@@ -1,0 +1,137 @@
+"""Events the engine emits, and the sinks that consume them.
+
+The engine knows nothing of terminals or logs: it calls ``sink.emit(event)`` on the event-loop
+thread, and progress bars, log lines and metrics are sinks. ``emit`` must not block; sinks ignore
+event types they do not know, so adding an event never breaks a subscriber.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from .report import ObjectResult, SyncReport
+
+ActionKind = Literal["copy", "server_copy", "skip", "delete"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    src: str
+    dst: str
+    dry_run: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectPlanned:
+    key: str
+    action: ActionKind
+    size: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ListingDone:
+    """Both listings are exhausted: the totals in the progress display are now final."""
+
+
+@dataclass(frozen=True, slots=True)
+class BytesMoved:
+    key: str
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectDone:
+    result: ObjectResult
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectFailed:
+    key: str
+    action: ActionKind
+    size: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    report: SyncReport
+
+
+Event = (
+    RunStarted | ObjectPlanned | ListingDone | BytesMoved | ObjectDone | ObjectFailed | RunFinished
+)
+
+
+@runtime_checkable
+class EventSink(Protocol):
+    def emit(self, event: Event) -> None: ...
+
+
+class NullSink:
+    def emit(self, event: Event) -> None:
+        pass
+
+
+class FanOut:
+    """Deliver every event to several sinks, in order."""
+
+    def __init__(self, sinks: Iterable[EventSink]) -> None:
+        self._sinks = tuple(sinks)
+
+    def emit(self, event: Event) -> None:
+        for sink in self._sinks:
+            sink.emit(event)
+
+
+class CallbackSink:
+    """Adapts a plain function, for library users: ``on_event=print``."""
+
+    def __init__(self, fn: Callable[[Event], None]) -> None:
+        self._fn = fn
+
+    def emit(self, event: Event) -> None:
+        self._fn(event)
+
+
+@dataclass
+class StatsCollector:
+    """Aggregates events into the run's ``SyncReport``. The engine's only bookkeeping."""
+
+    src: str
+    dst: str
+    dry_run: bool = False
+    clock: Callable[[], float] = time.monotonic
+    _started: float = field(default=0.0, init=False)
+    _report: SyncReport = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._started = self.clock()
+        self._report = SyncReport(src=self.src, dst=self.dst, dry_run=self.dry_run)
+
+    def emit(self, event: Event) -> None:
+        r = self._report
+        match event:
+            case ObjectPlanned(action="skip", size=size):
+                r.objects_skipped += 1
+                r.bytes_skipped += size
+            case ObjectPlanned(action=action, size=size) if self.dry_run:
+                r.record_planned(action, size)
+            case ObjectDone(result=result):
+                r.record_done(result)
+            case ObjectFailed(key=key, error=error):
+                r.objects_failed += 1
+                r.failures.append((key, error))
+            case _:
+                pass
+
+    @property
+    def failed(self) -> int:
+        return self._report.objects_failed
+
+    def finish(self) -> SyncReport:
+        self._report.elapsed_s = self.clock() - self._started
+        return self._report

@@ -1,0 +1,49 @@
+"""Decide, per key, what a sync does. Pure: no IO, so every rule is unit-testable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import SyncOptions
+from .events import ActionKind
+from .listing import Pair
+from .types import ObjectInfo
+
+RESERVED_PREFIX = ".mcsync/"  # mcsync's own state at a target: never synced or deleted as data
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    kind: ActionKind
+    key: str
+    src: ObjectInfo | None
+    dst: ObjectInfo | None
+    reason: str
+
+    @property
+    def size(self) -> int:
+        info = self.src or self.dst
+        return info.size if info else 0
+
+
+def plan(pair: Pair, options: SyncOptions, *, server_side: bool) -> Action | None:
+    """The action for one key, or None when the key is not ours to touch (filtered out, or a
+    target-only key without --delete)."""
+    if pair.key.startswith(RESERVED_PREFIX) or not options.selects(pair.key):
+        return None
+    src, dst = pair.src, pair.dst
+    if src is None:
+        assert dst is not None
+        return Action("delete", pair.key, None, dst, "not at source") if options.delete else None
+    copy: ActionKind = "server_copy" if server_side else "copy"
+    if dst is None:
+        return Action(copy, pair.key, src, None, "new")
+    if src.size != dst.size:
+        return Action(copy, pair.key, src, dst, "size differs")
+    if src.etag and dst.etag and src.etag == dst.etag:
+        return Action("skip", pair.key, src, dst, "same etag")
+    if src.mtime is not None and dst.mtime is not None and dst.mtime >= src.mtime:
+        # Same size and the target was written after the source last changed: the rule of
+        # `aws s3 sync`. Content hashes make this exact (--checksum, with the manifest).
+        return Action("skip", pair.key, src, dst, "same size, target not older")
+    return Action(copy, pair.key, src, dst, "source is newer")

@@ -1,0 +1,89 @@
+"""The typed result of a sync: what the library returns and what ``--json`` prints."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+ResultAction = Literal["copy", "server_copy", "delete"]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectResult:
+    """One object the run changed at the target."""
+
+    key: str
+    action: ResultAction
+    size: int
+    bytes_sent: int  # bytes that went through this client to the target
+    xxh3_128: str | None = None  # digest of the bytes moved; None for server-side copies/deletes
+    hash_block_size: int | None = None  # digest = leaf if one block, else xxh3_128(leaves)
+    etag: str | None = None  # the target's ETag after the write
+
+
+@dataclass
+class SyncReport:
+    src: str
+    dst: str
+    dry_run: bool = False
+    objects_copied: int = 0  # through the client
+    objects_server_copied: int = 0
+    objects_skipped: int = 0
+    objects_deleted: int = 0
+    objects_failed: int = 0
+    bytes_copied: int = 0
+    bytes_server_copied: int = 0
+    bytes_skipped: int = 0
+    elapsed_s: float = 0.0
+    failures: list[tuple[str, str]] = field(default_factory=list)
+    objects: list[ObjectResult] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.objects_failed == 0 and not self.interrupted
+
+    @property
+    def bytes_transferred(self) -> int:
+        return self.bytes_copied + self.bytes_server_copied
+
+    @property
+    def throughput_bps(self) -> float:
+        return self.bytes_transferred / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def exit_code(self) -> int:
+        """0 all done, 1 some objects failed, 130 interrupted (see README: exit codes)."""
+        if self.interrupted:
+            return 130
+        return 0 if self.objects_failed == 0 else 1
+
+    def record_planned(self, action: str, size: int) -> None:
+        """Dry run: count what would move as if it had."""
+        if action == "copy":
+            self.objects_copied += 1
+            self.bytes_copied += size
+        elif action == "server_copy":
+            self.objects_server_copied += 1
+            self.bytes_server_copied += size
+        elif action == "delete":
+            self.objects_deleted += 1
+
+    def record_done(self, result: ObjectResult) -> None:
+        self.objects.append(result)
+        if result.action == "copy":
+            self.objects_copied += 1
+            self.bytes_copied += result.size
+        elif result.action == "server_copy":
+            self.objects_server_copied += 1
+            self.bytes_server_copied += result.size
+        elif result.action == "delete":
+            self.objects_deleted += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["failures"] = [{"key": k, "error": e} for k, e in self.failures]
+        d["bytes_transferred"] = self.bytes_transferred
+        d["throughput_bps"] = round(self.throughput_bps, 1)
+        d["exit_code"] = self.exit_code
+        return d

@@ -1,0 +1,96 @@
+"""The Store protocol: what every backend (local, S3-compatible, ...) offers the engine.
+
+A store is rooted at a location (a directory, or a bucket + prefix); keys are POSIX-style paths
+relative to that root. Listing yields keys in UTF-8 byte order, which for Python ``str`` is
+plain code-point order, so two listings can be merge-joined in one pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Literal, Protocol, runtime_checkable
+
+from ..types import ByteRange, Capabilities, ObjectInfo, PartRef
+
+Buffer = bytes | bytearray | memoryview
+CheckMode = Literal["read", "write", "plan"]
+
+
+class Upload(Protocol):
+    """One object being written in parts; invisible to readers until ``complete``."""
+
+    upload_id: str
+
+    async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef: ...
+
+    async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo: ...
+
+    async def abort(self) -> None: ...
+
+
+class ServerCopyUpload(Upload, Protocol):
+    """An upload that can take parts from an object on the same endpoint (UploadPartCopy)."""
+
+    async def copy_part(self, number: int, source: CopySource, rng: ByteRange) -> PartRef: ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    url: str  # for messages: never contains credentials
+    caps: Capabilities
+
+    def list(self) -> AsyncIterator[ObjectInfo]: ...
+
+    async def head(self, key: str) -> ObjectInfo: ...
+
+    async def get(
+        self, key: str, rng: ByteRange | None = None, *, if_match: str | None = None
+    ) -> bytes: ...
+
+    async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
+        """Write a whole object. ``mtime`` is the source's; stores that can keep it do."""
+        ...
+
+    async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> Upload: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def check(self, *, mode: CheckMode) -> None:
+        """Fail fast with ConfigError when the root cannot be used: ``read`` (a source: it
+        must exist), ``write`` (a target: create it if needed) or ``plan`` (a target of a dry
+        run: it may not exist yet, and nothing is created)."""
+        ...
+
+    def can_copy_from(self, other: Store) -> bool:
+        """True when ``other``'s objects can be copied here without passing through us."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class CopySource(Protocol):
+    """Where a server-side copy reads from: an object on an endpoint the target can reach."""
+
+    bucket: str
+    key: str
+    etag: str | None
+
+
+class ServerCopyStore(Store, Protocol):
+    """A store that can copy from another store on the same endpoint without the bytes
+    passing through this client."""
+
+    def copy_source(self, key: str, etag: str | None) -> CopySource: ...
+
+    async def copy_object(self, source: CopySource, key: str) -> ObjectInfo: ...
+
+    async def open_upload(
+        self, key: str, size: int, *, mtime: float | None = None
+    ) -> ServerCopyUpload: ...
+
+
+def read_range(rng: ByteRange | None) -> str | None:
+    """HTTP Range header value for ``rng`` (None reads the whole object)."""
+    if rng is None:
+        return None
+    return f"bytes={rng.start}-{rng.end - 1}"

@@ -1,0 +1,307 @@
+"""A local or mounted filesystem (Meta Storage Direct mounts a bucket as a path).
+
+Writes go to a hidden temporary file in the target directory and are renamed into place, so a
+reader never sees a half-written file. Keys are untrusted: ``..``, absolute paths, empty
+components and NUL bytes are refused, and the resolved parent directory must stay inside the
+root even when the target tree holds symlinks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+
+from ..errors import ConfigError, NotFound, PreconditionFailed, UnsafeKey
+from ..types import ByteRange, Capabilities, ObjectInfo, PartRef
+from .base import Buffer, CheckMode, Store
+
+TMP_MARK = ".mcsync-tmp-"
+_LIST_BATCH = 256  # entries handed from the walker thread to the event loop at a time
+
+
+def _is_tmp(name: str) -> bool:
+    return name.startswith(".") and TMP_MARK in name
+
+
+class LocalStore:
+    caps = Capabilities(multipart=True, server_side_copy=False, min_part_size=1,
+                        max_part_size=1 << 62, max_parts=1 << 31)
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(os.path.abspath(root))
+        self.url = str(self.root)
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def path_for(self, key: str) -> Path:
+        """The filesystem path of ``key``; raises UnsafeKey for anything that could escape."""
+        if not key or "\x00" in key:
+            raise UnsafeKey(f"{key!r}: empty key or NUL byte")
+        if key.startswith("/"):
+            raise UnsafeKey(f"{key!r}: absolute path")
+        parts = key.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            raise UnsafeKey(f"{key!r}: '.', '..' or empty path component")
+        if any(_is_tmp(p) for p in parts):
+            raise UnsafeKey(f"{key!r}: collides with mcsync's temporary file names")
+        return self.root.joinpath(*parts)
+
+    def _checked_parent(self, path: Path, key: str) -> Path:
+        """Create the parent directory and make sure it resolves inside the root."""
+        parent = path.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        real_root = os.path.realpath(self.root)
+        real_parent = os.path.realpath(parent)
+        if real_parent != real_root and not real_parent.startswith(real_root + os.sep):
+            raise UnsafeKey(f"{key!r}: resolves outside the target root (symlink)")
+        if os.path.islink(path):
+            raise UnsafeKey(f"{key!r}: target is a symlink")
+        return parent
+
+    # -- listing ----------------------------------------------------------------------------
+
+    def _walk(self, directory: Path, prefix: str) -> Iterator[ObjectInfo]:
+        """Depth-first walk in UTF-8 byte order of the *keys*: a directory sorts as
+        ``name/``, so ``a/b`` comes after ``a-b`` just as S3 lists them."""
+        try:
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except FileNotFoundError:
+            return
+        keyed: list[tuple[str, os.DirEntry[str], bool]] = []
+        for e in entries:
+            if _is_tmp(e.name):
+                continue
+            if e.is_dir(follow_symlinks=False):
+                keyed.append((e.name + "/", e, True))
+            elif e.is_file():  # follows file symlinks; skips sockets, fifos, dangling links
+                keyed.append((e.name, e, False))
+        keyed.sort(key=lambda t: t[0])
+        for name, entry, is_dir in keyed:
+            if is_dir:
+                yield from self._walk(Path(entry.path), prefix + name)
+            else:
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue  # removed while we listed
+                yield ObjectInfo(prefix + name, st.st_size, None, st.st_mtime)
+
+    async def list(self) -> AsyncIterator[ObjectInfo]:
+        walker = self._walk(self.root, "")
+
+        def next_batch() -> list[ObjectInfo]:
+            batch = []
+            for info in walker:
+                batch.append(info)
+                if len(batch) >= _LIST_BATCH:
+                    break
+            return batch
+
+        while batch := await asyncio.to_thread(next_batch):
+            for info in batch:
+                yield info
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def head(self, key: str) -> ObjectInfo:
+        path = self.path_for(key)
+        try:
+            st = await asyncio.to_thread(os.stat, path)
+        except FileNotFoundError:
+            raise NotFound(f"{self.url}/{key}: no such file") from None
+        return ObjectInfo(key, st.st_size, None, st.st_mtime)
+
+    async def get(
+        self, key: str, rng: ByteRange | None = None, *, if_match: str | None = None
+    ) -> bytes:
+        path = self.path_for(key)
+
+        def read() -> bytes:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise NotFound(f"{self.url}/{key}: no such file") from None
+            try:
+                if rng is None:
+                    size = os.fstat(fd).st_size
+                    return _pread_exact(fd, size, 0, key)
+                return _pread_exact(fd, rng.length, rng.start, key)
+            finally:
+                os.close(fd)
+
+        return await asyncio.to_thread(read)
+
+    # -- writes -----------------------------------------------------------------------------
+
+    async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
+        path = self.path_for(key)
+
+        def write() -> ObjectInfo:
+            parent = self._checked_parent(path, key)
+            tmp = parent / f".{path.name[:100]}{TMP_MARK}{secrets.token_hex(6)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+            except BaseException:
+                os.close(fd)
+                tmp.unlink(missing_ok=True)
+                raise
+            os.close(fd)
+            return _publish(tmp, path, key, mtime)
+
+        return await asyncio.to_thread(write)
+
+    async def open_upload(
+        self, key: str, size: int, *, mtime: float | None = None
+    ) -> LocalUpload:
+        path = self.path_for(key)
+
+        def create() -> LocalUpload:
+            parent = self._checked_parent(path, key)
+            tmp = parent / f".{path.name[:100]}{TMP_MARK}{secrets.token_hex(6)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.ftruncate(fd, size)  # sparse; parts land at their offsets in any order
+            except BaseException:
+                os.close(fd)
+                tmp.unlink(missing_ok=True)
+                raise
+            return LocalUpload(key, path, tmp, fd, mtime)
+
+        return await asyncio.to_thread(create)
+
+    async def delete(self, key: str) -> None:
+        path = self.path_for(key)
+
+        def remove() -> None:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return
+            # Tidy directories that the delete emptied, never the root itself.
+            parent = path.parent
+            while parent != self.root:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+                parent = parent.parent
+
+        await asyncio.to_thread(remove)
+
+    def can_copy_from(self, other: Store) -> bool:
+        return False
+
+    async def check(self, *, mode: CheckMode) -> None:
+        def probe() -> None:
+            if mode == "plan":
+                existing = self.root
+                while not existing.exists() and existing != existing.parent:
+                    existing = existing.parent
+                if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+                    raise ConfigError(f"{self.url}: cannot create or write this directory")
+                return
+            if mode == "read":
+                if not self.root.is_dir():
+                    raise ConfigError(f"{self.url}: no such directory")
+                if not os.access(self.root, os.R_OK | os.X_OK):
+                    raise ConfigError(f"{self.url}: directory is not readable")
+                return
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"{self.url}: cannot create directory: {exc.strerror}") from None
+            if not self.root.is_dir():
+                raise ConfigError(f"{self.url}: not a directory")
+            probe_path = self.root / f".probe{TMP_MARK}{secrets.token_hex(4)}"
+            try:
+                probe_path.touch(exist_ok=False)
+                probe_path.unlink()
+            except OSError as exc:
+                raise ConfigError(
+                    f"{self.url}: directory is not writable: {exc.strerror}") from None
+
+        await asyncio.to_thread(probe)
+
+    async def aclose(self) -> None:
+        pass
+
+
+class LocalUpload:
+    """A temporary file that parts are written into at their offsets, renamed on complete."""
+
+    def __init__(self, key: str, path: Path, tmp: Path, fd: int, mtime: float | None) -> None:
+        self.key = key
+        self._mtime = mtime
+        self.upload_id = str(tmp)
+        self._path = path
+        self._tmp = tmp
+        self._fd = fd
+
+    async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
+        def write() -> None:
+            view = memoryview(data)
+            pos = offset
+            while view:
+                n = os.pwrite(self._fd, view, pos)
+                view = view[n:]
+                pos += n
+
+        await asyncio.to_thread(write)
+        return PartRef(number, "", len(data))
+
+    async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:
+        def finish() -> ObjectInfo:
+            os.fsync(self._fd)  # a large file: make it durable before it becomes visible
+            os.close(self._fd)
+            self._fd = -1
+            return _publish(self._tmp, self._path, self.key, self._mtime)
+
+        return await asyncio.to_thread(finish)
+
+    async def abort(self) -> None:
+        def drop() -> None:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            self._tmp.unlink(missing_ok=True)
+
+        await asyncio.to_thread(drop)
+
+
+def _publish(tmp: Path, path: Path, key: str, mtime: float | None) -> ObjectInfo:
+    """Rename the finished temporary file into place, carrying the source's mtime so the next
+    run's size + mtime comparison sees the file as current."""
+    try:
+        if mtime is not None:
+            os.utime(tmp, (mtime, mtime))
+        if path.is_dir() and not path.is_symlink():
+            raise UnsafeKey(f"{key!r}: a directory of that name exists at the target")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    st = os.stat(path)
+    return ObjectInfo(key, st.st_size, None, st.st_mtime)
+
+
+def _pread_exact(fd: int, length: int, offset: int, key: str) -> bytes:
+    data = os.pread(fd, length, offset)
+    if len(data) == length:
+        return data
+    chunks = [data]
+    got = len(data)
+    while got < length:
+        more = os.pread(fd, length - got, offset + got)
+        if not more:
+            raise PreconditionFailed(f"{key}: file shrank while it was read")
+        chunks.append(more)
+        got += len(more)
+    return b"".join(chunks)

@@ -1,0 +1,115 @@
+"""URL → Store. The only place that knows which schemes exist and where their settings live."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from ..config import SyncOptions
+from ..errors import UsageError
+from .base import Store
+from .local import LocalStore
+from .s3 import S3Credentials, S3Store
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,253}[a-z0-9]$")
+META_CONFIG = Path("~/.config/mcsync/config.toml")
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    scheme: str  # "s3", "meta", "gs" or "file"
+    bucket: str  # "" for file
+    prefix: str  # bucket prefix ("" or ends with "/"), or the filesystem path for file
+
+
+def parse_url(url: str) -> Location:
+    """Split a source/target address; raises UsageError naming what is wrong."""
+    if not url:
+        raise UsageError("empty address")
+    if "://" not in url:
+        return Location("file", "", url)
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise UsageError(f"{url}: file:// URLs must be local (file:///path)")
+        return Location("file", "", unquote(parts.path) or "/")
+    if scheme not in ("s3", "meta", "gs"):
+        raise UsageError(f"{url}: unknown scheme {scheme!r} (use s3://, meta://, gs:// or a path)")
+    # Keep the raw path: keys may hold '%', '?', '#' and must not be URL-decoded.
+    rest = url.split("://", 1)[1]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket or not _BUCKET.match(bucket):
+        raise UsageError(f"{url}: {bucket!r} is not a valid bucket name")
+    prefix = prefix.lstrip("/")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"  # a prefix names a "directory", as in rclone and aws s3 sync
+    return Location(scheme, bucket, prefix)
+
+
+def open_store(url: str, options: SyncOptions) -> Store:
+    loc = parse_url(url)
+    if loc.scheme == "file":
+        return LocalStore(loc.prefix)
+    if loc.scheme == "gs":
+        raise UsageError(f"{url}: gs:// is not supported yet")
+    if loc.scheme == "s3":
+        endpoint = (options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
+                    or os.environ.get("AWS_ENDPOINT_URL") or None)
+        return S3Store(
+            scheme="s3", bucket=loc.bucket, prefix=loc.prefix, endpoint_url=endpoint,
+            region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
+            profile=options.profile, max_connections=options.concurrency,
+        )
+    meta = meta_settings()
+    return S3Store(
+        scheme="meta", bucket=loc.bucket, prefix=loc.prefix,
+        endpoint_url=meta.get("endpoint_url"), region=meta.get("region"),
+        credentials=S3Credentials(meta.get("access_key_id"), meta.get("secret_access_key"),
+                                  meta.get("session_token")),
+        path_style=meta.get("path_style", "true").lower() not in ("0", "false", "no"),
+        max_connections=options.concurrency,
+    )
+
+
+def meta_settings(environ: dict[str, str] | None = None,
+                  config_path: Path | None = None) -> dict[str, str]:
+    """Meta Storage endpoint and keys: ``MCSYNC_META_*`` variables win over the profile named by
+    ``MCSYNC_META_PROFILE`` (default ``default``) in ``~/.config/mcsync/config.toml``::
+
+        [meta.default]
+        endpoint_url = "https://meta.example.internal"
+        access_key_id = "..."
+        secret_access_key = "..."
+        region = "us-east-1"
+        path_style = true
+    """
+    env = os.environ if environ is None else environ
+    path = (config_path or Path(env.get("MCSYNC_CONFIG", str(META_CONFIG)))).expanduser()
+    settings: dict[str, str] = {}
+    profile = env.get("MCSYNC_META_PROFILE", "default")
+    if path.exists():
+        try:
+            doc: dict[str, Any] = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise UsageError(f"{path}: cannot read mcsync config: {exc}") from None
+        section = doc.get("meta", {}).get(profile)
+        if section is None and "MCSYNC_META_PROFILE" in env:
+            raise UsageError(f"{path}: no [meta.{profile}] profile")
+        settings.update({k: str(v) for k, v in (section or {}).items()})
+    elif "MCSYNC_META_PROFILE" in env:
+        raise UsageError(f"MCSYNC_META_PROFILE={profile} but {path} does not exist")
+    for field in ("endpoint_url", "access_key_id", "secret_access_key", "session_token",
+                  "region", "path_style"):
+        value = env.get(f"MCSYNC_META_{field.upper()}")
+        if value:
+            settings[field] = value
+    if not settings.get("endpoint_url"):
+        raise UsageError("meta:// needs an endpoint: set MCSYNC_META_ENDPOINT_URL or "
+                         f"endpoint_url in [meta.{profile}] of {path}")
+    return settings

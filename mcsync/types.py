@@ -1,0 +1,47 @@
+"""Small immutable records that flow between the stages of a sync."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object as a store lists it. ``key`` is relative to the store's root prefix."""
+
+    key: str
+    size: int
+    etag: str | None = None
+    mtime: float | None = None  # seconds since the epoch, UTC
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """The half-open byte range [start, end)."""
+
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class PartRef:
+    """A part written into a multipart upload (or a local temporary file)."""
+
+    number: int  # 1-based, as S3 numbers parts
+    etag: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a store can do beyond the required operations; the engine checks these."""
+
+    multipart: bool = True
+    server_side_copy: bool = False
+    min_part_size: int = 5 * 1024 * 1024
+    max_part_size: int = 5 * 1024 * 1024 * 1024
+    max_parts: int = 10_000
