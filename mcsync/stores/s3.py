@@ -122,6 +122,11 @@ class S3Store:
                 except ProfileNotFound:
                     raise ConfigError(f"AWS profile {self._profile!r} not found") from None
             creds = self._credentials
+            if creds.access_key_id:
+                self._access_key_seen = creds.access_key_id
+            else:
+                resolved = await session.get_credentials()
+                self._access_key_seen = resolved.access_key if resolved else None
             self._client_cm = session.create_client(
                 "s3",
                 endpoint_url=self.endpoint_url,
@@ -144,12 +149,16 @@ class S3Store:
 
     # -- identity for server-side copy ----------------------------------------------------------
 
-    def endpoint_identity(self) -> tuple[str | None, str | None, str | None]:
-        """Two stores with the same identity can copy between each other server-side."""
-        return (self.endpoint_url, self._region, self._credentials.access_key_id or self._profile)
+    def endpoint_identity(self) -> tuple[str | None, str | None]:
+        """Two stores with the same endpoint and access key can copy server-side. Known once
+        the client exists (``check`` creates it)."""
+        return (self.endpoint_url.rstrip("/") if self.endpoint_url else None,
+                self._access_key_seen)
 
     def can_copy_from(self, other: Store) -> bool:
-        return isinstance(other, S3Store) and other.endpoint_identity() == self.endpoint_identity()
+        return (isinstance(other, S3Store) and self._client is not None
+                and other._client is not None
+                and other.endpoint_identity() == self.endpoint_identity())
 
     def copy_source(self, key: str, etag: str | None) -> S3CopySource:
         return S3CopySource(self.bucket, self._full(key), etag)

@@ -1,0 +1,57 @@
+import asyncio
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcsync.errors import MCSyncError
+from mcsync.listing import merge_join, prefetched
+from mcsync.types import ObjectInfo
+
+
+async def agen(keys):
+    for k in keys:
+        yield ObjectInfo(k, 1)
+
+
+async def join(src, dst):
+    return [(p.key, p.src is not None, p.dst is not None)
+            async for p in merge_join(agen(src), agen(dst))]
+
+
+keys = st.lists(st.text(min_size=1, max_size=6), unique=True).map(sorted)
+
+
+@given(keys, keys)
+def test_merge_join_pairs_every_key_once(src, dst):
+    pairs = asyncio.run(join(src, dst))
+    assert [k for k, _, _ in pairs] == sorted(set(src) | set(dst))
+    for k, in_src, in_dst in pairs:
+        assert in_src == (k in src) and in_dst == (k in dst)
+
+
+def test_unsorted_listing_is_refused():
+    with pytest.raises(MCSyncError, match="not in key order"):
+        asyncio.run(join(["b", "a"], []))
+
+
+def test_code_point_order_matches_s3_byte_order():
+    # S3 lists in UTF-8 byte order; for str that is code-point order.
+    ks = ["a-b", "a/b", "a", "é", "z", "日本", "\U0001f600"]
+    assert sorted(ks) == sorted(ks, key=lambda k: k.encode())
+
+
+def test_prefetched_passes_items_and_errors():
+    async def failing():
+        yield 1
+        raise MCSyncError("boom")
+
+    async def go():
+        got = []
+        async with prefetched(failing(), depth=1) as it:
+            with pytest.raises(MCSyncError, match="boom"):
+                async for x in it:
+                    got.append(x)
+        return got
+
+    assert asyncio.run(go()) == [1]

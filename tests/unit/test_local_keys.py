@@ -1,0 +1,44 @@
+import asyncio
+import os
+
+import pytest
+
+from mcsync.errors import UnsafeKey
+from mcsync.stores.local import LocalStore
+
+
+@pytest.mark.parametrize("key", ["../../etc/passwd", "/abs/path", "a/../../b", "a\x00b",
+                                 "a//b", "./a", "a/./b", "", "..", "a/.x.mcsync-tmp-1"])
+def test_unsafe_keys_refused_and_nothing_written(tmp_path, key):
+    root = tmp_path / "root"
+    store = LocalStore(root)
+    with pytest.raises(UnsafeKey):
+        asyncio.run(store.put(key, b"x"))
+    written = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs]
+    assert written == []
+
+
+def test_symlinked_directory_inside_root_cannot_escape(tmp_path):
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    store = LocalStore(root)
+    with pytest.raises(UnsafeKey, match="outside"):
+        asyncio.run(store.put("link/evil", b"x"))
+    assert list(outside.iterdir()) == []
+
+
+def test_listing_is_in_s3_key_order_and_hides_temp_files(tmp_path):
+    for rel in ["a/b", "a-b", "a.c", "b", "é/x", "a/c/d"]:
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(rel.encode())
+    (tmp_path / ".x.mcsync-tmp-abc").write_bytes(b"partial")
+
+    async def keys():
+        return [i.key async for i in LocalStore(tmp_path).list()]
+
+    got = asyncio.run(keys())
+    assert got == sorted(["a/b", "a-b", "a.c", "b", "é/x", "a/c/d"])
