@@ -45,7 +45,7 @@ class Store(Protocol):
 
     async def get(
         self, key: str, rng: ByteRange | None = None, *, if_match: str | None = None
-    ) -> bytes: ...
+    ) -> Buffer: ...
 
     async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
         """Write a whole object. ``mtime`` is the source's; stores that can keep it do."""
@@ -87,10 +87,3 @@ class ServerCopyStore(Store, Protocol):
     async def open_upload(
         self, key: str, size: int, *, mtime: float | None = None
     ) -> ServerCopyUpload: ...
-
-
-def read_range(rng: ByteRange | None) -> str | None:
-    """HTTP Range header value for ``rng`` (None reads the whole object)."""
-    if rng is None:
-        return None
-    return f"bytes={rng.start}-{rng.end - 1}"

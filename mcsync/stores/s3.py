@@ -1,5 +1,10 @@
-"""S3 and S3-compatible object stores (Amazon S3, Meta Storage, SeaweedFS, MinIO...) via
-aiobotocore.
+"""S3 and S3-compatible object stores (Amazon S3, Meta Storage, SeaweedFS, MinIO...).
+
+Two clients, each where it is strongest (measured against SeaweedFS on loopback, 16 KiB objects,
+64 in flight: aiobotocore spends ~1.2 ms of client CPU per PUT and ~1.7 ms per GET, obstore's
+Rust client ~0.2 ms): obstore carries whole-object PUTs and every GET (whole or ranged),
+aiobotocore everything obstore lacks: listing pages, HEAD, multipart uploads with their ids,
+UploadPartCopy, CopyObject, DELETE. For parts of 8 MiB and more the per-request cost is noise.
 
 SDK errors are translated into ``mcsync.errors`` here and nowhere else. Retries of single
 requests are botocore's (configured once, in ``mcsync.retry``); the engine never loops.
@@ -12,6 +17,8 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import obstore
+import obstore.exceptions as obstore_exc
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import (
@@ -37,7 +44,7 @@ from ..errors import (
 )
 from ..retry import RetryPolicy
 from ..types import ByteRange, Capabilities, ObjectInfo, PartRef
-from .base import Buffer, CheckMode, Store, read_range
+from .base import Buffer, CheckMode, Store
 
 _NOT_FOUND = {"NoSuchKey", "NotFound", "404"}
 _PRECONDITION = {"PreconditionFailed", "412"}
@@ -106,8 +113,12 @@ class S3Store:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
+        self._retry = retry or RetryPolicy()
+        self._max_connections = max_connections
         self._client_cm: Any = None
         self._client: Any = None
+        self._fast_client: Any = None
+        self._path_style = path_style
         self._access_key_seen: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -122,11 +133,13 @@ class S3Store:
                 except ProfileNotFound:
                     raise ConfigError(f"AWS profile {self._profile!r} not found") from None
             creds = self._credentials
-            if creds.access_key_id:
-                self._access_key_seen = creds.access_key_id
-            else:
+            if not creds.access_key_id:
                 resolved = await session.get_credentials()
-                self._access_key_seen = resolved.access_key if resolved else None
+                if resolved is not None:
+                    frozen = await resolved.get_frozen_credentials()
+                    creds = S3Credentials(frozen.access_key, frozen.secret_key, frozen.token)
+            self._access_key_seen = creds.access_key_id
+            self._fast_client = self._make_fast_client(creds)
             self._client_cm = session.create_client(
                 "s3",
                 endpoint_url=self.endpoint_url,
@@ -138,6 +151,35 @@ class S3Store:
             )
             self._client = await self._client_cm.__aenter__()
         return self._client
+
+    def _make_fast_client(self, creds: S3Credentials) -> Any:
+        from obstore.store import S3Store as ObStore
+
+        # Credentials are resolved once per run: a temporary role credential that expires
+        # mid-run fails the remaining reads, which are then reported, never half-written.
+        kwargs: dict[str, Any] = {}
+        if creds.access_key_id:
+            kwargs.update(access_key_id=creds.access_key_id,
+                          secret_access_key=creds.secret_access_key)
+            if creds.session_token:
+                kwargs["token"] = creds.session_token
+        else:
+            kwargs["skip_signature"] = True  # anonymous access to a public bucket
+        if self.endpoint_url:
+            kwargs["endpoint"] = self.endpoint_url
+        return ObStore(
+            self.bucket,
+            region=self._region or "us-east-1",
+            virtual_hosted_style_request=not self._path_style,
+            client_options={
+                "allow_http": bool(self.endpoint_url and self.endpoint_url.startswith("http:")),
+                "pool_max_idle_per_host": str(self._max_connections),
+                "timeout": "300s",
+                "connect_timeout": "10s",
+            },
+            retry_config=self._retry.obstore(),
+            **kwargs,
+        )
 
     async def aclose(self) -> None:
         if self._client_cm is not None:
@@ -192,28 +234,27 @@ class S3Store:
 
     async def get(
         self, key: str, rng: ByteRange | None = None, *, if_match: str | None = None
-    ) -> bytes:
-        client = await self._c()
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
-        if (r := read_range(rng)) is not None:
-            kwargs["Range"] = r
+    ) -> Buffer:
+        await self._c()
+        options: dict[str, Any] = {}
+        if rng is not None:
+            options["range"] = (rng.start, rng.end)
         if if_match:
-            kwargs["IfMatch"] = f'"{if_match}"'
+            options["if_match"] = f'"{if_match}"'
         with self._translate(key):
-            resp = await client.get_object(**kwargs)
-            async with resp["Body"] as body:
-                data: bytes = await body.read()
-        expected = rng.length if rng is not None else resp.get("ContentLength")
-        if expected is not None and len(data) != expected:
+            resp = await obstore.get_async(self._fast_client, self._full(key), options=options)
+            data = await resp.bytes_async()
+        expected = rng.length if rng is not None else resp.meta["size"]
+        if len(data) != expected:
             raise Transient(f"{self.url}{key}: short read ({len(data)} of {expected} bytes)")
-        return data
+        return data  # obstore.Bytes: a zero-copy buffer
 
     async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
-        client = await self._c()
+        await self._c()
         with self._translate(key):
-            r = await client.put_object(Bucket=self.bucket, Key=self._full(key), Body=bytes(data)
-                                        if isinstance(data, memoryview) else data)
-        return ObjectInfo(key, len(data), _etag(r.get("ETag")), None)
+            r = await obstore.put_async(self._fast_client, self._full(key), data,
+                                        use_multipart=False)
+        return ObjectInfo(key, len(data), _etag(r.get("e_tag")), None)
 
     async def copy_object(self, source: S3CopySource, key: str) -> ObjectInfo:
         client = await self._c()
@@ -247,6 +288,17 @@ class S3Store:
             yield
         except MCSyncError:
             raise
+        except obstore_exc.NotFoundError as exc:
+            if preflight:
+                raise ConfigError(f"{what}: bucket {self.bucket!r} does not exist") from exc
+            raise NotFound(f"{what}: no such object") from exc
+        except obstore_exc.PreconditionError as exc:
+            raise PreconditionFailed(f"{what}: changed since it was listed") from exc
+        except (obstore_exc.PermissionDeniedError, obstore_exc.UnauthenticatedError) as exc:
+            cls = ConfigError if preflight else Permanent
+            raise cls(f"{what}: access denied: check credentials") from exc
+        except obstore_exc.BaseError as exc:  # already retried by obstore's RetryConfig
+            raise Transient(f"{what}: {type(exc).__name__}: {_first_line(exc)}") from exc
         except ClientError as exc:
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
@@ -293,8 +345,7 @@ class S3Upload:
         with s._translate(self.key):
             r = await client.upload_part(Bucket=s.bucket, Key=s._full(self.key),
                                          UploadId=self.upload_id, PartNumber=number,
-                                         Body=bytes(data) if isinstance(data, memoryview)
-                                         else data)
+                                         Body=_as_bytes(data))
         return PartRef(number, _etag(r["ETag"]) or "", len(data))
 
     async def copy_part(self, number: int, source: S3CopySource, rng: ByteRange) -> PartRef:
@@ -329,6 +380,15 @@ class S3Upload:
         with contextlib.suppress(NotFound), s._translate(self.key):
             await client.abort_multipart_upload(Bucket=s.bucket, Key=s._full(self.key),
                                                 UploadId=self.upload_id)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+
+
+def _as_bytes(data: Buffer) -> bytes | bytearray:
+    # botocore signs and sends bytes; other buffers (obstore.Bytes, memoryview) are copied once.
+    return data if isinstance(data, bytes | bytearray) else bytes(data)
 
 
 def _etag(value: str | None) -> str | None:

