@@ -10,7 +10,7 @@ import asyncio
 import logging
 
 from .config import SyncOptions
-from .errors import MCSyncError, UnsafeKey
+from .errors import ListingOrderError, MCSyncError, UnsafeKey, first_error
 from .events import (
     EventSink,
     FanOut,
@@ -45,7 +45,15 @@ async def run_sync(src_url: str, dst_url: str, options: SyncOptions,
         await src.aclose()
         raise
     try:
-        return await _Run(src, dst, options, sink or NullSink()).run()
+        for _ in range(3):  # each side may need to switch to an ordered listing once
+            try:
+                return await _Run(src, dst, options, sink or NullSink()).run()
+            except ListingOrderError as exc:
+                if exc.fallback is None:
+                    raise
+                log.warning("%s; listing it directory by directory and starting again", exc)
+                exc.fallback()
+        raise MCSyncError("listings stayed out of order after switching listing mode")
     finally:
         await asyncio.gather(src.aclose(), dst.aclose(), return_exceptions=True)
 
@@ -68,6 +76,17 @@ class _Run:
         self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
         server_side = self.options.server_side_copy and self.dst.can_copy_from(self.src)
         deletes: list[Action] = []
+        try:
+            await self._plan_and_copy(server_side, deletes)
+            if deletes:
+                await self._delete(deletes)
+        except BaseExceptionGroup as group:  # a TaskGroup wraps what its body raised
+            raise first_error(group) from None
+        report = self.stats.finish()
+        self.sink.emit(RunFinished(report))
+        return report
+
+    async def _plan_and_copy(self, server_side: bool, deletes: list[Action]) -> None:
         async with (
             prefetched(self.src.list()) as src_list,
             prefetched(self.dst.list()) as dst_list,
@@ -88,18 +107,16 @@ class _Run:
                 await self.objects.acquire()
                 tg.create_task(self._execute(action))
             self.sink.emit(ListingDone())
-        if deletes:
-            if self.stats.failed:
-                log.warning("not deleting %d target objects: %d objects failed",
-                            len(deletes), self.stats.failed)
-            else:
-                async with asyncio.TaskGroup() as tg:
-                    for action in deletes:
-                        await self.objects.acquire()
-                        tg.create_task(self._execute(action))
-        report = self.stats.finish()
-        self.sink.emit(RunFinished(report))
-        return report
+
+    async def _delete(self, deletes: list[Action]) -> None:
+        if self.stats.failed:
+            log.warning("not deleting %d target objects: %d objects failed",
+                        len(deletes), self.stats.failed)
+            return
+        async with asyncio.TaskGroup() as tg:
+            for action in deletes:
+                await self.objects.acquire()
+                tg.create_task(self._execute(action))
 
     async def _execute(self, action: Action) -> None:
         try:

@@ -5,6 +5,8 @@ Retry decisions are made by type (``Transient``), never by matching message text
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class MCSyncError(Exception):
     """Base class of every error mcsync raises on purpose."""
@@ -27,6 +29,15 @@ class PreconditionFailed(MCSyncError):
     """A conditional request failed: the object changed since it was planned."""
 
 
+class ListingOrderError(MCSyncError):
+    """A store listed keys out of UTF-8 byte order. ``fallback`` switches that store to a
+    listing that is ordered (slower); the engine then starts the pass again."""
+
+    def __init__(self, message: str, fallback: Callable[[], None] | None = None) -> None:
+        super().__init__(message)
+        self.fallback = fallback
+
+
 class UnsafeKey(MCSyncError):
     """A key that cannot be written under a filesystem root (``..``, absolute, NUL byte)."""
 
@@ -41,3 +52,11 @@ class Permanent(MCSyncError):
 
 class IntegrityError(MCSyncError):
     """Bytes read or written do not match what was expected."""
+
+
+def first_error(exc: BaseException) -> BaseException:
+    """The first leaf of a (nested) exception group, or ``exc`` itself: a TaskGroup wraps
+    what its body raised, and callers want the error, not the wrapper."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

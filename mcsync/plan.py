@@ -9,7 +9,10 @@ from .events import ActionKind
 from .listing import Pair
 from .types import ObjectInfo
 
-RESERVED_PREFIX = ".mcsync/"  # mcsync's own state at a target: never synced or deleted as data
+RESERVED_PREFIX = ".mcsync/"
+# S3 LastModified has one-second precision: a file uploaded within the second it was written
+# lists as "older" than its source. Times this close count as equal (rclone's modify window).
+MODIFY_WINDOW_S = 1.0  # mcsync's own state at a target: never synced or deleted as data
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +45,7 @@ def plan(pair: Pair, options: SyncOptions, *, server_side: bool) -> Action | Non
         return Action(copy, pair.key, src, dst, "size differs")
     if src.etag and dst.etag and src.etag == dst.etag:
         return Action("skip", pair.key, src, dst, "same etag")
-    if src.mtime is not None and dst.mtime is not None and dst.mtime >= src.mtime:
+    if src.mtime is not None and dst.mtime is not None and dst.mtime + MODIFY_WINDOW_S > src.mtime:
         # Same size and the target was written after the source last changed: the rule of
         # `aws s3 sync`. Content hashes make this exact (--checksum, with the manifest).
         return Action("skip", pair.key, src, dst, "same size, target not older")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from .config import S3_MAX_PART_SIZE, SyncOptions
-from .errors import IntegrityError, MCSyncError
+from .errors import IntegrityError, MCSyncError, first_error
 from .events import BytesMoved, Event
 from .hashing import block_digest_async, object_digest
 from .limits import Limits
@@ -39,6 +39,7 @@ class Transfer:
             async with self.limits.requests:
                 await self.dst.delete(action.key)
             return ObjectResult(action.key, "delete", action.size, 0)
+        self.dst.validate_key(action.key)
         if action.kind == "server_copy":
             return await self._server_copy(action)
         return await self._copy(action)
@@ -151,12 +152,7 @@ async def _run_parts(upload: Upload, ranges: list[ByteRange],
                 tasks.append(tg.create_task(budgeted(number, rng)))
     except BaseException as exc:
         await asyncio.shield(upload.abort())
-        if isinstance(exc, BaseExceptionGroup):
-            first = exc.exceptions[0]
-            while isinstance(first, BaseExceptionGroup):
-                first = first.exceptions[0]
-            raise first from None
-        raise
+        raise first_error(exc) from None
     finally:
         if limits is not None:
             for n in list(held):

@@ -55,6 +55,11 @@ class Store(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
+    def validate_key(self, key: str) -> None:
+        """Raise UnsafeKey when ``key`` cannot be written here; called before any byte of it
+        is read, so a refused key costs no transfer."""
+        ...
+
     async def check(self, *, mode: CheckMode) -> None:
         """Fail fast with ConfigError when the root cannot be used: ``read`` (a source: it
         must exist), ``write`` (a target: create it if needed) or ``plan`` (a target of a dry

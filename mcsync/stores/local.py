@@ -49,6 +49,9 @@ class LocalStore:
             raise UnsafeKey(f"{key!r}: collides with mcsync's temporary file names")
         return self.root.joinpath(*parts)
 
+    def validate_key(self, key: str) -> None:
+        self.path_for(key)
+
     def _checked_parent(self, path: Path, key: str) -> Path:
         """Create the parent directory and make sure it resolves inside the root."""
         parent = path.parent

@@ -12,7 +12,10 @@ requests are botocore's (configured once, in ``mcsync.retry``); the engine never
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,11 +39,13 @@ from botocore.exceptions import (
 from ..config import S3_MAX_PART_SIZE, S3_MIN_PART_SIZE
 from ..errors import (
     ConfigError,
+    ListingOrderError,
     MCSyncError,
     NotFound,
     Permanent,
     PreconditionFailed,
     Transient,
+    UnsafeKey,
 )
 from ..retry import RetryPolicy
 from ..types import ByteRange, Capabilities, ObjectInfo, PartRef
@@ -115,6 +120,7 @@ class S3Store:
         )
         self._retry = retry or RetryPolicy()
         self._max_connections = max_connections
+        self._client_lock = asyncio.Lock()
         self._client_cm: Any = None
         self._client: Any = None
         self._fast_client: Any = None
@@ -125,32 +131,40 @@ class S3Store:
 
     async def _c(self) -> Any:
         if self._client is None:
-            session: AioSession = get_session()
-            if self._profile:
-                try:
-                    session = AioSession(profile=self._profile)
-                    await session.get_credentials()
-                except ProfileNotFound:
-                    raise ConfigError(f"AWS profile {self._profile!r} not found") from None
-            creds = self._credentials
-            if not creds.access_key_id:
-                resolved = await session.get_credentials()
-                if resolved is not None:
-                    frozen = await resolved.get_frozen_credentials()
-                    creds = S3Credentials(frozen.access_key, frozen.secret_key, frozen.token)
-            self._access_key_seen = creds.access_key_id
-            self._fast_client = self._make_fast_client(creds)
-            self._client_cm = session.create_client(
-                "s3",
-                endpoint_url=self.endpoint_url,
-                region_name=self._region or "us-east-1",
-                aws_access_key_id=creds.access_key_id,
-                aws_secret_access_key=creds.secret_access_key,
-                aws_session_token=creds.session_token,
-                config=self._config,
-            )
-            self._client = await self._client_cm.__aenter__()
+            async with self._client_lock:
+                if self._client is None:
+                    await self._open_clients()
         return self._client
+
+    async def _open_clients(self) -> None:
+        session: AioSession = get_session()
+        if self._profile:
+            try:
+                session = AioSession(profile=self._profile)
+                await session.get_credentials()
+            except ProfileNotFound:
+                raise ConfigError(f"AWS profile {self._profile!r} not found") from None
+        creds = self._credentials
+        cm = session.create_client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=self._region,
+            aws_access_key_id=creds.access_key_id,
+            aws_secret_access_key=creds.secret_access_key,
+            aws_session_token=creds.session_token,
+            config=self._config,
+        )
+        client = await cm.__aenter__()
+        if not creds.access_key_id:  # the standard chain: env, profile, IMDS...
+            resolved = await session.get_credentials()
+            if resolved is not None:
+                frozen = await resolved.get_frozen_credentials()
+                creds = S3Credentials(frozen.access_key, frozen.secret_key, frozen.token)
+        region = client.meta.region_name
+        self._region = "us-east-1" if region in (None, "aws-global") else region
+        self._access_key_seen = creds.access_key_id
+        self._fast_client = self._make_fast_client(creds)
+        self._client_cm, self._client = cm, client
 
     def _make_fast_client(self, creds: S3Credentials) -> Any:
         from obstore.store import S3Store as ObStore
@@ -167,19 +181,20 @@ class S3Store:
             kwargs["skip_signature"] = True  # anonymous access to a public bucket
         if self.endpoint_url:
             kwargs["endpoint"] = self.endpoint_url
-        return ObStore(
-            self.bucket,
-            region=self._region or "us-east-1",
-            virtual_hosted_style_request=not self._path_style,
-            client_options={
-                "allow_http": bool(self.endpoint_url and self.endpoint_url.startswith("http:")),
-                "pool_max_idle_per_host": str(self._max_connections),
-                "timeout": "300s",
-                "connect_timeout": "10s",
-            },
-            retry_config=self._retry.obstore(),
-            **kwargs,
-        )
+        with _aws_env_hidden():
+            return ObStore(
+                self.bucket,
+                region=self._region or "us-east-1",
+                virtual_hosted_style_request=not self._path_style,
+                client_options={
+                    "allow_http": bool(self.endpoint_url and self.endpoint_url.startswith("http:")),
+                    "pool_max_idle_per_host": str(self._max_connections),
+                    "timeout": "300s",
+                    "connect_timeout": "10s",
+                },
+                retry_config=self._retry.obstore(),
+                **kwargs,
+            )
 
     async def aclose(self) -> None:
         if self._client_cm is not None:
@@ -210,20 +225,81 @@ class S3Store:
     async def check(self, *, mode: CheckMode) -> None:
         client = await self._c()
         with self._translate(None, preflight=True):
-            await client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
+            page = await client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix)
+        keys = [c["Key"] for c in page.get("Contents", ())]
+        if any(a >= b for a, b in itertools.pairwise(keys)):
+            self._use_tree_listing()
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
-        client = await self._c()
-        paginator = client.get_paginator("list_objects_v2")
+        """Every key under the prefix in UTF-8 byte order.
+
+        S3 lists a flat, recursive listing in that order; some S3-compatibles (SeaweedFS among
+        them) walk their directory tree instead and put ``a/b`` before ``a-b``. Such an endpoint
+        is listed directory by directory (``tree``), which is ordered by construction. Which
+        one an endpoint needs is found out by ``check`` and, failing that, by the first
+        out-of-order key, and remembered for the endpoint in this process."""
+        await self._c()
+        walk = self._walk(self.prefix) if self._tree_listing() else self._flat(self.prefix)
         cut = len(self.prefix)
+        last = ""
         with self._translate(None, preflight=True):
-            async for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
-                for c in page.get("Contents", ()):
-                    key = c["Key"][cut:]
-                    if not key:
-                        continue  # the prefix's own "directory marker"
-                    yield ObjectInfo(key, c["Size"], _etag(c.get("ETag")),
-                                     c["LastModified"].timestamp())
+            async for c in walk:
+                full = c["Key"]
+                if full <= last:
+                    raise ListingOrderError(
+                        f"{self.url}: server lists keys out of byte order ({last!r} before "
+                        f"{full!r})", fallback=self._use_tree_listing)
+                last = full
+                key = full[cut:]
+                if not key:
+                    continue  # the prefix's own "directory marker"
+                yield ObjectInfo(key, c["Size"], _etag(c.get("ETag")),
+                                 c["LastModified"].timestamp())
+
+    async def _flat(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            for c in page.get("Contents", ()):
+                yield c
+
+    async def _walk(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
+        """One directory level: its subdirectories are collected first (a pass that keeps
+        only their names), then its files are streamed with each subdirectory walked at its
+        byte-order place. Within one level file names hold no '/', so any server's name order
+        is byte order. A level that fits one page is listed once."""
+        paginator = self._client.get_paginator("list_objects_v2")
+        dirs: list[str] = []
+        first_files: list[dict[str, Any]] = []
+        pages = 0
+        async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+            pages += 1
+            dirs.extend(cp["Prefix"] for cp in page.get("CommonPrefixes", ()))
+            if pages == 1:
+                first_files = page.get("Contents", [])
+        dirs.sort()
+        files = _aiter(first_files) if pages <= 1 else self._level_files(prefix)
+        i = 0
+        async for c in files:
+            while i < len(dirs) and dirs[i] < c["Key"]:
+                async for sub in self._walk(dirs[i]):
+                    yield sub
+                i += 1
+            yield c
+        for d in dirs[i:]:
+            async for sub in self._walk(d):
+                yield sub
+
+    async def _level_files(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+            for c in page.get("Contents", ()):
+                yield c
+
+    def _tree_listing(self) -> bool:
+        return _endpoint_key(self) in _TREE_LISTING_ENDPOINTS
+
+    def _use_tree_listing(self) -> None:
+        _TREE_LISTING_ENDPOINTS.add(_endpoint_key(self))
 
     async def head(self, key: str) -> ObjectInfo:
         client = await self._c()
@@ -235,26 +311,51 @@ class S3Store:
     async def get(
         self, key: str, rng: ByteRange | None = None, *, if_match: str | None = None
     ) -> Buffer:
-        await self._c()
+        client = await self._c()
         options: dict[str, Any] = {}
         if rng is not None:
             options["range"] = (rng.start, rng.end)
         if if_match:
             options["if_match"] = f'"{if_match}"'
         with self._translate(key):
-            resp = await obstore.get_async(self._fast_client, self._full(key), options=options)
+            try:
+                resp = await obstore.get_async(self._fast_client, self._full(key),
+                                               options=options)
+            except ValueError:  # a key obstore cannot spell ("a//b", "x/../y"): plain S3 API
+                return await self._get_boto(client, key, rng, if_match)
             data = await resp.bytes_async()
         expected = rng.length if rng is not None else resp.meta["size"]
         if len(data) != expected:
             raise Transient(f"{self.url}{key}: short read ({len(data)} of {expected} bytes)")
         return data  # obstore.Bytes: a zero-copy buffer
 
+    async def _get_boto(self, client: Any, key: str, rng: ByteRange | None,
+                        if_match: str | None) -> bytes:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
+        if rng is not None:
+            kwargs["Range"] = f"bytes={rng.start}-{rng.end - 1}"
+        if if_match:
+            kwargs["IfMatch"] = f'"{if_match}"'
+        resp = await client.get_object(**kwargs)
+        async with resp["Body"] as body:
+            data: bytes = await body.read()
+        if len(data) != resp["ContentLength"]:
+            raise Transient(f"{self.url}{key}: short read ({len(data)} of "
+                            f"{resp['ContentLength']} bytes)")
+        return data
+
     async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
-        await self._c()
+        client = await self._c()
         with self._translate(key):
-            r = await obstore.put_async(self._fast_client, self._full(key), data,
-                                        use_multipart=False)
-        return ObjectInfo(key, len(data), _etag(r.get("e_tag")), None)
+            try:
+                r = await obstore.put_async(self._fast_client, self._full(key), data,
+                                            use_multipart=False)
+                etag = r.get("e_tag")
+            except ValueError:  # a key obstore cannot spell: plain S3 API
+                resp = await client.put_object(Bucket=self.bucket, Key=self._full(key),
+                                               Body=_as_bytes(data))
+                etag = resp.get("ETag")
+        return ObjectInfo(key, len(data), _etag(etag), None)
 
     async def copy_object(self, source: S3CopySource, key: str) -> ObjectInfo:
         client = await self._c()
@@ -273,6 +374,10 @@ class S3Store:
         with self._translate(key):
             r = await client.create_multipart_upload(Bucket=self.bucket, Key=self._full(key))
         return S3Upload(self, key, r["UploadId"], size)
+
+    def validate_key(self, key: str) -> None:
+        if len(self._full(key).encode()) > 1024:
+            raise UnsafeKey(f"{key!r}: longer than S3's 1024-byte key limit with the prefix")
 
     async def delete(self, key: str) -> None:
         client = await self._c()
@@ -380,6 +485,31 @@ class S3Upload:
         with contextlib.suppress(NotFound), s._translate(self.key):
             await client.abort_multipart_upload(Bucket=s.bucket, Key=s._full(self.key),
                                                 UploadId=self.upload_id)
+
+
+_TREE_LISTING_ENDPOINTS: set[str] = set()
+
+
+@contextlib.contextmanager
+def _aws_env_hidden() -> Iterator[None]:
+    """obstore's constructors read every ``AWS_*`` variable, and some of them beat explicit
+    arguments (``AWS_ENDPOINT_URL_S3`` overrides ``endpoint``; ``AWS_SESSION_TOKEN`` would be
+    attached to Meta Storage keys). Its settings come from us alone, so it is built with them
+    hidden. The constructor is synchronous and runs once per store on the event-loop thread."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("AWS_")}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _endpoint_key(store: S3Store) -> str:
+    return store.endpoint_url or "aws"
+
+
+async def _aiter(items: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    for item in items:
+        yield item
 
 
 def _first_line(exc: BaseException) -> str:

@@ -33,6 +33,11 @@ def test_same_size_newer_target_skips_older_target_copies():
     assert kind(Pair("a", o("a", mtime=6), o("a", mtime=5))) == "copy"
 
 
+def test_mtimes_within_the_stores_precision_count_as_equal():
+    # uploaded within the second the file was written: S3 truncates LastModified
+    assert kind(Pair("a", o("a", mtime=5.7), o("a", mtime=5.0))) == "skip"
+
+
 def test_different_etags_fall_back_to_mtime():
     # multipart ETags of two stores differ for equal content; mtime decides
     assert kind(Pair("a", o("a", etag="x-2", mtime=5), o("a", etag="y", mtime=6))) == "skip"

@@ -1,0 +1,61 @@
+"""What the sync tests share: seeding data, reading a whole tree back, running the CLI."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from click.testing import CliRunner, Result
+
+from mcsync.cli.main import cli
+from mcsync.testing.servers import S3Endpoint
+
+
+def new_bucket(ep: S3Endpoint, stem: str = "b") -> str:
+    name = f"{stem}-{uuid.uuid4().hex[:12]}"
+    ep.create_bucket(name)
+    return name
+
+
+def put_objects(ep: S3Endpoint, bucket: str, objects: dict[str, bytes], prefix: str = "") -> None:
+    client = ep.client()
+    for key, data in objects.items():
+        client.put_object(Bucket=bucket, Key=prefix + key, Body=data)
+
+
+def read_bucket(ep: S3Endpoint, bucket: str, prefix: str = "") -> dict[str, bytes]:
+    client = ep.client()
+    out: dict[str, bytes] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for c in page.get("Contents", ()):
+            body = client.get_object(Bucket=bucket, Key=c["Key"])["Body"]
+            out[c["Key"][len(prefix) :]] = body.read()
+    return out
+
+
+def write_tree(root: Path, objects: dict[str, bytes]) -> None:
+    for key, data in objects.items():
+        path = root.joinpath(*key.split("/"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = Path(dirpath, name)
+            out[path.relative_to(root).as_posix()] = path.read_bytes()
+    return out
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    """Deterministic, incompressible-enough bytes (os.urandom would make failures unrepeatable)."""
+    import random
+
+    return random.Random(seed).randbytes(size)
