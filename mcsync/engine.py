@@ -25,7 +25,7 @@ from .events import (
 )
 from .limits import Limits
 from .listing import merge_join, prefetched
-from .plan import Action, plan
+from .plan import Action, is_commit_marker, plan
 from .report import SyncReport
 from .stores.base import Store
 from .stores.registry import open_store
@@ -76,8 +76,11 @@ class _Run:
         self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
         server_side = self.options.server_side_copy and self.dst.can_copy_from(self.src)
         deletes: list[Action] = []
+        markers: list[Action] = []
         try:
-            await self._plan_and_copy(server_side, deletes)
+            await self._plan_and_copy(server_side, deletes, markers)
+            if markers:
+                await self._commit_markers(markers)
             if deletes:
                 await self._delete(deletes)
         except BaseExceptionGroup as group:  # a TaskGroup wraps what its body raised
@@ -86,7 +89,8 @@ class _Run:
         self.sink.emit(RunFinished(report))
         return report
 
-    async def _plan_and_copy(self, server_side: bool, deletes: list[Action]) -> None:
+    async def _plan_and_copy(self, server_side: bool, deletes: list[Action],
+                             markers: list[Action]) -> None:
         async with (
             prefetched(self.src.list()) as src_list,
             prefetched(self.dst.list()) as dst_list,
@@ -104,9 +108,27 @@ class _Run:
                 if action.kind == "delete":
                     deletes.append(action)  # deleted after every copy succeeded
                     continue
+                if is_commit_marker(action.key):
+                    markers.append(action)  # written last, see _commit_markers
+                    continue
                 await self.objects.acquire()
                 tg.create_task(self._execute(action))
             self.sink.emit(ListingDone())
+
+    async def _commit_markers(self, markers: list[Action]) -> None:
+        """Index files, config.json and latest/COMMIT markers go last, and only when every
+        other object arrived: a reader that finds them finds the whole checkpoint."""
+        if self.stats.failed:
+            for action in markers:
+                self.sink.emit(ObjectFailed(
+                    action.key, action.kind, action.size,
+                    f"held back: {self.stats.failed} other objects of this sync failed, and "
+                    "this file tells readers the checkpoint is complete"))
+            return
+        async with asyncio.TaskGroup() as tg:
+            for action in markers:
+                await self.objects.acquire()
+                tg.create_task(self._execute(action))
 
     async def _delete(self, deletes: list[Action]) -> None:
         if self.stats.failed:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 
 from .config import SyncOptions
@@ -13,6 +14,17 @@ RESERVED_PREFIX = ".mcsync/"
 # S3 LastModified has one-second precision: a file uploaded within the second it was written
 # lists as "older" than its source. Times this close count as equal (rclone's modify window).
 MODIFY_WINDOW_S = 1.0  # mcsync's own state at a target: never synced or deleted as data
+
+
+# Files a reader opens first to discover a checkpoint. They are written after everything else
+# of the run, so an index never points at shards that are not there yet.
+_COMMIT_MARKERS = ("*.index.json", "config.json", "latest", "LATEST", "COMMIT", "_SUCCESS",
+                   "latest_checkpointed_iteration.txt")
+
+
+def is_commit_marker(key: str) -> bool:
+    name = key.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in _COMMIT_MARKERS)
 
 
 @dataclass(frozen=True, slots=True)

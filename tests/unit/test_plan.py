@@ -1,6 +1,8 @@
+import pytest
+
 from mcsync.config import SyncOptions
 from mcsync.listing import Pair
-from mcsync.plan import plan
+from mcsync.plan import is_commit_marker, plan
 from mcsync.types import ObjectInfo
 
 OPTS = SyncOptions()
@@ -59,3 +61,12 @@ def test_filters_apply_to_copies_and_deletes():
 def test_reserved_state_prefix_never_touched():
     assert kind(Pair(".mcsync/manifest", o("x"), None), SyncOptions(delete=True)) is None
     assert kind(Pair(".mcsync/manifest", None, o("x")), SyncOptions(delete=True)) is None
+
+
+@pytest.mark.parametrize("key,marker", [
+    ("ckpt/model.safetensors.index.json", True), ("config.json", True), ("run/latest", True),
+    ("step-9/COMMIT", True), ("model-00001-of-00004.safetensors", False),
+    ("data/config.json.bak", False),
+])
+def test_commit_markers(key, marker):
+    assert is_commit_marker(key) is marker
