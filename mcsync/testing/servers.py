@@ -11,7 +11,7 @@ Everything listens on 127.0.0.1 only, on ports picked at random unless given. Se
 with telemetry off and with every optional listener (Iceberg, Lance, metrics, pprof, IAM
 service, SFTP, WebDAV, MQ) disabled.
 
-A server started from the main thread is asked by the kernel to stop (SIGTERM) when this process
+A server started from the main thread is killed by the kernel (SIGKILL) when this process
 dies, even by ``kill -9``, so a crashed test run leaves no server behind.
 
 Run one in the foreground (the quickstart does)::
@@ -57,6 +57,7 @@ MOTO_SECRET_KEY = "mcsync-moto-secret"
 
 # Environment variables of ours (or the developer's) that must never reach a server child.
 _SCRUBBED_ENV_PREFIXES = ("AWS_", "MCSYNC_", "WEED_")
+_SCRUBBED_ENV_NAMES = {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,6 +91,7 @@ class S3Endpoint:
             "read_timeout": 60,
             "request_checksum_calculation": "when_required",
             "response_checksum_validation": "when_required",
+            "proxies": {},  # loopback: never through an http_proxy from the environment
         }
         options.update(config)
         session = _botocore_session()
@@ -109,6 +111,31 @@ class S3Endpoint:
         if self.region != "us-east-1":
             kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
         _shared_client(self).create_bucket(**kwargs)
+
+    def delete_bucket(self, name: str) -> None:
+        """Delete bucket ``name`` with everything in it (objects, open multipart uploads).
+
+        A missing bucket is not an error. Meant for test clean-up, not for real data.
+        """
+        from botocore.exceptions import ClientError
+
+        client = _shared_client(self)
+        try:
+            _abort_uploads(client, name)
+            client.delete_bucket(Bucket=name)
+            return
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("NoSuchBucket", "404"):
+                return
+            if code != "BucketNotEmpty":
+                raise
+        # moto and AWS refuse to delete a non-empty bucket (SeaweedFS deletes it anyway).
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+        client.delete_bucket(Bucket=name)
 
     def aws_env(self) -> dict[str, str]:
         """Environment variables that point AWS SDKs and CLIs (aws, s5cmd, obstore) here."""
@@ -154,6 +181,14 @@ def _botocore_session() -> Any:
         return _SESSION
 
 
+def _abort_uploads(client: Any, bucket: str) -> None:
+    for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket):
+        for upload in page.get("Uploads", []):
+            client.abort_multipart_upload(
+                Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+            )
+
+
 def _shared_client(endpoint: S3Endpoint) -> Any:
     with _SESSION_LOCK:
         client = _SHARED_CLIENTS.get(endpoint)
@@ -186,13 +221,17 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_ENV_PREFIXES)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(_SCRUBBED_ENV_PREFIXES) and k.lower() not in _SCRUBBED_ENV_NAMES
+    }
     env.update(extra or {})
     return env
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGTERM when this process dies (Linux only).
+    """A preexec_fn that makes the child get SIGKILL when this process dies (Linux only).
 
     PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so it is only used
     from the main thread, whose end is the end of the process.
@@ -208,7 +247,7 @@ def _parent_death_signal() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
 
@@ -422,6 +461,8 @@ def _seaweedfs_child(
             _free_ports(8)
         )
         s3_port = port if port is not None else s3_auto
+        socket_ports = (master_grpc, volume_grpc, filer, filer_grpc, s3_port, s3_grpc)
+        _remove_weed_sockets(socket_ports)  # stale ones of a killed server would block these
         argv = [
             weed,
             "-logtostderr",  # else glog also writes weed.* files into /tmp
@@ -482,10 +523,11 @@ def _seaweedfs_child(
             yield endpoint, child
             return
         finally:
-            # A graceful stop takes 15 s or more (the filer waits for its gRPC streams to end);
-            # the data is scratch, so give it a moment and then SIGKILL.
-            child.stop(grace=2.0, expected_kill=True)
-            _remove_weed_sockets((master_grpc, volume_grpc, filer, filer_grpc, s3_port, s3_grpc))
+            # A graceful stop takes 15 s or more (the filer waits for its gRPC streams to end)
+            # and does nothing useful meanwhile; everything written has already reached the
+            # files (volumes, leveldb log), so give it a second and then SIGKILL.
+            child.stop(grace=1.0, expected_kill=True)
+            _remove_weed_sockets(socket_ports)
 
 
 def _remove_weed_sockets(ports: tuple[int, ...]) -> None:
@@ -504,7 +546,7 @@ def seaweedfs(
     secret_key: str = "mcsync-test-secret",
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
     volume_size_limit_mb: int = 1024,
-    volume_max: int = 200,
+    volume_max: int = 1000,
     volume_growth: int = 2,
 ) -> Iterator[S3Endpoint]:
     """Run a SeaweedFS server (S3 gateway on 127.0.0.1) with its data and log in ``workdir``.
@@ -610,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--port", type=int, default=None, help="S3 port (default: a free one)")
     sw.add_argument("--access-key", default="mcsync-test")
     sw.add_argument("--secret-key", default="mcsync-test-secret")
-    sw.add_argument("--volume-max", type=int, default=200)
+    sw.add_argument("--volume-max", type=int, default=1000)
     mo = sub.add_parser("moto", help="moto (accepts any keys)")
     mo.add_argument("--port", type=int, default=None)
     mo.add_argument("--log", type=Path, default=None, help="log file (default: a temp file)")

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Lint and test mcsync: creates .venv in the repo root if missing, installs the package with its
+# test extras (from PyPI only), runs ruff, then pytest with any arguments given here.
+#   bash scripts/test.sh                      # everything
+#   bash scripts/test.sh tests/unit -x        # arguments go to pytest
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+venv=.venv
+if [[ ! -x "$venv/bin/python" ]]; then
+    "${PYTHON:-python3}" -m venv "$venv"
+fi
+py="$venv/bin/python"
+
+# Reinstall only when pyproject.toml changed (new code needs none: the install is editable).
+stamp="$venv/.mcsync-test-install"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+    "$py" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+    echo "$want" > "$stamp"
+fi
+
+lint_paths=()
+for p in mcsync tests benchmarks scripts; do
+    [[ -e "$p" ]] && lint_paths+=("$p")
+done
+"$venv/bin/ruff" check "${lint_paths[@]}"
+
+exec "$venv/bin/pytest" -q "$@"

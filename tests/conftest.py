@@ -1,0 +1,115 @@
+"""Shared fixtures.
+
+Servers (session-scoped, started on first use, stopped at the end of the run):
+
+* ``moto``      -- moto's S3 server; accepts any keys, checks no signature.
+* ``seaweed``   -- a SeaweedFS server; checks signatures (keys ``mcsync-test``).
+* ``seaweed_b`` -- a second, independent SeaweedFS server with other keys, for cross-endpoint
+  tests (its keys are refused by ``seaweed`` and the other way round).
+* ``s3``        -- parametrized over ``moto`` and ``seaweed``: a test that takes it runs on both.
+
+Buckets: ``bucket_factory(endpoint)`` creates a fresh, uniquely named bucket on an endpoint and
+deletes it (with its contents) after the test. Always use it rather than fixed names: the
+servers live for the whole session, and SeaweedFS gives each bucket its own volumes, of which
+there is a fixed number.
+
+Environment: every test runs without the developer's ``AWS_*`` / ``MCSYNC_META_*`` variables
+and AWS config files, with ``AWS_EC2_METADATA_DISABLED=true``. A test that wants an endpoint in
+the environment sets it with ``monkeypatch.setenv`` from ``endpoint.aws_env()`` /
+``endpoint.meta_env()``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from mcsync.testing.servers import S3Endpoint, moto_server, seaweedfs
+
+# --------------------------------------------------------------------------------------------
+# Environment isolation
+
+_SCRUBBED_PREFIXES = ("AWS_", "MCSYNC_META_")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
+    for name in list(os.environ):
+        if name.startswith(_SCRUBBED_PREFIXES):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # Files that do not exist: no profile, key or region of the developer's ~/.aws applies.
+    missing = tmp_path_factory.getbasetemp() / "no-aws-config"
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(missing / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(missing / "credentials"))
+
+
+# --------------------------------------------------------------------------------------------
+# Servers
+
+
+@pytest.fixture(scope="session")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
+    with moto_server(log_path=tmp_path_factory.mktemp("moto") / "moto.log") as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
+    with seaweedfs(tmp_path_factory.mktemp("seaweed")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def seaweed_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
+    with seaweedfs(
+        tmp_path_factory.mktemp("seaweed-b"),
+        access_key="mcsync-test-b",
+        secret_key="mcsync-test-b-secret",
+    ) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(params=["moto", "seaweed"])
+def s3(request: pytest.FixtureRequest) -> S3Endpoint:
+    """Each S3-compatible server in turn (moto, then SeaweedFS)."""
+    return request.getfixturevalue(request.param)
+
+
+# --------------------------------------------------------------------------------------------
+# Buckets
+
+BucketFactory = Callable[[S3Endpoint], str]
+
+
+def _bucket_name(test_name: str) -> str:
+    # S3 rules: 3-63 characters of a-z, 0-9 and '-', starting and ending alphanumeric.
+    stem = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    return f"{stem or 'bucket'}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def bucket_factory(request: pytest.FixtureRequest) -> Iterator[BucketFactory]:
+    """``make(endpoint) -> name``: a new empty bucket on ``endpoint``, deleted after the test."""
+    created: list[tuple[S3Endpoint, str]] = []
+
+    def make(endpoint: S3Endpoint) -> str:
+        name = _bucket_name(request.node.originalname)
+        endpoint.create_bucket(name)
+        created.append((endpoint, name))
+        return name
+
+    yield make
+
+    errors = []
+    for endpoint, name in reversed(created):
+        try:
+            endpoint.delete_bucket(name)
+        except Exception as exc:
+            errors.append(f"{name} at {endpoint.url}: {exc}")
+    if errors:  # reported as an error at teardown: leaked buckets exhaust SeaweedFS's volumes
+        raise RuntimeError("bucket clean-up failed:\n  " + "\n  ".join(errors))
