@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +21,14 @@ def run(*cmd: str, env: dict[str, str]) -> None:
     subprocess.run(cmd, env=env, check=False)
 
 
+def show_report(report: dict) -> None:
+    """The JSON report, with its per-object list cut to a few entries."""
+    objects = report.pop("objects")
+    report["objects"] = objects[:3] + ([f"... {len(objects) - 3} more"] if len(objects) > 3
+                                       else [])
+    print(json.dumps(report, indent=2), flush=True)
+
+
 def main() -> int:
     if WORK.exists():
         shutil.rmtree(WORK)
@@ -35,8 +44,15 @@ def main() -> int:
         print(f"Meta Storage (SeaweedFS) on {meta.url}, bucket {BUCKET}\n", flush=True)
         dst = f"meta://{BUCKET}/demo/"
         run(mcsync, "plan", str(sample), dst, env=env)
-        run(mcsync, "sync", str(sample), dst, "--json", env=env)
-        run(mcsync, "ls", dst, env=env)
+        print("$", mcsync, "sync", sample, dst, "--json", flush=True)
+        out = subprocess.run([mcsync, "sync", str(sample), dst, "--json"], env=env,
+                             stdout=subprocess.PIPE, text=True, check=False).stdout
+        show_report(json.loads(out))
+        print("$", mcsync, "ls", dst, flush=True)
+        listing = subprocess.run([mcsync, "ls", dst], env=env, stdout=subprocess.PIPE,
+                                 text=True, check=False).stdout.splitlines()
+        print("\n".join(listing[:10] + ([f"   ... {len(listing) - 10} more"]
+                                        if len(listing) > 10 else [])), flush=True)
         print("\nA second run finds nothing to do:", flush=True)
         run(mcsync, "sync", str(sample), dst, env=env)
     return 0

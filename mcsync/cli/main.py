@@ -94,13 +94,14 @@ def cli() -> None:
 @click.option("--dry-run", "-n", is_flag=True, help="Plan and report; move nothing.")
 def sync(src: str, dst: str, dry_run: bool, **kw: Any) -> None:
     """Make DST hold what SRC holds (new and changed objects are copied)."""
-    sys.exit(_run(src, dst, dry_run=dry_run, show_plan=dry_run, **kw))
+    sys.exit(_run(src, dst, dry_run=dry_run, show_plan=dry_run, long=True, **kw))
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("src")
 @click.argument("dst")
 @_sync_options
+@click.option("--long", "-l", "long", is_flag=True, help="One line per object to change.")
 def plan(src: str, dst: str, **kw: Any) -> None:
     """Show what `sync` would do, and the bytes it would move. Moves nothing."""
     sys.exit(_run(src, dst, dry_run=True, show_plan=True, **kw))
@@ -142,9 +143,10 @@ def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: boo
 
 
 def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, quiet: bool,
-         verbose: bool, no_server_side_copy: bool, **kw: Any) -> int:
+         verbose: bool, no_server_side_copy: bool, long: bool = False, **kw: Any) -> int:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr,
+                        force=True)
     try:
         options = SyncOptions(dry_run=dry_run, server_side_copy=not no_server_side_copy,
                               include=tuple(kw.pop("include")), exclude=tuple(kw.pop("exclude")),
@@ -160,9 +162,12 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
         display = LogProgress()
     sinks: list[Any] = [display]
     if show_plan and not as_json:
-        sinks.append(_PlanPrinter())
+        sinks.append(_PlanPrinter() if long else _PlanSummary())
     result = _guarded(lambda: run_blocking(run_sync(src, dst, options, FanOut(sinks))))
     display.close()
+    if isinstance(result, SyncReport):
+        for sink in sinks[1:]:
+            sink.close()
     if not isinstance(result, SyncReport):
         return result
     if as_json:
@@ -173,10 +178,50 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
 
 
 class _PlanPrinter:
+    """Each planned change on its own line (``plan --long``)."""
+
     def emit(self, event: Event) -> None:
         if isinstance(event, ObjectPlanned) and event.action != "skip":
             click.echo(f"{event.action:<12} {format_size(event.size):>10}  {event.key}"
                        f"  ({event.reason})")
+
+    def close(self) -> None:
+        pass
+
+
+class _PlanSummary:
+    """A plan at a glance: objects and bytes per action, and per top-level directory."""
+
+    def __init__(self) -> None:
+        self.by_action: dict[str, list[int]] = {}
+        self.by_dir: dict[str, dict[str, list[int]]] = {}
+
+    def emit(self, event: Event) -> None:
+        if not isinstance(event, ObjectPlanned):
+            return
+        tally = self.by_action.setdefault(event.action, [0, 0])
+        tally[0] += 1
+        tally[1] += event.size
+        top = event.key.split("/", 1)[0] + "/" if "/" in event.key else "(top level)"
+        if len(self.by_dir) < 50 or top in self.by_dir:  # bounded, whatever the key count
+            d = self.by_dir.setdefault(top, {}).setdefault(event.action, [0, 0])
+            d[0] += 1
+            d[1] += event.size
+
+    def close(self) -> None:
+        click.echo(f"{'action':<12} {'objects':>10} {'bytes':>12}")
+        for action in ("copy", "server_copy", "delete", "skip"):
+            n, size = self.by_action.get(action, (0, 0))
+            click.echo(f"{action:<12} {n:>10} {format_size(size):>12}")
+        if len(self.by_dir) > 1:
+            click.echo("")
+            click.echo(f"{'directory':<28} {'changes':>10} {'bytes to move':>14} {'skipped':>9}")
+            for top, actions in sorted(self.by_dir.items()):
+                moving = [v for a, v in actions.items() if a != "skip"]
+                n = sum(v[0] for v in moving)
+                size = sum(v[1] for v in moving)
+                skipped = actions.get("skip", [0, 0])[0]
+                click.echo(f"{top[:28]:<28} {n:>10} {format_size(size):>14} {skipped:>9}")
 
 
 def _guarded(fn: Callable[[], Any]) -> Any:
