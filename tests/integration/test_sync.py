@@ -178,8 +178,12 @@ def test_dry_run_and_plan_move_nothing(seaweed, tmp_path):
     env = seaweed.meta_env()
     result = run_cli("plan", str(tmp_path / "src"), f"meta://{bucket}/", env=env)
     assert result.exit_code == 0, result.output
+    copy_row = next(line for line in result.stdout.splitlines() if line.startswith("copy "))
+    assert copy_row.split()[1] == str(len(objs))
+    assert "sizes/ " in result.stdout  # the per-directory summary
+    long = run_cli("plan", "--long", str(tmp_path / "src"), f"meta://{bucket}/", env=env)
     for key in objs:
-        assert key in result.stdout
+        assert key in long.stdout
     report = sync_json(str(tmp_path / "src"), f"meta://{bucket}/", "--dry-run", env=env)
     assert report["dry_run"] and report["objects_copied"] == len(objs)
     assert read_bucket(seaweed, bucket) == {}
