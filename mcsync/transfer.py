@@ -57,7 +57,7 @@ class Transfer:
         src = action.src
         assert src is not None
         async with self.limits.memory.hold(src.size), self.limits.requests:
-            data = await self.src.get(action.key, if_match=src.etag)
+            data = await self.src.get(action.key, expect=src)
             if len(data) != src.size:
                 raise IntegrityError(
                     f"{action.key}: read {len(data)} bytes, listing said {src.size}")
@@ -80,7 +80,7 @@ class Transfer:
 
         async def move(number: int, rng: ByteRange) -> PartRef:
             async with self.limits.requests:
-                data = await self.src.get(action.key, rng, if_match=src.etag)
+                data = await self.src.get(action.key, rng, expect=src)
             digests[number - 1] = await block_digest_async(data)
             async with self.limits.requests:
                 part = await upload.put_part(number, rng.start, data)

@@ -13,6 +13,8 @@ class ObjectInfo:
     size: int
     etag: str | None = None
     mtime: float | None = None  # seconds since the epoch, UTC
+    version: str | None = None  # a store's own version id (GCS generation), if it has one
+    crc32c: str | None = None  # base64 big-endian CRC32C, where the store keeps one (GCS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,8 +44,13 @@ class Store(Protocol):
     async def head(self, key: str) -> ObjectInfo: ...
 
     async def get(
-        self, key: str, rng: ByteRange | None = None, *, if_match: str | None = None
-    ) -> Buffer: ...
+        self, key: str, rng: ByteRange | None = None, *, expect: ObjectInfo | None = None
+    ) -> Buffer:
+        """Read ``key`` (or a range of it). With ``expect`` — the ObjectInfo this store listed —
+        the read is pinned to that version (S3 If-Match on the ETag, GCS ifGenerationMatch,
+        size + mtime for files) and raises PreconditionFailed if the object changed since, so
+        an object is never stitched together from two versions."""
+        ...
 
     async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
         """Write a whole object. ``mtime`` is the source's; stores that can keep it do."""

@@ -119,7 +119,7 @@ class LocalStore:
         return ObjectInfo(key, st.st_size, None, st.st_mtime)
 
     async def get(
-        self, key: str, rng: ByteRange | None = None, *, if_match: str | None = None
+        self, key: str, rng: ByteRange | None = None, *, expect: ObjectInfo | None = None
     ) -> bytes:
         path = self.path_for(key)
 
@@ -129,10 +129,18 @@ class LocalStore:
             except FileNotFoundError:
                 raise NotFound(f"{self.url}/{key}: no such file") from None
             try:
+                st = os.fstat(fd)
+                if expect is not None and (st.st_size != expect.size
+                                           or st.st_mtime != expect.mtime):
+                    raise PreconditionFailed(
+                        f"{self.url}/{key}: file changed since it was listed")
                 if rng is None:
-                    size = os.fstat(fd).st_size
-                    return _pread_exact(fd, size, 0, key)
-                return _pread_exact(fd, rng.length, rng.start, key)
+                    data = _pread_exact(fd, st.st_size, 0, key)
+                else:
+                    data = _pread_exact(fd, rng.length, rng.start, key)
+                if expect is not None and os.fstat(fd).st_mtime != expect.mtime:
+                    raise PreconditionFailed(f"{self.url}/{key}: file changed while it was read")
+                return data
             finally:
                 os.close(fd)
 

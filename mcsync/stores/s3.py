@@ -309,9 +309,10 @@ class S3Store:
                           r["LastModified"].timestamp())
 
     async def get(
-        self, key: str, rng: ByteRange | None = None, *, if_match: str | None = None
+        self, key: str, rng: ByteRange | None = None, *, expect: ObjectInfo | None = None
     ) -> Buffer:
         client = await self._c()
+        if_match = expect.etag if expect is not None else None
         options: dict[str, Any] = {}
         if rng is not None:
             options["range"] = (rng.start, rng.end)

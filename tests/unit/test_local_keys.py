@@ -42,3 +42,19 @@ def test_listing_is_in_s3_key_order_and_hides_temp_files(tmp_path):
 
     got = asyncio.run(keys())
     assert got == sorted(["a/b", "a-b", "a.c", "b", "é/x", "a/c/d"])
+
+
+def test_read_pinned_to_listed_version_fails_when_file_changed(tmp_path):
+    from mcsync.errors import PreconditionFailed
+
+    (tmp_path / "f").write_bytes(b"v1")
+    store = LocalStore(tmp_path)
+
+    async def go():
+        (info,) = [i async for i in store.list()]
+        assert await store.get("f", expect=info) == b"v1"
+        (tmp_path / "f").write_bytes(b"v2-longer")
+        with pytest.raises(PreconditionFailed):
+            await store.get("f", expect=info)
+
+    asyncio.run(go())
