@@ -9,7 +9,7 @@ budget allows it.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import UsageError
 
@@ -39,7 +39,11 @@ class SyncOptions:
     endpoint_url: str | None = None  # for s3:// (meta:// has its own, see stores.registry)
     profile: str | None = None
     server_side_copy: bool = True
-    extra: dict[str, str] = field(default_factory=dict)
+    manifest: str | None = None  # path of the manifest; None: the default for the pair
+    use_manifest: bool = True
+    verify: bool = False  # re-read what the target holds and compare with the manifest
+    grace_s: float = 20.0  # after a stop request, how long work in flight may take
+    lock: bool = True
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

@@ -1,16 +1,29 @@
-"""One sync run: list → plan → transfer, with every stage streaming.
+"""One sync run: list → plan → transfer → verify → commit, with every stage streaming.
 
-The engine is the only place that wires the stages together. It owns no terminal and no log
-format: all it says, it says as events to the sink it was given.
+The engine is the only place that wires the stages together and the only writer of object
+records to the manifest. It owns no terminal and no log format: all it says, it says as
+events to the sink it was given.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
 
 from .config import SyncOptions
-from .errors import ListingOrderError, MCSyncError, UnsafeKey, first_error
+from .errors import (
+    Interrupted,
+    ListingOrderError,
+    MCSyncError,
+    NotFound,
+    UnsafeKey,
+    first_error,
+)
 from .events import (
     EventSink,
     FanOut,
@@ -25,19 +38,36 @@ from .events import (
 )
 from .limits import Limits
 from .listing import merge_join, prefetched
-from .plan import Action, is_commit_marker, plan
+from .lock import run_lock
+from .manifest import Manifest, ManifestEntry, default_path, pair_id
+from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
 from .report import SyncReport
 from .stores.base import Store
 from .stores.registry import open_store
 from .transfer import Transfer
+from .verify import verify_entries
 
 log = logging.getLogger(__name__)
 
+MANIFEST_UPLOAD_EVERY_S = 300.0
+
+
+def target_manifest_key(src: Store, dst: Store) -> str:
+    return f"{RESERVED_PREFIX}manifest-{pair_id(src.url, dst.url)}.sqlite"
+
+
+def target_lock_key(src: Store, dst: Store) -> str:
+    return f"{RESERVED_PREFIX}lock-{pair_id(src.url, dst.url)}.json"
+
 
 async def run_sync(src_url: str, dst_url: str, options: SyncOptions,
-                   sink: EventSink | None = None) -> SyncReport:
+                   sink: EventSink | None = None, *,
+                   stop: asyncio.Event | None = None) -> SyncReport:
     """Sync ``src_url`` to ``dst_url``. Raises UsageError/ConfigError (exit 2) before any byte
-    moves when either side cannot be used; per-object failures are in the report (exit 1)."""
+    moves when either side cannot be used, and Locked (exit 3) when another run holds the
+    pair; per-object failures are in the report (exit 1). Setting ``stop`` asks the run to
+    wind down: work in flight gets ``options.grace_s`` seconds, the rest resumes next run."""
+    stop = stop or asyncio.Event()
     src = open_store(src_url, options)
     try:
         dst = open_store(dst_url, options)
@@ -45,9 +75,30 @@ async def run_sync(src_url: str, dst_url: str, options: SyncOptions,
         await src.aclose()
         raise
     try:
+        await src.check(mode="read")
+        await dst.check(mode="plan" if options.dry_run else "write")
+        path = Path(options.manifest) if options.manifest else default_path(src.url, dst.url)
+        if options.dry_run or not options.lock:
+            return await _run_with_manifest(src, dst, options, sink, stop, path)
+        async with run_lock(path.with_name(path.name + ".lock"), dst,
+                            target_lock_key(src, dst)):
+            return await _run_with_manifest(src, dst, options, sink, stop, path)
+    finally:
+        await asyncio.gather(src.aclose(), dst.aclose(), return_exceptions=True)
+
+
+async def _run_with_manifest(src: Store, dst: Store, options: SyncOptions,
+                             sink: EventSink | None, stop: asyncio.Event,
+                             path: Path) -> SyncReport:
+    manifest: Manifest | None = None
+    if options.use_manifest and (path.exists() or not options.dry_run):
+        if not path.exists():
+            await _fetch_target_copy(src, dst, path)
+        manifest = Manifest(path, src.url, dst.url)
+    try:
         for _ in range(3):  # each side may need to switch to an ordered listing once
             try:
-                return await _Run(src, dst, options, sink or NullSink()).run()
+                return await _Run(src, dst, options, sink or NullSink(), manifest, stop).run()
             except ListingOrderError as exc:
                 if exc.fallback is None:
                     raise
@@ -55,50 +106,140 @@ async def run_sync(src_url: str, dst_url: str, options: SyncOptions,
                 exc.fallback()
         raise MCSyncError("listings stayed out of order after switching listing mode")
     finally:
-        await asyncio.gather(src.aclose(), dst.aclose(), return_exceptions=True)
+        if manifest is not None:
+            manifest.close()
+
+
+async def _fetch_target_copy(src: Store, dst: Store, path: Path) -> None:
+    """A scheduled job on a fresh machine finds the state it left at the target."""
+    try:
+        data = await dst.get(target_manifest_key(src, dst))
+    except NotFound:
+        return
+    except MCSyncError as exc:
+        log.warning("could not fetch the manifest copy at the target: %s", exc)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".download")
+    tmp.write_bytes(bytes(data))
+    tmp.replace(path)
+    log.info("manifest fetched from the target (%d bytes)", len(data))
 
 
 class _Run:
-    def __init__(self, src: Store, dst: Store, options: SyncOptions, sink: EventSink) -> None:
+    def __init__(self, src: Store, dst: Store, options: SyncOptions, sink: EventSink,
+                 manifest: Manifest | None, stop: asyncio.Event) -> None:
         self.src = src
         self.dst = dst
         self.options = options
+        self.manifest = manifest
+        self.stop = stop
         self.stats = StatsCollector(src.url, dst.url, options.dry_run)
         self.sink = FanOut([self.stats, sink])
         self.limits = Limits(options.concurrency, options.memory_limit)
-        self.transfer = Transfer(src, dst, options, self.limits, self.sink.emit)
+        writing = manifest if not options.dry_run else None
+        self.transfer = Transfer(src, dst, options, self.limits, self.sink.emit,
+                                 journal=writing, stop=stop,
+                                 open_uploads=writing.open_uploads() if writing else {})
         # Objects in motion at once; their parts share the requests limit beneath.
         self.objects = asyncio.Semaphore(options.concurrency)
+        self.interrupted = False
 
     async def run(self) -> SyncReport:
-        await self.src.check(mode="read")
-        await self.dst.check(mode="plan" if self.options.dry_run else "write")
+        report_extra: dict[str, Any] = {}
+        if self.manifest is not None:
+            report_extra["manifest"] = str(self.manifest.path)
+            report_extra["manifest_note"] = self.manifest.rebuilt
+        writing = self.manifest is not None and not self.options.dry_run
+        run_id = self.manifest.start_run() if writing and self.manifest else 0
         self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
         server_side = self.options.server_side_copy and self.dst.can_copy_from(self.src)
+        trust = (self.manifest is not None and self.manifest.established
+                 and not (self.options.delete or self.options.verify))
         deletes: list[Action] = []
         markers: list[Action] = []
+        main = asyncio.current_task()
+        watchdog = asyncio.create_task(self._watchdog(main)) if main else None
+        uploader = asyncio.create_task(self._upload_manifest_periodically()) if writing else None
         try:
-            await self._plan_and_copy(server_side, deletes, markers)
-            if markers:
+            await self._plan_and_copy(server_side, trust, deletes, markers)
+            if markers and not self.stop.is_set():
                 await self._commit_markers(markers)
-            if deletes:
+            if deletes and not self.stop.is_set():
                 await self._delete(deletes)
+            if not self.stop.is_set():
+                await self._abort_unfinished_uploads()
+            if self.options.verify and self.manifest is not None and not self.stop.is_set():
+                await self._verify()
         except BaseExceptionGroup as group:  # a TaskGroup wraps what its body raised
             raise first_error(group) from None
+        except asyncio.CancelledError:
+            if not (watchdog and watchdog.done()):
+                raise  # cancelled by our caller, not by the grace period running out
+            self.interrupted = True
+        finally:
+            for task in (watchdog, uploader):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            if self.manifest is not None:
+                self.manifest.commit()
         report = self.stats.finish()
+        report.interrupted = self.interrupted or self.stop.is_set()
+        report.manifest = report_extra.get("manifest")
+        report.manifest_note = report_extra.get("manifest_note")
+        if writing and self.manifest is not None:
+            self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
+                                     ("failed" if report.objects_failed else "ok"),
+                                     report.to_dict())
+            await self._upload_manifest()
         self.sink.emit(RunFinished(report))
         return report
 
-    async def _plan_and_copy(self, server_side: bool, deletes: list[Action],
+    async def _watchdog(self, main: asyncio.Task[Any]) -> None:
+        await self.stop.wait()
+        await asyncio.sleep(self.options.grace_s)
+        log.warning("grace period of %.0fs is over: cancelling work in flight",
+                    self.options.grace_s)
+        main.cancel()
+
+    # -- planning ---------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _pairs(self, trust: bool) -> AsyncIterator[AsyncIterator[Pair]]:
+        manifest = self.manifest
+        if trust:
+            assert manifest is not None
+            targets: AsyncIterator[Any] = _aiter(manifest.entries())
+        async with prefetched(self.src.list()) as src_list:
+            if not trust:
+                async with prefetched(self.dst.list()) as dst_list:
+                    yield self._listing_pairs(src_list, dst_list)
+            else:
+                yield self._manifest_pairs(src_list, targets)
+
+    async def _listing_pairs(self, src_list: AsyncIterator[Any],
+                             dst_list: AsyncIterator[Any]) -> AsyncIterator[Pair]:
+        get = self.manifest.get if self.manifest is not None else (lambda key: None)
+        async for key, s, d in merge_join(src_list, dst_list, src_name=self.src.url,
+                                          dst_name=self.dst.url):
+            yield Pair(key, s, d, get(key) if s is not None else None)
+
+    async def _manifest_pairs(self, src_list: AsyncIterator[Any],
+                              entries: AsyncIterator[ManifestEntry]) -> AsyncIterator[Pair]:
+        async for key, s, known in merge_join(src_list, entries, src_name=self.src.url,
+                                              dst_name=f"manifest of {self.dst.url}"):
+            yield Pair(key, s, None, known)
+
+    async def _plan_and_copy(self, server_side: bool, trust: bool, deletes: list[Action],
                              markers: list[Action]) -> None:
-        async with (
-            prefetched(self.src.list()) as src_list,
-            prefetched(self.dst.list()) as dst_list,
-            asyncio.TaskGroup() as tg,
-        ):
-            async for pair in merge_join(src_list, dst_list,
-                                         src_name=self.src.url, dst_name=self.dst.url):
-                action = plan(pair, self.options, server_side=server_side)
+        async with self._pairs(trust) as pairs, asyncio.TaskGroup() as tg:
+            async for pair in pairs:
+                if self.stop.is_set():
+                    break
+                action = plan(pair, self.options, server_side=server_side,
+                              target_listed=not trust)
                 if action is None:
                     continue
                 self.sink.emit(ObjectPlanned(action.key, action.kind, action.size,
@@ -113,7 +254,8 @@ class _Run:
                     continue
                 await self.objects.acquire()
                 tg.create_task(self._execute(action))
-            self.sink.emit(ListingDone())
+            else:
+                self.sink.emit(ListingDone())
 
     async def _commit_markers(self, markers: list[Action]) -> None:
         """Index files, config.json and latest/COMMIT markers go last, and only when every
@@ -125,24 +267,45 @@ class _Run:
                     f"held back: {self.stats.failed} other objects of this sync failed, and "
                     "this file tells readers the checkpoint is complete"))
             return
-        async with asyncio.TaskGroup() as tg:
-            for action in markers:
-                await self.objects.acquire()
-                tg.create_task(self._execute(action))
+        await self._execute_all(markers)
 
     async def _delete(self, deletes: list[Action]) -> None:
         if self.stats.failed:
             log.warning("not deleting %d target objects: %d objects failed",
                         len(deletes), self.stats.failed)
             return
+        await self._execute_all(deletes)
+
+    async def _execute_all(self, actions: list[Action]) -> None:
         async with asyncio.TaskGroup() as tg:
-            for action in deletes:
+            for action in actions:
+                if self.stop.is_set():
+                    break
                 await self.objects.acquire()
                 tg.create_task(self._execute(action))
 
+    async def _abort_unfinished_uploads(self) -> None:
+        """Uploads a previous run left open for keys this run did not resume (the source was
+        deleted, changed size, or is filtered out now) are aborted: they would cost storage
+        and could never complete."""
+        for prior in list(self.transfer.open_uploads.values()):
+            self.transfer.open_uploads.pop(prior.key, None)
+            await self.transfer.abort_stale(prior)
+
+    async def _verify(self) -> None:
+        assert self.manifest is not None
+        problems = await verify_entries(self.dst, self.manifest.entries(), self.limits,
+                                        selects=self.options.selects)
+        for key, problem in problems:
+            self.sink.emit(ObjectFailed(key, "copy", 0, f"verify: {problem}"))
+
+    # -- one object -------------------------------------------------------------------------------
+
     async def _execute(self, action: Action) -> None:
         try:
-            result = await self.transfer.run(action)
+            done = await self.transfer.run(action)
+        except Interrupted:
+            self.interrupted = True
         except (MCSyncError, OSError) as exc:
             self.sink.emit(ObjectFailed(action.key, action.kind, action.size, _describe(exc)))
         except Exception as exc:  # a bug must not take the other objects down with it
@@ -150,9 +313,40 @@ class _Run:
             self.sink.emit(ObjectFailed(action.key, action.kind, action.size,
                                         f"internal error: {type(exc).__name__}: {exc}"))
         else:
-            self.sink.emit(ObjectDone(result))
+            if self.manifest is not None:
+                if done.entry is not None:
+                    self.manifest.record_object(done.entry)
+                else:
+                    self.manifest.forget(action.key)
+            self.sink.emit(ObjectDone(done.result))
         finally:
             self.objects.release()
+
+    # -- the manifest's copy at the target ------------------------------------------------------
+
+    async def _upload_manifest_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(MANIFEST_UPLOAD_EVERY_S)
+            await self._upload_manifest()
+
+    async def _upload_manifest(self) -> None:
+        if self.manifest is None:
+            return
+        with tempfile.TemporaryDirectory(prefix="mcsync-manifest-") as tmp:
+            snap = Path(tmp) / "manifest.sqlite"
+            self.manifest.snapshot(snap)
+            data = await asyncio.to_thread(snap.read_bytes)
+        try:
+            await self.dst.put(target_manifest_key(self.src, self.dst), data)
+        except (MCSyncError, OSError) as exc:
+            log.warning("could not keep a copy of the manifest at the target: %s", exc)
+
+
+async def _aiter(items: Iterator[ManifestEntry]) -> AsyncIterator[ManifestEntry]:
+    for i, item in enumerate(items):
+        yield item
+        if i % 1000 == 999:
+            await asyncio.sleep(0)  # a page of SQLite rows at a time; let transfers run
 
 
 def _describe(exc: BaseException) -> str:

@@ -38,6 +38,11 @@ class ListingOrderError(MCSyncError):
         self.fallback = fallback
 
 
+class Interrupted(Exception):
+    """The run was asked to stop: work in flight finished or was checkpointed, and what is left
+    resumes on the next run. Deliberately not an MCSyncError: it is not a failure."""
+
+
 class UnsafeKey(MCSyncError):
     """A key that cannot be written under a filesystem root (``..``, absolute, NUL byte)."""
 

@@ -6,23 +6,24 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from .errors import MCSyncError
-from .types import ObjectInfo
 
 T = TypeVar("T")
 _DONE = object()
 
 
-@dataclass(frozen=True, slots=True)
-class Pair:
-    key: str
-    src: ObjectInfo | None
-    dst: ObjectInfo | None
+class Keyed(Protocol):
+    @property
+    def key(self) -> str: ...
 
 
-async def _ordered(items: AsyncIterator[ObjectInfo], where: str) -> AsyncIterator[ObjectInfo]:
+A = TypeVar("A", bound=Keyed)
+B = TypeVar("B", bound=Keyed)
+
+
+async def _ordered(items: AsyncIterator[A], where: str) -> AsyncIterator[A]:
     """Refuse a listing that is not strictly sorted: a merge-join of unsorted input would
     silently plan wrong copies and, with --delete, wrong deletes."""
     last: str | None = None
@@ -35,9 +36,10 @@ async def _ordered(items: AsyncIterator[ObjectInfo], where: str) -> AsyncIterato
 
 
 async def merge_join(
-    src: AsyncIterator[ObjectInfo], dst: AsyncIterator[ObjectInfo],
+    src: AsyncIterator[A], dst: AsyncIterator[B],
     *, src_name: str = "source", dst_name: str = "target",
-) -> AsyncIterator[Pair]:
+) -> AsyncIterator[tuple[str, A | None, B | None]]:
+    """Pair two key-sorted streams: one tuple per key, with None on the side that lacks it."""
     s_it = _ordered(src, src_name)
     d_it = _ordered(dst, dst_name)
     s = await anext(s_it, None)
@@ -45,13 +47,13 @@ async def merge_join(
     while s is not None or d is not None:
         if d is None or (s is not None and s.key < d.key):
             assert s is not None
-            yield Pair(s.key, s, None)
+            yield s.key, s, None
             s = await anext(s_it, None)
         elif s is None or d.key < s.key:
-            yield Pair(d.key, None, d)
+            yield d.key, None, d
             d = await anext(d_it, None)
         else:
-            yield Pair(s.key, s, d)
+            yield s.key, s, d
             s = await anext(s_it, None)
             d = await anext(d_it, None)
 

@@ -7,14 +7,13 @@ from dataclasses import dataclass
 
 from .config import SyncOptions
 from .events import ActionKind
-from .listing import Pair
+from .manifest import ManifestEntry
 from .types import ObjectInfo
 
-RESERVED_PREFIX = ".mcsync/"
+RESERVED_PREFIX = ".mcsync/"  # mcsync's own state at a target: never synced or deleted as data
 # S3 LastModified has one-second precision: a file uploaded within the second it was written
 # lists as "older" than its source. Times this close count as equal (rclone's modify window).
-MODIFY_WINDOW_S = 1.0  # mcsync's own state at a target: never synced or deleted as data
-
+MODIFY_WINDOW_S = 1.0
 
 # Files a reader opens first to discover a checkpoint. They are written after everything else
 # of the run, so an index never points at shards that are not there yet.
@@ -25,6 +24,17 @@ _COMMIT_MARKERS = ("*.index.json", "config.json", "latest", "LATEST", "COMMIT", 
 def is_commit_marker(key: str) -> bool:
     name = key.rsplit("/", 1)[-1]
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in _COMMIT_MARKERS)
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """One key as the source, the target and the manifest know it. In a run that trusts the
+    manifest the target is not listed, so ``dst`` is None and ``known`` speaks for it."""
+
+    key: str
+    src: ObjectInfo | None
+    dst: ObjectInfo | None
+    known: ManifestEntry | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,24 +51,37 @@ class Action:
         return info.size if info else 0
 
 
-def plan(pair: Pair, options: SyncOptions, *, server_side: bool) -> Action | None:
+def plan(pair: Pair, options: SyncOptions, *, server_side: bool,
+         target_listed: bool = True) -> Action | None:
     """The action for one key, or None when the key is not ours to touch (filtered out, or a
-    target-only key without --delete)."""
+    target-only key without --delete). ``target_listed`` is False when the manifest stands in
+    for a listing of the target."""
     if pair.key.startswith(RESERVED_PREFIX) or not options.selects(pair.key):
         return None
-    src, dst = pair.src, pair.dst
+    src, dst, known = pair.src, pair.dst, pair.known
     if src is None:
-        assert dst is not None
+        if dst is None:
+            return None  # only the manifest knows it; deletes need a listing of the target
         return Action("delete", pair.key, None, dst, "not at source") if options.delete else None
     copy: ActionKind = "server_copy" if server_side else "copy"
+    if known is not None and known.matches_source(src):
+        if not target_listed:
+            return Action("skip", pair.key, src, None, "unchanged since last sync")
+        if dst is None:
+            return Action(copy, pair.key, src, None, "missing at target")
+        if known.matches_target(dst):
+            return Action("skip", pair.key, src, dst, "unchanged since last sync")
+        return Action(copy, pair.key, src, dst, "target changed behind mcsync's back")
+    if known is not None:
+        return Action(copy, pair.key, src, dst, "source changed since last sync")
     if dst is None:
-        return Action(copy, pair.key, src, None, "new")
+        return Action(copy, pair.key, src, None, "new" if target_listed else "not in manifest")
     if src.size != dst.size:
         return Action(copy, pair.key, src, dst, "size differs")
     if src.etag and dst.etag and src.etag == dst.etag:
         return Action("skip", pair.key, src, dst, "same etag")
     if src.mtime is not None and dst.mtime is not None and dst.mtime + MODIFY_WINDOW_S > src.mtime:
         # Same size and the target was written after the source last changed: the rule of
-        # `aws s3 sync`. Content hashes make this exact (--checksum, with the manifest).
+        # `aws s3 sync`, for objects mcsync has no record of.
         return Action("skip", pair.key, src, dst, "same size, target not older")
     return Action(copy, pair.key, src, dst, "source is newer")

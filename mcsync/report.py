@@ -31,13 +31,16 @@ class SyncReport:
     objects_skipped: int = 0
     objects_deleted: int = 0
     objects_failed: int = 0
-    bytes_copied: int = 0
+    bytes_copied: int = 0  # size of the objects copied through the client
+    bytes_sent: int = 0  # bytes this run really sent (less than bytes_copied when resumed)
     bytes_server_copied: int = 0
     bytes_skipped: int = 0
     elapsed_s: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)
     objects: list[ObjectResult] = field(default_factory=list)
     interrupted: bool = False
+    manifest: str | None = None
+    manifest_note: str | None = None  # e.g. a damaged manifest was set aside and rebuilt
 
     @property
     def ok(self) -> bool:
@@ -71,6 +74,7 @@ class SyncReport:
 
     def record_done(self, result: ObjectResult) -> None:
         self.objects.append(result)
+        self.bytes_sent += result.bytes_sent
         if result.action == "copy":
             self.objects_copied += 1
             self.bytes_copied += result.size

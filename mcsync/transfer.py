@@ -1,5 +1,6 @@
-"""Carry out one planned action: a whole-object copy, a multipart copy, a server-side copy or a
-delete. Every byte that passes through the client is hashed (xxh3-128) as it moves.
+"""Carry out one planned action: a whole-object copy, a multipart copy (new or resumed), a
+server-side copy or a delete. Every byte that passes through the client is hashed (xxh3-128) as
+it moves, and multipart progress is journalled so a killed run resumes from its missing parts.
 
 Memory: a buffer's size is taken from the run's ByteBudget *before* it is read and given back
 once the target has acknowledged it. Requests: each GET / PUT / part holds one slot of the
@@ -9,19 +10,34 @@ requests semaphore while it is on the wire.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
+import logging
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from .config import S3_MAX_PART_SIZE, SyncOptions
-from .errors import IntegrityError, MCSyncError, first_error
+from .errors import IntegrityError, Interrupted, NotFound, PreconditionFailed, first_error
 from .events import BytesMoved, Event
 from .hashing import block_digest_async, object_digest
 from .limits import Limits
+from .manifest import JournalPart, Manifest, ManifestEntry, OpenUpload
 from .plan import Action
 from .report import ObjectResult
 from .stores.base import ServerCopyStore, Store, Upload
-from .types import ByteRange, ObjectInfo, PartRef
+from .types import ByteRange, ObjectInfo, PartClaim, PartRef
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A finished action: what the report says, and what the manifest records."""
+
+    result: ObjectResult
+    entry: ManifestEntry | None  # None for deletes
 
 
 @dataclass
@@ -33,29 +49,38 @@ class Transfer:
     options: SyncOptions
     limits: Limits
     emit: Callable[[Event], None]
+    journal: Manifest | None = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    open_uploads: dict[str, OpenUpload] = field(default_factory=dict)
 
-    async def run(self, action: Action) -> ObjectResult:
+    async def run(self, action: Action) -> Done:
         if action.kind == "delete":
             async with self.limits.requests:
                 await self.dst.delete(action.key)
-            return ObjectResult(action.key, "delete", action.size, 0)
+            return Done(ObjectResult(action.key, "delete", action.size, 0), None)
         self.dst.validate_key(action.key)
+        try:
+            return await self._write(action)
+        except PreconditionFailed:
+            # The source changed after it was listed: never stitch two versions together.
+            # Take the new version, once; a source still changing is reported.
+            async with self.limits.requests:
+                fresh = await self.src.head(action.key)
+            log.info("%s changed while it was copied; copying the new version", action.key)
+            return await self._write(dataclasses.replace(action, src=fresh))
+
+    async def _write(self, action: Action) -> Done:
+        src = action.src
+        assert src is not None
         if action.kind == "server_copy":
-            return await self._server_copy(action)
-        return await self._copy(action)
+            return await self._server_copy(action, src)
+        if src.size <= self.options.multipart_threshold or not self.dst.caps.multipart:
+            return await self._copy_whole(action, src)
+        return await self._copy_parts(action, src)
 
     # -- through the client --------------------------------------------------------------------
 
-    async def _copy(self, action: Action) -> ObjectResult:
-        src = action.src
-        assert src is not None
-        if src.size <= self.options.multipart_threshold or not self.dst.caps.multipart:
-            return await self._copy_whole(action)
-        return await self._copy_parts(action)
-
-    async def _copy_whole(self, action: Action) -> ObjectResult:
-        src = action.src
-        assert src is not None
+    async def _copy_whole(self, action: Action, src: ObjectInfo) -> Done:
         async with self.limits.memory.hold(src.size), self.limits.requests:
             data = await self.src.get(action.key, expect=src)
             if len(data) != src.size:
@@ -65,43 +90,118 @@ class Transfer:
             written = await self.dst.put(action.key, data, mtime=src.mtime)
             del data
         self.emit(BytesMoved(action.key, src.size))
-        return ObjectResult(action.key, "copy", src.size, src.size, digest.hex(), src.size,
-                            written.etag)
+        return self._done(action, src, written, src.size, [digest], src.size)
 
-    async def _copy_parts(self, action: Action) -> ObjectResult:
-        src = action.src
-        assert src is not None
+    async def _copy_parts(self, action: Action, src: ObjectInfo) -> Done:
+        key = action.key
         part_size = self.options.part_size_for(src.size)
         ranges = [ByteRange(off, min(off + part_size, src.size))
                   for off in range(0, src.size, part_size)]
-        async with self.limits.requests:
-            upload = await self.dst.open_upload(action.key, src.size, mtime=src.mtime)
+        upload: Upload | None = None
+        kept: dict[int, JournalPart] = {}
+        prior = self.open_uploads.pop(key, None)
+        if prior is not None:
+            if prior.matches_source(src) and prior.part_size == part_size:
+                async with self.limits.requests:
+                    upload = await self.dst.resume_upload(key, prior.upload_id, src.size,
+                                                          mtime=src.mtime)
+                if upload is None:
+                    finished = await self._finished_before(action, src, prior, ranges)
+                    if finished is not None:
+                        return finished
+                else:
+                    kept = await self._confirmed_parts(upload, prior, ranges)
+            else:
+                await self.abort_stale(prior)
+        if upload is None:
+            async with self.limits.requests:
+                upload = await self.dst.open_upload(key, src.size, mtime=src.mtime)
+            if self.journal is not None:
+                self.journal.begin_upload(key, upload.upload_id, src, part_size)
+
         digests: list[bytes] = [b""] * len(ranges)
+        refs: dict[int, PartRef] = {}
+        for n, jp in kept.items():
+            digests[n - 1] = jp.digest
+            refs[n] = PartRef(n, jp.etag, jp.size)
+        journal = self.journal
+        live = upload
 
         async def move(number: int, rng: ByteRange) -> PartRef:
             async with self.limits.requests:
-                data = await self.src.get(action.key, rng, expect=src)
-            digests[number - 1] = await block_digest_async(data)
+                data = await self.src.get(key, rng, expect=src)
+            digest = await block_digest_async(data)
             async with self.limits.requests:
-                part = await upload.put_part(number, rng.start, data)
-            self.emit(BytesMoved(action.key, rng.length))
+                part = await live.put_part(number, rng.start, data)
+            del data
+            digests[number - 1] = digest
+            if journal is not None:
+                journal.record_part(key, JournalPart(number, part.etag, part.size, digest))
+            self.emit(BytesMoved(key, rng.length))
             return part
 
-        parts = await _run_parts(upload, ranges, move, self.limits)
+        todo = [(n, rng) for n, rng in enumerate(ranges, start=1) if n not in kept]
+        for part in await self._run_parts(key, upload, todo, move, budgeted=True):
+            refs[part.number] = part
         async with self.limits.requests:
-            written = await _complete(upload, parts)
-        return ObjectResult(action.key, "copy", src.size, src.size, object_digest(digests),
-                            part_size, written.etag)
+            written = await _complete(upload, [refs[n] for n in sorted(refs)])
+        sent = sum(rng.length for _, rng in todo)
+        return self._done(action, src, written, sent, digests, part_size)
+
+    async def _confirmed_parts(self, upload: Upload, prior: OpenUpload,
+                               ranges: list[ByteRange]) -> dict[int, JournalPart]:
+        claims = [PartClaim(PartRef(p.number, p.etag, p.size), ranges[p.number - 1].start,
+                            p.digest)
+                  for p in prior.parts.values()
+                  if p.number <= len(ranges) and p.size == ranges[p.number - 1].length]
+        async with self.limits.requests:
+            good = await upload.confirm_parts(claims)
+        log.info("%s: resuming upload, %d of %d parts already there", prior.key, len(good),
+                 len(ranges))
+        return {n: prior.parts[n] for n in good}
+
+    async def _finished_before(self, action: Action, src: ObjectInfo, prior: OpenUpload,
+                               ranges: list[ByteRange]) -> Done | None:
+        """The journalled upload is gone: a previous run may have been killed between completing
+        it and recording it. If the target holds exactly that object, record it; otherwise
+        start over (a fresh upload is always correct)."""
+        if self.journal is not None:
+            self.journal.drop_upload(action.key)
+        if len(prior.parts) != len(ranges):
+            return None
+        try:
+            async with self.limits.requests:
+                there = await self.dst.head(action.key)
+        except NotFound:
+            return None
+        parts = [prior.parts[n] for n in sorted(prior.parts)]
+        if there.size != src.size:
+            return None
+        if there.etag is not None:
+            if there.etag != _multipart_etag([p.etag for p in parts]):
+                return None
+        elif there.mtime != src.mtime:
+            return None
+        return self._done(action, src, there, 0, [p.digest for p in parts], prior.part_size)
+
+    async def abort_stale(self, prior: OpenUpload) -> None:
+        """Abort an upload a previous run left open that this run will not finish."""
+        try:
+            async with self.limits.requests:
+                upload = await self.dst.resume_upload(prior.key, prior.upload_id, prior.src_size)
+                if upload is not None:
+                    await upload.abort()
+        except Exception as exc:  # best effort: the target's lifecycle rules are the backstop
+            log.warning("could not abort stale upload of %s: %s", prior.key, exc)
+        if self.journal is not None:
+            self.journal.drop_upload(prior.key)
 
     # -- server side ---------------------------------------------------------------------------
 
-    async def _server_copy(self, action: Action) -> ObjectResult:
-        src = action.src
-        assert src is not None
+    async def _server_copy(self, action: Action, src: ObjectInfo) -> Done:
         # The planner chose server_copy only because dst.can_copy_from(src) said so.
         dst = cast(ServerCopyStore, self.dst)
-        source_store = cast(ServerCopyStore, self.src)
-        source = source_store.copy_source(action.key, src.etag)
+        source = cast(ServerCopyStore, self.src).copy_source(action.key, src.etag)
         # Large objects are copied as parallel ranged UploadPartCopy requests; the copy part
         # size is not bounded by the memory budget since no byte passes through us.
         part_size = max(self.options.part_size_for(src.size), 64 * 1024 * 1024)
@@ -109,7 +209,7 @@ class Transfer:
         if src.size <= part_size:
             async with self.limits.requests:
                 written = await dst.copy_object(source, action.key)
-            return ObjectResult(action.key, "server_copy", src.size, 0, None, None, written.etag)
+            return self._done(action, src, written, 0, [], 0)
         ranges = [ByteRange(off, min(off + part_size, src.size))
                   for off in range(0, src.size, part_size)]
         async with self.limits.requests:
@@ -121,48 +221,84 @@ class Transfer:
             self.emit(BytesMoved(action.key, rng.length))
             return part
 
-        parts = await _run_parts(upload, ranges, move, None)
+        parts = await self._run_parts(action.key, upload, list(enumerate(ranges, start=1)),
+                                      move, budgeted=False)
         async with self.limits.requests:
-            written = await _complete(upload, parts)
-        return ObjectResult(action.key, "server_copy", src.size, 0, None, None, written.etag)
+            written = await _complete(upload, sorted(parts, key=lambda p: p.number))
+        return self._done(action, src, written, 0, [], 0)
 
+    # -- shared --------------------------------------------------------------------------------
 
-async def _run_parts(upload: Upload, ranges: list[ByteRange],
-                     move: Callable[[int, ByteRange], Awaitable[PartRef]],
-                     limits: Limits | None) -> list[PartRef]:
-    """Move every part concurrently; on any failure abort the upload so nothing half-written
-    is ever completed, and re-raise the first error. When ``limits`` is given, each part's
-    bytes are taken from the memory budget before its task starts and returned when it ends,
-    however it ends (a task cancelled before its first step never runs its own ``finally``)."""
-    held: dict[int, int] = {}
+    def _done(self, action: Action, src: ObjectInfo, written: ObjectInfo, sent: int,
+              digests: list[bytes], block_size: int) -> Done:
+        server = action.kind == "server_copy"
+        xxh3 = None if server else object_digest(digests)
+        result = ObjectResult(action.key, "server_copy" if server else "copy", src.size, sent,
+                              xxh3, None if server else block_size, written.etag)
+        entry = ManifestEntry(
+            key=action.key, src_size=src.size, src_etag=src.etag, src_mtime=src.mtime,
+            src_version=src.version, dst_size=src.size, dst_etag=written.etag,
+            dst_mtime=written.mtime, block_size=block_size, block_hashes=b"".join(digests),
+            xxh3=xxh3, crc32c=src.crc32c, written_at=time.time())
+        return Done(result, entry)
 
-    async def budgeted(number: int, rng: ByteRange) -> PartRef:
+    async def _run_parts(self, key: str, upload: Upload, parts: list[tuple[int, ByteRange]],
+                         move: Callable[[int, ByteRange], Awaitable[PartRef]],
+                         *, budgeted: bool) -> list[PartRef]:
+        """Move parts concurrently. A failure aborts the upload (nothing half-written is ever
+        completed) and re-raises the first error. A stop request lets the parts in flight
+        finish, schedules no more and raises Interrupted, keeping the upload for the next run,
+        as does cancellation. With ``budgeted``, each part's bytes are taken from the memory
+        budget before its task starts and returned when it ends, however it ends (a task
+        cancelled before its first step never runs its own ``finally``)."""
+        held: dict[int, int] = {}
+        memory = self.limits.memory
+
+        async def run_one(number: int, rng: ByteRange) -> PartRef:
+            try:
+                return await move(number, rng)
+            finally:
+                memory.release(held.pop(number, 0))
+
+        tasks: list[asyncio.Task[PartRef]] = []
         try:
-            return await move(number, rng)
+            async with asyncio.TaskGroup() as tg:
+                for number, rng in parts:
+                    if self.stop.is_set():
+                        break
+                    if budgeted:
+                        held[number] = await memory.acquire(rng.length)
+                    tasks.append(tg.create_task(run_one(number, rng)))
+        except asyncio.CancelledError:
+            raise  # the upload stays open and journalled: the next run resumes it
+        except BaseException as exc:
+            if not isinstance(first_error(exc), asyncio.CancelledError | Interrupted):
+                await asyncio.shield(upload.abort())
+                if self.journal is not None:
+                    self.journal.drop_upload(key)
+            raise first_error(exc) from None
         finally:
-            if limits is not None:
-                limits.memory.release(held.pop(number, 0))
-
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tasks = []
-            for number, rng in enumerate(ranges, start=1):
-                if limits is not None:
-                    held[number] = await limits.memory.acquire(rng.length)
-                tasks.append(tg.create_task(budgeted(number, rng)))
-    except BaseException as exc:
-        await asyncio.shield(upload.abort())
-        raise first_error(exc) from None
-    finally:
-        if limits is not None:
             for n in list(held):
-                limits.memory.release(held.pop(n))
-    return [t.result() for t in tasks]
+                memory.release(held.pop(n))
+        if len(tasks) < len(parts):
+            raise Interrupted(f"{key}: stopped after {len(tasks)} of {len(parts)} parts")
+        return [t.result() for t in tasks]
 
 
 async def _complete(upload: Upload, parts: list[PartRef]) -> ObjectInfo:
     try:
         return await upload.complete(parts)
-    except MCSyncError:
+    except (asyncio.CancelledError, Interrupted):
+        raise
+    except Exception:
         await asyncio.shield(upload.abort())
         raise
+
+
+def _multipart_etag(part_etags: list[str]) -> str | None:
+    """The ETag S3 gives a completed multipart upload: md5 of the parts' binary md5s, '-N'."""
+    try:
+        joined = b"".join(bytes.fromhex(e) for e in part_etags)
+    except ValueError:
+        return None
+    return f"{hashlib.md5(joined).hexdigest()}-{len(part_etags)}"

@@ -39,6 +39,15 @@ class PartRef:
 
 
 @dataclass(frozen=True, slots=True)
+class PartClaim:
+    """A part the journal says was written: a resumed upload confirms it before trusting it."""
+
+    ref: PartRef
+    offset: int
+    digest: bytes  # xxh3-128 of the part's bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a store can do beyond the required operations; the engine checks these."""
 

@@ -46,6 +46,8 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
     missing = tmp_path_factory.getbasetemp() / "no-aws-config"
     monkeypatch.setenv("AWS_CONFIG_FILE", str(missing / "config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(missing / "credentials"))
+    # Each test gets its own manifests and lock files, never the developer's.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
 
 
 # --------------------------------------------------------------------------------------------

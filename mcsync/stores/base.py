@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
-from ..types import ByteRange, Capabilities, ObjectInfo, PartRef
+from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
 
 Buffer = bytes | bytearray | memoryview
 CheckMode = Literal["read", "write", "plan"]
@@ -22,6 +22,11 @@ class Upload(Protocol):
     upload_id: str
 
     async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef: ...
+
+    async def confirm_parts(self, claims: Sequence[PartClaim]) -> set[int]:
+        """Of the parts a journal claims were written, the numbers the target really holds
+        intact (S3: ListParts; files: the bytes re-read and hashed)."""
+        ...
 
     async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo: ...
 
@@ -57,6 +62,12 @@ class Store(Protocol):
         ...
 
     async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> Upload: ...
+
+    async def resume_upload(
+        self, key: str, upload_id: str, size: int, *, mtime: float | None = None
+    ) -> Upload | None:
+        """Reattach to an upload a previous run opened; None when it no longer exists."""
+        ...
 
     async def delete(self, key: str) -> None: ...
 

@@ -14,8 +14,10 @@ import secrets
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
+import xxhash
+
 from ..errors import ConfigError, NotFound, PreconditionFailed, UnsafeKey
-from ..types import ByteRange, Capabilities, ObjectInfo, PartRef
+from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
 from .base import Buffer, CheckMode, Store
 
 TMP_MARK = ".mcsync-tmp-"
@@ -177,7 +179,7 @@ class LocalStore:
         def create() -> LocalUpload:
             parent = self._checked_parent(path, key)
             tmp = parent / f".{path.name[:100]}{TMP_MARK}{secrets.token_hex(6)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 os.ftruncate(fd, size)  # sparse; parts land at their offsets in any order
             except BaseException:
@@ -187,6 +189,26 @@ class LocalStore:
             return LocalUpload(key, path, tmp, fd, mtime)
 
         return await asyncio.to_thread(create)
+
+    async def resume_upload(
+        self, key: str, upload_id: str, size: int, *, mtime: float | None = None
+    ) -> LocalUpload | None:
+        path = self.path_for(key)
+        tmp = Path(upload_id)
+        if tmp.parent != path.parent or not _is_tmp(tmp.name):
+            return None  # not one of ours for this key: never reopen an arbitrary path
+
+        def reopen() -> LocalUpload | None:
+            try:
+                fd = os.open(tmp, os.O_RDWR)
+            except FileNotFoundError:
+                return None
+            if os.fstat(fd).st_size != size:
+                os.close(fd)
+                return None
+            return LocalUpload(key, path, tmp, fd, mtime)
+
+        return await asyncio.to_thread(reopen)
 
     async def delete(self, key: str) -> None:
         path = self.path_for(key)
@@ -267,6 +289,17 @@ class LocalUpload:
 
         await asyncio.to_thread(write)
         return PartRef(number, "", len(data))
+
+    async def confirm_parts(self, claims: Sequence[PartClaim]) -> set[int]:
+        def check() -> set[int]:
+            good = set()
+            for c in claims:
+                data = os.pread(self._fd, c.ref.size, c.offset)
+                if len(data) == c.ref.size and xxhash.xxh3_128_digest(data) == c.digest:
+                    good.add(c.ref.number)
+            return good
+
+        return await asyncio.to_thread(check)
 
     async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:
         def finish() -> ObjectInfo:

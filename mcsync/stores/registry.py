@@ -57,7 +57,9 @@ def open_store(url: str, options: SyncOptions) -> Store:
     if loc.scheme == "file":
         return LocalStore(loc.prefix)
     if loc.scheme == "gs":
-        raise UsageError(f"{url}: gs:// is not supported yet")
+        from .gcs import GCSStore  # imported on use: aiohttp and the Google auth libraries
+
+        return GCSStore(bucket=loc.bucket, prefix=loc.prefix, max_connections=options.concurrency)
     if loc.scheme == "s3":
         endpoint = (options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
                     or os.environ.get("AWS_ENDPOINT_URL") or None)

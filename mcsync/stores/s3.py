@@ -48,10 +48,10 @@ from ..errors import (
     UnsafeKey,
 )
 from ..retry import RetryPolicy
-from ..types import ByteRange, Capabilities, ObjectInfo, PartRef
+from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
 from .base import Buffer, CheckMode, Store
 
-_NOT_FOUND = {"NoSuchKey", "NotFound", "404"}
+_NOT_FOUND = {"NoSuchKey", "NotFound", "NoSuchUpload", "404"}
 _PRECONDITION = {"PreconditionFailed", "412"}
 _NO_BUCKET = {"NoSuchBucket"}
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
@@ -380,6 +380,16 @@ class S3Store:
         if len(self._full(key).encode()) > 1024:
             raise UnsafeKey(f"{key!r}: longer than S3's 1024-byte key limit with the prefix")
 
+    async def resume_upload(
+        self, key: str, upload_id: str, size: int, *, mtime: float | None = None
+    ) -> S3Upload | None:
+        upload = S3Upload(self, key, upload_id, size)
+        try:
+            await upload.list_parts()
+        except NotFound:  # completed or aborted since
+            return None
+        return upload
+
     async def delete(self, key: str) -> None:
         client = await self._c()
         with self._translate(key):
@@ -394,7 +404,7 @@ class S3Store:
             yield
         except MCSyncError:
             raise
-        except obstore_exc.NotFoundError as exc:
+        except (obstore_exc.NotFoundError, FileNotFoundError) as exc:  # obstore raises both
             if preflight:
                 raise ConfigError(f"{what}: bucket {self.bucket!r} does not exist") from exc
             raise NotFound(f"{what}: no such object") from exc
@@ -453,6 +463,22 @@ class S3Upload:
                                          UploadId=self.upload_id, PartNumber=number,
                                          Body=_as_bytes(data))
         return PartRef(number, _etag(r["ETag"]) or "", len(data))
+
+    async def list_parts(self) -> list[PartRef]:
+        s = self.store
+        client = await s._c()
+        parts: list[PartRef] = []
+        paginator = client.get_paginator("list_parts")
+        with s._translate(self.key):
+            async for page in paginator.paginate(Bucket=s.bucket, Key=s._full(self.key),
+                                                 UploadId=self.upload_id):
+                parts.extend(PartRef(p["PartNumber"], _etag(p["ETag"]) or "", p["Size"])
+                             for p in page.get("Parts", ()))
+        return parts
+
+    async def confirm_parts(self, claims: Sequence[PartClaim]) -> set[int]:
+        held = {(p.number, p.etag, p.size) for p in await self.list_parts()}
+        return {c.ref.number for c in claims if (c.ref.number, c.ref.etag, c.ref.size) in held}
 
     async def copy_part(self, number: int, source: S3CopySource, rng: ByteRange) -> PartRef:
         s = self.store

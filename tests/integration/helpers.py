@@ -24,13 +24,21 @@ def put_objects(ep: S3Endpoint, bucket: str, objects: dict[str, bytes], prefix: 
         client.put_object(Bucket=bucket, Key=prefix + key, Body=data)
 
 
-def read_bucket(ep: S3Endpoint, bucket: str, prefix: str = "") -> dict[str, bytes]:
+STATE = ".mcsync/"  # mcsync's own state at a target, not data
+
+
+def read_bucket(
+    ep: S3Endpoint, bucket: str, prefix: str = "", *, with_state: bool = False
+) -> dict[str, bytes]:
+    """Every object under ``prefix`` (keys relative to it), mcsync's state left out."""
     client = ep.client()
     out: dict[str, bytes] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for c in page.get("Contents", ()):
-            body = client.get_object(Bucket=bucket, Key=c["Key"])["Body"]
-            out[c["Key"][len(prefix) :]] = body.read()
+            key = c["Key"][len(prefix) :]
+            if key.startswith(STATE) and not with_state:
+                continue
+            out[key] = client.get_object(Bucket=bucket, Key=c["Key"])["Body"].read()
     return out
 
 
@@ -41,12 +49,16 @@ def write_tree(root: Path, objects: dict[str, bytes]) -> None:
         path.write_bytes(data)
 
 
-def read_tree(root: Path) -> dict[str, bytes]:
+def read_tree(root: Path, *, with_state: bool = False) -> dict[str, bytes]:
+    """Every file under ``root`` by relative POSIX path, mcsync's state left out."""
     out: dict[str, bytes] = {}
     for dirpath, _, files in os.walk(root):
         for name in files:
             path = Path(dirpath, name)
-            out[path.relative_to(root).as_posix()] = path.read_bytes()
+            key = path.relative_to(root).as_posix()
+            if key.startswith(STATE) and not with_state:
+                continue
+            out[key] = path.read_bytes()
     return out
 
 

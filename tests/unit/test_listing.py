@@ -15,8 +15,7 @@ async def agen(keys):
 
 
 async def join(src, dst):
-    return [(p.key, p.src is not None, p.dst is not None)
-            async for p in merge_join(agen(src), agen(dst))]
+    return [(k, s is not None, d is not None) async for k, s, d in merge_join(agen(src), agen(dst))]
 
 
 keys = st.lists(st.text(min_size=1, max_size=6), unique=True).map(sorted)

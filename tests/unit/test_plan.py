@@ -1,8 +1,7 @@
 import pytest
 
 from mcsync.config import SyncOptions
-from mcsync.listing import Pair
-from mcsync.plan import is_commit_marker, plan
+from mcsync.plan import Pair, is_commit_marker, plan
 from mcsync.types import ObjectInfo
 
 OPTS = SyncOptions()

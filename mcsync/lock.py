@@ -1,0 +1,91 @@
+"""One run per sync pair at a time: a lock file next to the manifest (flock, so a dead run's lock
+vanishes with its process) plus a lock object at the target, for runs on other machines that
+share the target (it names its holder and expires unless renewed, so a run that died there
+blocks others for at most ``ttl`` seconds).
+
+The target lock is advisory: S3 offers no atomic create-if-absent everywhere, so two runs
+that start within the same instant on two machines can both take it. The local lock is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from .errors import MCSyncError, NotFound
+from .stores.base import Store
+
+
+class Locked(MCSyncError):
+    """Another run of this sync pair holds the lock (exit code 3)."""
+
+
+def _holder() -> dict[str, object]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()}
+
+
+def _describe(info: dict[str, object]) -> str:
+    started = info.get("started_at")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(started))) if isinstance(
+        started, int | float) else "?"
+    return f"pid {info.get('pid', '?')} on {info.get('host', '?')}, started {when}"
+
+
+@contextlib.contextmanager
+def _local_lock(path: Path):  # type: ignore[no-untyped-def]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            except ValueError:
+                info = {}
+            raise Locked(f"another run of this sync holds {path} ({_describe(info)})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(_holder()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+@contextlib.asynccontextmanager
+async def run_lock(local_path: Path, dst: Store, target_key: str, *,
+                   ttl: float = 600.0) -> AsyncIterator[None]:
+    with _local_lock(local_path):
+        me = _holder() | {"expires_at": time.time() + ttl, "token": os.urandom(8).hex()}
+        try:
+            current = json.loads(bytes(await dst.get(target_key)))
+        except (NotFound, ValueError):
+            current = None
+        if current and current.get("expires_at", 0) > time.time():
+            raise Locked(f"another run of this sync holds the target lock {target_key} "
+                         f"({_describe(current)}); it expires at "
+                         f"{time.strftime('%H:%M:%S', time.localtime(current['expires_at']))}")
+        await dst.put(target_key, json.dumps(me).encode())
+
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(ttl / 4)
+                me["expires_at"] = time.time() + ttl
+                with contextlib.suppress(MCSyncError):
+                    await dst.put(target_key, json.dumps(me).encode())
+
+        renewer = asyncio.create_task(renew())
+        try:
+            yield
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            with contextlib.suppress(MCSyncError, OSError):
+                await asyncio.shield(dst.delete(target_key))

@@ -1,0 +1,319 @@
+"""The manifest: what mcsync wrote at a target, and the journal of uploads still open.
+
+One SQLite database (WAL) per sync pair. Per target key it holds the source identity the object
+was made from, what the target answered, and the block hashes of the bytes written, so a later
+run can (a) skip an unchanged object without asking the target, (b) resume an interrupted
+multipart upload from its missing parts, and (c) send only changed blocks (the delta). Losing it
+costs time, never correctness: a missing, truncated or garbage file is set aside and rebuilt.
+
+Only finished, verified objects are recorded; an upload's journal rows go away in the same
+transaction that records its object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .types import ObjectInfo
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+DIGEST_SIZE = 16  # xxh3-128
+_COMMIT_EVERY_S = 0.2  # part and object rows are committed in small batches
+_PAGE = 1000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS objects (
+    key TEXT PRIMARY KEY,
+    src_size INTEGER NOT NULL,
+    src_etag TEXT,
+    src_mtime REAL,
+    src_version TEXT,
+    dst_size INTEGER NOT NULL,
+    dst_etag TEXT,
+    dst_mtime REAL,
+    block_size INTEGER NOT NULL,
+    block_hashes BLOB NOT NULL,
+    xxh3 TEXT,
+    crc32c TEXT,
+    written_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS uploads (
+    key TEXT PRIMARY KEY,
+    upload_id TEXT NOT NULL,
+    src_size INTEGER NOT NULL,
+    src_etag TEXT,
+    src_mtime REAL,
+    part_size INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS parts (
+    key TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    etag TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    digest BLOB NOT NULL,
+    PRIMARY KEY (key, number)
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    started_at REAL NOT NULL,
+    finished_at REAL,
+    status TEXT NOT NULL,
+    report TEXT
+);
+"""
+
+
+def same_source(src: ObjectInfo, size: int, etag: str | None, mtime: float | None) -> bool:
+    """Is ``src`` the object a record was made from? ETags identify content where the store
+    has them; files (no ETag) are identified by size and mtime."""
+    if src.size != size:
+        return False
+    if src.etag is not None or etag is not None:
+        return src.etag == etag
+    return src.mtime == mtime
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    key: str
+    src_size: int
+    src_etag: str | None
+    src_mtime: float | None
+    src_version: str | None
+    dst_size: int
+    dst_etag: str | None
+    dst_mtime: float | None
+    block_size: int  # 0 when no byte passed through us (server-side copy)
+    block_hashes: bytes  # DIGEST_SIZE bytes per block
+    xxh3: str | None
+    crc32c: str | None
+    written_at: float
+
+    def matches_source(self, src: ObjectInfo) -> bool:
+        return same_source(src, self.src_size, self.src_etag, self.src_mtime)
+
+    def matches_target(self, dst: ObjectInfo) -> bool:
+        """Is the target object still the one mcsync wrote?"""
+        if dst.size != self.dst_size:
+            return False
+        if self.dst_etag is not None:
+            return dst.etag == self.dst_etag
+        return self.dst_mtime is not None and dst.mtime == self.dst_mtime
+
+    def as_target(self) -> ObjectInfo:
+        return ObjectInfo(self.key, self.dst_size, self.dst_etag, self.dst_mtime)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalPart:
+    number: int
+    etag: str
+    size: int
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class OpenUpload:
+    key: str
+    upload_id: str
+    src_size: int
+    src_etag: str | None
+    src_mtime: float | None
+    part_size: int
+    created_at: float
+    parts: dict[int, JournalPart] = field(default_factory=dict)
+
+    def matches_source(self, src: ObjectInfo) -> bool:
+        return same_source(src, self.src_size, self.src_etag, self.src_mtime)
+
+
+def default_path(src_url: str, dst_url: str) -> Path:
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return state / "mcsync" / "manifests" / f"{pair_id(src_url, dst_url)}.sqlite"
+
+
+def pair_id(src_url: str, dst_url: str) -> str:
+    return hashlib.sha256(f"{src_url}\0{dst_url}".encode()).hexdigest()[:20]
+
+
+class Manifest:
+    """One sync pair's state. Used from the event-loop thread only; every call is short."""
+
+    def __init__(self, path: Path, src_url: str, dst_url: str) -> None:
+        self.path = path
+        self.src_url = src_url
+        self.dst_url = dst_url
+        self.rebuilt: str | None = None  # why a damaged manifest was replaced, if it was
+        self.existed = path.exists()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = self._connect()
+        except sqlite3.DatabaseError as exc:
+            self._set_aside(f"unreadable ({exc})")
+            self._db = self._connect()
+        self._last_commit = time.monotonic()
+        self._dirty = False
+
+    # -- opening --------------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            if self.existed:
+                (verdict,) = db.execute("PRAGMA quick_check").fetchone()
+                if verdict != "ok":
+                    raise sqlite3.DatabaseError(f"quick_check: {verdict}")
+            db.executescript(_SCHEMA)
+            meta = dict(db.execute("SELECT k, v FROM meta").fetchall())
+            if not meta:
+                db.executemany("INSERT INTO meta VALUES (?, ?)", [
+                    ("schema_version", str(SCHEMA_VERSION)), ("src", self.src_url),
+                    ("dst", self.dst_url), ("created_at", str(time.time()))])
+            elif meta.get("schema_version") != str(SCHEMA_VERSION):
+                raise sqlite3.DatabaseError(
+                    f"schema version {meta.get('schema_version')}, expected {SCHEMA_VERSION}")
+            elif meta.get("dst") != self.dst_url or meta.get("src") != self.src_url:
+                raise sqlite3.DatabaseError("it belongs to another sync pair")
+            db.execute("BEGIN")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _set_aside(self, why: str) -> None:
+        bad = self.path.with_name(self.path.name + f".bad-{int(time.time())}")
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(f"{self.path}{suffix}", f"{bad}{suffix}")
+        self.rebuilt = f"manifest {self.path} was {why}; set aside as {bad.name} and rebuilt"
+        self.existed = False
+        log.warning("%s", self.rebuilt)
+
+    @property
+    def established(self) -> bool:
+        """True when this manifest predates the run and records at least one object: then it
+        can stand in for a listing of the target."""
+        if not self.existed or self.rebuilt:
+            return False
+        return self._db.execute("SELECT 1 FROM objects LIMIT 1").fetchone() is not None
+
+    # -- objects --------------------------------------------------------------------------------
+
+    def entries(self) -> Iterator[ManifestEntry]:
+        """Every recorded object in key order (SQLite's BINARY collation is UTF-8 byte order),
+        a page at a time."""
+        last = ""  # keys are never empty
+        while True:
+            rows = self._db.execute(
+                "SELECT * FROM objects WHERE key > ? ORDER BY key LIMIT ?",
+                (last, _PAGE)).fetchall()
+            if not rows:
+                return
+            for row in rows:
+                yield ManifestEntry(*row)
+            last = rows[-1][0]
+
+    def get(self, key: str) -> ManifestEntry | None:
+        row = self._db.execute("SELECT * FROM objects WHERE key = ?", (key,)).fetchone()
+        return ManifestEntry(*row) if row else None
+
+    def record_object(self, e: ManifestEntry) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO objects VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (e.key, e.src_size, e.src_etag, e.src_mtime, e.src_version, e.dst_size, e.dst_etag,
+             e.dst_mtime, e.block_size, e.block_hashes, e.xxh3, e.crc32c, e.written_at))
+        self._drop_upload_rows(e.key)
+        self._changed()
+
+    def forget(self, key: str) -> None:
+        self._db.execute("DELETE FROM objects WHERE key = ?", (key,))
+        self._changed()
+
+    # -- journal of open uploads ------------------------------------------------------------------
+
+    def open_uploads(self) -> dict[str, OpenUpload]:
+        uploads = {row[0]: OpenUpload(*row) for row in
+                   self._db.execute("SELECT * FROM uploads").fetchall()}
+        for key, number, etag, size, digest in self._db.execute("SELECT * FROM parts"):
+            if key in uploads:
+                uploads[key].parts[number] = JournalPart(number, etag, size, digest)
+        return uploads
+
+    def begin_upload(self, key: str, upload_id: str, src: ObjectInfo, part_size: int) -> None:
+        """Recorded durably before the first part is sent, so no upload is ever untracked."""
+        self._drop_upload_rows(key)
+        self._db.execute("INSERT INTO uploads VALUES (?,?,?,?,?,?,?)",
+                         (key, upload_id, src.size, src.etag, src.mtime, part_size, time.time()))
+        self.commit()
+
+    def record_part(self, key: str, part: JournalPart) -> None:
+        self._db.execute("INSERT OR REPLACE INTO parts VALUES (?,?,?,?,?)",
+                         (key, part.number, part.etag, part.size, part.digest))
+        self._changed()
+
+    def drop_upload(self, key: str) -> None:
+        self._drop_upload_rows(key)
+        self._changed()
+
+    def _drop_upload_rows(self, key: str) -> None:
+        self._db.execute("DELETE FROM uploads WHERE key = ?", (key,))
+        self._db.execute("DELETE FROM parts WHERE key = ?", (key,))
+
+    # -- runs -------------------------------------------------------------------------------------
+
+    def start_run(self) -> int:
+        cur = self._db.execute("INSERT INTO runs (started_at, status) VALUES (?, 'running')",
+                               (time.time(),))
+        self.commit()
+        return int(cur.lastrowid or 0)
+
+    def finish_run(self, run_id: int, status: str, report: dict[str, Any]) -> None:
+        report = {k: v for k, v in report.items() if k != "objects"}
+        self._db.execute("UPDATE runs SET finished_at = ?, status = ?, report = ? WHERE id = ?",
+                         (time.time(), status, json.dumps(report), run_id))
+        self.commit()
+
+    # -- durability -------------------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        self._dirty = True
+        if time.monotonic() - self._last_commit >= _COMMIT_EVERY_S:
+            self.commit()
+
+    def commit(self) -> None:
+        self._db.execute("COMMIT")
+        self._db.execute("BEGIN")
+        self._dirty = False
+        self._last_commit = time.monotonic()
+
+    def snapshot(self, dest: Path) -> None:
+        """A consistent copy of the database in one file (for the copy kept at the target)."""
+        self.commit()
+        with contextlib.suppress(FileNotFoundError):
+            dest.unlink()
+        self._db.execute("COMMIT")
+        try:
+            self._db.execute("VACUUM INTO ?", (str(dest),))
+        finally:
+            self._db.execute("BEGIN")
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("COMMIT")
+        self._db.close()

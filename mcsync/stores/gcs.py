@@ -1,0 +1,485 @@
+"""Google Cloud Storage as a source (``gs://bucket/prefix``), through the GCS JSON API (v1).
+
+Client: aiohttp against the JSON API, with gcloud-aio-auth for credentials. gcloud-aio-storage
+(the same family) was the first candidate and was measured against what this store needs:
+
+* pinned reads: ``Storage.download()`` takes headers but no query parameters, and GCS takes
+  ``ifGenerationMatch`` only as a query parameter on the JSON API; reaching it means calling
+  the private ``Storage._download``;
+* response headers: ``download()`` returns the body alone, and this store reads
+  ``x-goog-generation`` (the generation actually served) and ``x-goog-hash`` (the whole
+  object's CRC32C) from the response;
+* retries: gcloud-aio-storage retries nothing (its README says to wrap calls in tenacity), so a
+  request loop of ours is needed either way;
+* it adds ``aiofiles`` and nothing this store would use.
+
+What is left is a dozen URLs and query strings, written here, on the aiohttp that aiobotocore
+already brings, with one connection pool sized to ``--concurrency``. gcloud-aio-auth supplies
+Application Default Credentials the way Google's libraries find them (its lookup follows
+google-auth's ``default()``): ``GOOGLE_APPLICATION_CREDENTIALS`` (service-account key,
+authorized-user, external-account / workload-identity-federation and impersonated service
+account files), then gcloud's ``application_default_credentials.json`` (``gcloud auth
+application-default login``; ``CLOUDSDK_CONFIG`` moves it), then the GCE / GKE metadata
+server. ``STORAGE_EMULATOR_HOST`` points the store at an emulator and turns authentication off,
+as Google's own clients do.
+
+Two things gcloud-aio-auth does that a command-line tool must not, and how they are stopped:
+a credentials file that is not valid JSON is silently skipped (and the metadata server tried
+instead), so the file is checked here first and a bad one is one clear ConfigError; and its
+token fetch retries any exception five times up to 60 s apart, so it is tried once
+(``RetryPolicy.gcloud_aio_auth``) inside a request whose loop retries by type.
+
+Object identity, as ``ObjectInfo``:
+
+* ``etag`` is the object's MD5 (``md5Hash``) in hex, not GCS's ``etag``. The planner skips a key
+  when source and target ETags are equal, and a single-part S3 / Meta Storage ETag is the hex
+  MD5 of the object, so equal content is recognised across clouds. GCS's own ``etag`` is opaque
+  and changes with metadata-only updates; it could never match a target. Composite objects
+  (``gsutil`` parallel uploads, compose) have no MD5: their ``etag`` is None and the planner
+  falls back to size and time, as for local files.
+* ``version`` is the generation; every read planned from a listing is pinned to it with
+  ``ifGenerationMatch`` (GCS answers 412, raised as PreconditionFailed), and the generation
+  that was served (``x-goog-generation``) is compared as well where the server sends it.
+* ``crc32c`` is GCS's base64 CRC32C. A whole-object read is checked against it here
+  (IntegrityError on a mismatch); checking a multipart copy is transfer.py's, with
+  ``mcsync.checksums.combine`` (see that module).
+* ``mtime`` is ``updated``.
+
+Reads ask for ``Accept-Encoding: gzip`` and never decompress: an object stored with
+``Content-Encoding: gzip`` is copied as the bytes GCS stores (the size, MD5 and CRC32C it lists),
+not decompressively transcoded. GCS does no compressive transcoding, so other objects arrive as
+stored too.
+
+Writing is not supported: ``put``, ``open_upload`` and ``delete`` raise UsageError, and so does
+``check`` for a target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import os
+import types
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+import aiohttp
+from yarl import URL
+
+from .. import __version__
+from ..checksums import crc32c_async, verify
+from ..errors import (
+    ConfigError,
+    ListingOrderError,
+    MCSyncError,
+    NotFound,
+    Permanent,
+    PreconditionFailed,
+    Transient,
+    UnsafeKey,
+    UsageError,
+)
+from ..retry import RetryPolicy
+from ..types import ByteRange, Capabilities, ObjectInfo
+from .base import Buffer, CheckMode, Store
+
+log = logging.getLogger(__name__)
+
+GCS_API_ROOT = "https://storage.googleapis.com"
+READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
+LIST_PAGE_SIZE = 1000  # GCS's maximum page
+_LIST_FIELDS = "items(name,size,md5Hash,crc32c,generation,updated),nextPageToken"
+_OBJECT_FIELDS = "name,size,md5Hash,crc32c,generation,updated"
+_CREDENTIAL_TYPES = {"service_account", "authorized_user", "external_account",
+                     "impersonated_service_account"}
+_REQUIRED_FIELDS = {"service_account": ("client_email", "private_key"),
+                    "authorized_user": ("client_id", "client_secret", "refresh_token")}
+_SOURCE_ONLY = "gs:// is a source only: mcsync reads Google Cloud Storage but does not write to it"
+
+
+class GCSStore:
+    caps = Capabilities(multipart=False, server_side_copy=False)
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        prefix: str,
+        api_root: str | None = None,
+        anonymous: bool | None = None,
+        credentials_file: str | None = None,
+        max_connections: int = 128,
+        retry: RetryPolicy | None = None,
+        page_size: int = LIST_PAGE_SIZE,
+    ) -> None:
+        """``api_root`` and ``anonymous`` default from ``STORAGE_EMULATOR_HOST`` (an emulator,
+        no authentication) or else GCS with Application Default Credentials;
+        ``credentials_file`` overrides ``GOOGLE_APPLICATION_CREDENTIALS``."""
+        self.bucket = bucket
+        self.prefix = prefix  # "" or ends with "/"
+        self.url = f"gs://{bucket}/{prefix}"
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST") or None
+        if api_root is None and emulator:
+            api_root = emulator if "://" in emulator else f"http://{emulator}"
+            if anonymous is None:
+                anonymous = True
+        self._api_root = (api_root or GCS_API_ROOT).rstrip("/")
+        self._anonymous = bool(anonymous)
+        self._local = urlsplit(self._api_root).hostname in ("127.0.0.1", "localhost", "::1")
+        self._credentials_file = credentials_file
+        self._max_connections = max_connections
+        self._retry = retry or RetryPolicy()
+        self._page_size = page_size
+        self._objects = f"{self._api_root}/storage/v1/b/{quote(bucket, safe='')}/o"
+        self._lock = asyncio.Lock()
+        self._session: aiohttp.ClientSession | None = None
+        self._token: Any = None
+        self._credential_source = "no credentials (emulator)" if self._anonymous else ""
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            async with self._lock:
+                if self._session is None:
+                    if not self._anonymous:
+                        self._token = self._make_token()
+                    self._session = aiohttp.ClientSession(
+                        connector=aiohttp.TCPConnector(limit=self._max_connections,
+                                                       ttl_dns_cache=300),
+                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120),
+                        auto_decompress=False,  # the stored bytes, see the module docstring
+                        trust_env=not self._local,  # HTTPS_PROXY for GCS, never for loopback
+                        headers={"User-Agent": f"mcsync/{__version__}"},
+                    )
+        return self._session
+
+    def _make_token(self) -> Any:
+        from gcloud.aio.auth.token import BaseToken, Token
+
+        path, self._credential_source = _find_credentials(self._credentials_file)
+        try:
+            token = Token(service_file=path, scopes=[READ_ONLY_SCOPE])
+        except Exception as exc:  # a file that passed our checks and still did not load
+            raise ConfigError(f"{self.url}: cannot use {self._credential_source}: "
+                              f"{type(exc).__name__}") from None
+        retried_once = BaseToken.acquire_access_token.retry_with(  # type: ignore[attr-defined]
+            **self._retry.gcloud_aio_auth())
+        token.acquire_access_token = types.MethodType(retried_once, token)
+        return token
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        token, self._token = self._token, None
+        if token is not None:
+            with contextlib.suppress(Exception):
+                await token.close()
+        if session is not None:
+            await session.close()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def _send(
+        self, url: str, params: Mapping[str, str], *, what: str,
+        headers: Mapping[str, str] | None = None, preflight: bool = False,
+        listing: bool = False,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """One GET, retried by type (Transient) under the run's RetryPolicy."""
+        policy = self._retry
+        attempts = policy.preflight_attempts if preflight else policy.max_attempts
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + policy.deadline_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._once(url, params, headers, what, preflight=preflight,
+                                        listing=listing)
+            except Transient as exc:
+                delay = policy.backoff(attempt)
+                if attempt >= attempts or loop.time() + delay > deadline:
+                    if preflight:
+                        raise ConfigError(str(exc)) from exc
+                    raise
+                log.debug("%s; try %d of %d in %.2f s", exc, attempt + 1, attempts, delay)
+                await asyncio.sleep(delay)
+
+    async def _once(
+        self, url: str, params: Mapping[str, str], headers: Mapping[str, str] | None,
+        what: str, *, preflight: bool, listing: bool,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        http = await self._http()
+        sent = dict(headers or {})
+        sent.update(await self._auth(what, preflight=preflight))
+        # Sent exactly as quoted here: a key's '%2F', '%23', '%3F' must reach GCS as written.
+        target = URL(f"{url}?{urlencode(params, quote_via=quote, safe='')}", encoded=True)
+        try:
+            async with http.get(target, headers=sent, allow_redirects=False) as resp:
+                body = await resp.read()
+                if resp.status >= 400:
+                    raise self._status_error(resp.status, body, what, preflight=preflight,
+                                             listing=listing)
+                return resp.status, resp.headers, body
+        except MCSyncError:
+            raise
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise Transient(f"{what}: connection to {self._api_root} failed "
+                            f"({type(exc).__name__})") from exc
+        except aiohttp.ClientError as exc:
+            cls = ConfigError if preflight else Permanent
+            raise cls(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    async def _auth(self, what: str, *, preflight: bool) -> dict[str, str]:
+        if self._anonymous:
+            return {}
+        try:
+            token = await self._token.get()
+        except Exception as exc:
+            raise self._token_error(exc, what, preflight=preflight) from exc
+        return {"Authorization": f"Bearer {token}"}
+
+    def _token_error(self, exc: Exception, what: str, *, preflight: bool) -> MCSyncError:
+        source = self._credential_source
+        fatal = ConfigError if preflight else Permanent
+        if isinstance(exc, aiohttp.ClientResponseError):
+            if exc.status in (408, 429) or exc.status >= 500:
+                return Transient(f"{what}: token endpoint of {source} answered {exc.status}")
+            return fatal(f"{what}: Google credentials refused ({source}, HTTP {exc.status})")
+        if isinstance(exc, aiohttp.ClientConnectionError | TimeoutError):
+            if source.startswith("the metadata server"):
+                return Transient(
+                    f"{what}: no Google credentials: GOOGLE_APPLICATION_CREDENTIALS is not set, "
+                    "there are no gcloud application-default credentials, and the metadata "
+                    f"server did not answer ({type(exc).__name__})")
+            return Transient(f"{what}: cannot reach the token endpoint of {source} "
+                             f"({type(exc).__name__})")
+        return fatal(f"{what}: cannot use {source}: {type(exc).__name__}")
+
+    def _status_error(self, status: int, body: bytes, what: str, *, preflight: bool,
+                      listing: bool) -> MCSyncError:
+        message = _error_message(body)
+        detail = f": {message}" if message else ""
+        fatal = ConfigError if preflight or listing else Permanent
+        if status == 404:
+            if preflight or listing:
+                return ConfigError(f"{self.url}: bucket {self.bucket!r} does not exist{detail}")
+            return NotFound(f"{what}: no such object")
+        if status == 412:
+            return PreconditionFailed(f"{what}: changed since it was listed (a newer "
+                                      "generation replaced it)")
+        if status in (401, 403):
+            return fatal(f"{what}: access denied (HTTP {status}){detail}")
+        if status in (408, 429) or status >= 500:
+            return Transient(f"{what}: HTTP {status}{detail}")
+        return fatal(f"{what}: HTTP {status}{detail}")
+
+    # -- operations -----------------------------------------------------------------------------
+
+    async def check(self, *, mode: CheckMode) -> None:
+        if mode != "read":
+            raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
+        await self._send(self._objects, {"prefix": self.prefix, "maxResults": "1",
+                                         "fields": "items(name),nextPageToken"},
+                         what=self.url, preflight=True)
+
+    async def list(self) -> AsyncIterator[ObjectInfo]:
+        """Every object under the prefix in UTF-8 byte order (GCS's order), a page at a time."""
+        cut = len(self.prefix)
+        last = ""
+        token: str | None = None
+        while True:
+            params = {"prefix": self.prefix, "maxResults": str(self._page_size),
+                      "fields": _LIST_FIELDS}
+            if token:
+                params["pageToken"] = token
+            _, _, body = await self._send(self._objects, params, what=self.url, listing=True)
+            page = _json(body, self.url)
+            for item in page.get("items") or ():
+                name = item["name"]
+                if name <= last:
+                    raise ListingOrderError(f"{self.url}: server lists keys out of byte order "
+                                            f"({last!r} before {name!r})")
+                last = name
+                if not name.startswith(self.prefix):
+                    raise Permanent(f"{self.url}: server listed {name!r} outside the prefix")
+                key = name[cut:]
+                if key:  # the prefix's own "directory marker" is not an object under it
+                    yield _info(key, item)
+            token = page.get("nextPageToken")
+            if not token:
+                return
+
+    async def head(self, key: str) -> ObjectInfo:
+        what = f"{self.url}{key}"
+        _, _, body = await self._send(self._object_url(key), {"fields": _OBJECT_FIELDS},
+                                      what=what)
+        return _info(key, _json(body, what))
+
+    async def get(
+        self, key: str, rng: ByteRange | None = None, *, expect: ObjectInfo | None = None
+    ) -> Buffer:
+        what = f"{self.url}{key}"
+        if rng is not None and rng.length == 0:
+            return b""
+        params = {"alt": "media"}
+        generation = expect.version if expect is not None else None
+        if generation:
+            params["ifGenerationMatch"] = generation
+        headers = {"Accept-Encoding": "gzip"}
+        if rng is not None:
+            headers["Range"] = f"bytes={rng.start}-{rng.end - 1}"
+        status, got, data = await self._send(self._object_url(key), params, what=what,
+                                             headers=headers)
+        served = got.get("x-goog-generation")
+        if generation and served and served != generation:
+            raise PreconditionFailed(f"{what}: changed since it was listed (generation "
+                                     f"{generation} planned, {served} served)")
+        if rng is not None:
+            if status == 200 and len(data) >= rng.end:  # the server sent the whole object
+                data = data[rng.start:rng.end]
+            if len(data) != rng.length:
+                raise Transient(f"{what}: short read ({len(data)} of {rng.length} bytes)")
+        whole = rng is None or (expect is not None and rng.start == 0 and rng.end == expect.size)
+        if whole:
+            expected = (expect.crc32c if expect is not None else None) or _hash(got, "crc32c")
+            if expected:
+                verify(expected, await crc32c_async(data), what)
+        return data
+
+    def validate_key(self, key: str) -> None:
+        """GCS's object-name rules (only relevant if GCS ever becomes a target)."""
+        name = self.prefix + key
+        if not key or len(name.encode()) > 1024:
+            raise UnsafeKey(f"{key!r}: empty, or longer than GCS's 1024-byte name limit")
+        if "\r" in name or "\n" in name or name in (".", ".."):
+            raise UnsafeKey(f"{key!r}: not a valid GCS object name")
+
+    def can_copy_from(self, other: Store) -> bool:
+        return False
+
+    async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
+        raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
+
+    async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> Any:
+        raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
+
+    async def delete(self, key: str) -> None:
+        raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
+
+    def _object_url(self, key: str) -> str:
+        return f"{self._objects}/{quote(self.prefix + key, safe='')}"
+
+
+# -- credentials ----------------------------------------------------------------------------------
+
+
+def _find_credentials(explicit: str | None) -> tuple[str | None, str]:
+    """The credentials file Application Default Credentials would use, checked, and a
+    description of the source for messages; ``(None, ...)`` means the metadata server."""
+    path = explicit or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") or None
+    if path:
+        where = path if explicit else f"GOOGLE_APPLICATION_CREDENTIALS={path}"
+        _check_credentials_file(Path(path), where)
+        return path, where
+    config = os.environ.get("CLOUDSDK_CONFIG") or str(Path("~/.config/gcloud").expanduser())
+    well_known = Path(config, "application_default_credentials.json")
+    if well_known.is_file():
+        where = f"gcloud application-default credentials ({well_known})"
+        _check_credentials_file(well_known, where)
+        return str(well_known), where
+    return None, "the metadata server (no GOOGLE_APPLICATION_CREDENTIALS, no gcloud login)"
+
+
+def _check_credentials_file(path: Path, where: str) -> None:
+    # Messages name the file, never what is in it.
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{where}: cannot read the credentials file: {reason}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        raise ConfigError(f"{where}: not a JSON credentials file") from None
+    kind = data.get("type") if isinstance(data, dict) else None
+    if kind not in _CREDENTIAL_TYPES:
+        raise ConfigError(f"{where}: not a Google credentials file (type {kind!r}; expected "
+                          f"one of {', '.join(sorted(_CREDENTIAL_TYPES))})")
+    missing = [f for f in _REQUIRED_FIELDS.get(kind, ()) if not data.get(f)]
+    if missing:
+        raise ConfigError(f"{where}: {kind} credentials without {', '.join(missing)}")
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _info(key: str, item: Mapping[str, Any]) -> ObjectInfo:
+    generation = item.get("generation")
+    return ObjectInfo(
+        key,
+        int(item["size"]),
+        _md5_hex(item.get("md5Hash")),
+        _timestamp(item.get("updated")),
+        str(generation) if generation is not None else None,
+        item.get("crc32c") or None,
+    )
+
+
+def _md5_hex(value: str | None) -> str | None:
+    if not value:
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw.hex() if len(raw) == 16 else None
+
+
+def _timestamp(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()  # RFC 3339 with 'Z' (Python 3.11)
+    except ValueError:
+        return None
+
+
+def _hash(headers: Mapping[str, str], kind: str) -> str | None:
+    """One hash out of ``x-goog-hash: crc32c=...,md5=...`` (the header may repeat)."""
+    values = headers.getall("x-goog-hash", []) if hasattr(headers, "getall") else [
+        headers.get("x-goog-hash", "")]
+    for value in values:
+        for part in value.split(","):
+            name, _, encoded = part.strip().partition("=")
+            if name == kind and encoded:
+                return encoded
+    return None
+
+
+def _json(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise Transient(f"{what}: the server's answer is not JSON") from None
+    if not isinstance(data, dict):
+        raise Permanent(f"{what}: unexpected answer from the server")
+    return data
+
+
+def _error_message(body: bytes) -> str:
+    """GCS's error message (``{"error": {"message": ...}}``), else the first line of the body."""
+    text = body.decode("utf-8", "replace").strip()
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        message = json.loads(text)["error"]["message"]
+        if isinstance(message, str):
+            text = message
+    return text.splitlines()[0][:300] if text else ""
