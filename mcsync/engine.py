@@ -294,8 +294,8 @@ class _Run:
 
     async def _verify(self) -> None:
         assert self.manifest is not None
-        problems = await verify_entries(self.dst, self.manifest.entries(), self.limits,
-                                        selects=self.options.selects)
+        _, problems = await verify_entries(self.dst, self.manifest.entries(), self.limits,
+                                           selects=self.options.selects)
         for key, problem in problems:
             self.sink.emit(ObjectFailed(key, "copy", 0, f"verify: {problem}"))
 

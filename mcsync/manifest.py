@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 DIGEST_SIZE = 16  # xxh3-128
-_COMMIT_EVERY_S = 0.2  # part and object rows are committed in small batches
 _PAGE = 1000
 
 _SCHEMA = """
@@ -141,9 +140,42 @@ class OpenUpload:
         return same_source(src, self.src_size, self.src_etag, self.src_mtime)
 
 
-def default_path(src_url: str, dst_url: str) -> Path:
+def manifest_dir() -> Path:
     state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    return state / "mcsync" / "manifests" / f"{pair_id(src_url, dst_url)}.sqlite"
+    return state / "mcsync" / "manifests"
+
+
+def default_path(src_url: str, dst_url: str) -> Path:
+    return manifest_dir() / f"{pair_id(src_url, dst_url)}.sqlite"
+
+
+def pair_of(path: Path) -> tuple[str, str] | None:
+    """The (source, target) a manifest file belongs to, or None if it is not readable."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            meta = dict(db.execute("SELECT k, v FROM meta").fetchall())
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+    if "src" in meta and "dst" in meta:
+        return meta["src"], meta["dst"]
+    return None
+
+
+def last_run_status(path: Path) -> tuple[float, str] | None:
+    """(started_at, status) of the newest run a manifest records."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            row = db.execute(
+                "SELECT started_at, status FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+    return (float(row[0]), str(row[1])) if row else None
 
 
 def pair_id(src_url: str, dst_url: str) -> str:
@@ -165,8 +197,6 @@ class Manifest:
         except sqlite3.DatabaseError as exc:
             self._set_aside(f"unreadable ({exc})")
             self._db = self._connect()
-        self._last_commit = time.monotonic()
-        self._dirty = False
 
     # -- opening --------------------------------------------------------------------------------
 
@@ -292,15 +322,14 @@ class Manifest:
     # -- durability -------------------------------------------------------------------------------
 
     def _changed(self) -> None:
-        self._dirty = True
-        if time.monotonic() - self._last_commit >= _COMMIT_EVERY_S:
-            self.commit()
+        # Every record is its own transaction: in WAL mode with synchronous=NORMAL a commit
+        # writes the WAL without fsync (tens of microseconds) and survives a killed process,
+        # so a resumed run never re-sends an object or part that was already recorded.
+        self.commit()
 
     def commit(self) -> None:
         self._db.execute("COMMIT")
         self._db.execute("BEGIN")
-        self._dirty = False
-        self._last_commit = time.monotonic()
 
     def snapshot(self, dest: Path) -> None:
         """A consistent copy of the database in one file (for the copy kept at the target)."""

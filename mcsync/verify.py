@@ -20,9 +20,11 @@ from .types import ByteRange
 
 async def verify_entries(dst: Store, entries: Iterator[ManifestEntry], limits: Limits,
                          *, selects: Callable[[str], bool] = lambda key: True,
-                         ) -> list[tuple[str, str]]:
-    """(key, problem) for every recorded object the target no longer holds as written."""
+                         ) -> tuple[int, list[tuple[str, str]]]:
+    """How many recorded objects were checked, and (key, problem) for every one the target
+    no longer holds as mcsync wrote it."""
     problems: list[tuple[str, str]] = []
+    checked = 0
     objects = asyncio.Semaphore(32)
 
     async def check(entry: ManifestEntry) -> None:
@@ -40,10 +42,11 @@ async def verify_entries(dst: Store, entries: Iterator[ManifestEntry], limits: L
             if not selects(entry.key):
                 continue
             await objects.acquire()
+            checked += 1
             tg.create_task(check(entry))
             if i % 1000 == 999:
                 await asyncio.sleep(0)
-    return sorted(problems)
+    return checked, sorted(problems)
 
 
 async def verify_one(dst: Store, entry: ManifestEntry, limits: Limits) -> str | None:

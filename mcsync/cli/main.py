@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import signal
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import click
@@ -16,8 +20,12 @@ from ..config import DEFAULT_CONCURRENCY, SyncOptions, format_size, parse_size
 from ..engine import run_sync
 from ..errors import MCSyncError, UsageError
 from ..events import Event, FanOut, ObjectPlanned
+from ..limits import Limits
+from ..lock import Locked
+from ..manifest import Manifest, last_run_status, manifest_dir, pair_of
 from ..report import SyncReport
 from ..stores.registry import open_store
+from ..verify import verify_entries
 from .progress import FailureLines, LogProgress, TerminalProgress, summary
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -71,6 +79,18 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--no-server-side-copy", is_flag=True,
                      help="Move bytes through this client even when both sides share an "
                           "endpoint."),
+        click.option("--manifest", "manifest", default=None, metavar="PATH",
+                     help="The pair's manifest (default: under $XDG_STATE_HOME/mcsync/)."),
+        click.option("--no-manifest", is_flag=True,
+                     help="Neither read nor write a manifest: plan from listings alone."),
+        click.option("--verify", is_flag=True,
+                     help="List the target instead of trusting the manifest, and re-read what "
+                          "it holds afterwards to compare with the recorded hashes."),
+        click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
+                     show_default=True, metavar="SECONDS",
+                     help="On SIGINT/SIGTERM, how long work in flight may take to finish."),
+        click.option("--report", "report_path", default=None, metavar="FILE",
+                     help="Write the JSON report to FILE."),
         click.option("--json", "as_json", is_flag=True,
                      help="Print the report as JSON on stdout."),
         click.option("--quiet", "-q", is_flag=True, help="No progress, no summary; failures only."),
@@ -105,6 +125,97 @@ def sync(src: str, dst: str, dry_run: bool, **kw: Any) -> None:
 def plan(src: str, dst: str, **kw: Any) -> None:
     """Show what `sync` would do, and the bytes it would move. Moves nothing."""
     sys.exit(_run(src, dst, dry_run=True, show_plan=True, **kw))
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("src", required=False)
+@click.argument("dst", required=False)
+@_sync_options
+def resume(src: str | None, dst: str | None, **kw: Any) -> None:
+    """Finish an interrupted sync. With SRC and DST it is `sync SRC DST`; without, it takes
+    the pair whose last run on this machine was interrupted."""
+    if src is None or dst is None:
+        pending = []
+        for path in manifest_dir().glob("*.sqlite"):
+            status, pair = last_run_status(path), pair_of(path)
+            if status and pair and status[1] in ("interrupted", "running"):
+                pending.append((status[0], pair))
+        if not pending:
+            click.echo("mcsync: error: no interrupted sync found on this machine; "
+                       "give SRC and DST", err=True)
+            sys.exit(EXIT_USAGE)
+        src, dst = max(pending)[1]
+        click.echo(f"mcsync: resuming {src} -> {dst}", err=True)
+    sys.exit(_run(src, dst, dry_run=False, show_plan=False, **kw))
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("dst")
+@click.option("--manifest", "manifests", multiple=True, metavar="PATH",
+              help="Manifest(s) to check against (default: every manifest of DST on this "
+                   "machine, else the copies kept at DST).")
+@click.option("--endpoint-url", default=None, metavar="URL")
+@click.option("--profile", default=None)
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=DEFAULT_CONCURRENCY)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+def verify(dst: str, manifests: tuple[str, ...], endpoint_url: str | None, profile: str | None,
+           concurrency: int, as_json: bool) -> None:
+    """Re-read DST and compare every object mcsync wrote there with the hashes it recorded."""
+
+    async def go() -> tuple[int, list[tuple[str, str]]]:
+        options = SyncOptions(endpoint_url=endpoint_url, profile=profile,
+                              concurrency=concurrency)
+        store = open_store(dst, options)
+        try:
+            await store.check(mode="read")
+            with tempfile.TemporaryDirectory(prefix="mcsync-verify-") as tmp:
+                paths = [Path(p) for p in manifests] or await _manifests_of(store, Path(tmp))
+                if not paths:
+                    raise UsageError(f"{store.url}: no manifest found for this target "
+                                     "(sync to it first, or give --manifest)")
+                checked, problems = 0, []
+                limits = Limits(options.concurrency, options.memory_limit)
+                for path in paths:
+                    pair = pair_of(path)
+                    if pair is None:
+                        raise UsageError(f"{path}: not a readable mcsync manifest")
+                    manifest = Manifest(path, *pair)
+                    try:
+                        n, p = await verify_entries(store, manifest.entries(), limits)
+                    finally:
+                        manifest.close()
+                    checked += n
+                    problems += p
+            return checked, problems
+        finally:
+            await store.aclose()
+
+    result = _guarded(lambda: run_blocking(go()))
+    if not isinstance(result, tuple):
+        sys.exit(result)
+    checked, problems = result
+    if as_json:
+        click.echo(json.dumps({"checked": checked, "problems": [
+            {"key": k, "problem": p} for k, p in problems]}, indent=2))
+    for key, problem in problems:
+        click.echo(f"mismatch: {key}: {problem}", err=True)
+    click.echo(f"verified {checked} objects: {len(problems)} problems", err=True)
+    sys.exit(EXIT_FAILED if problems else EXIT_OK)
+
+
+async def _manifests_of(store: Any, tmp: Path) -> list[Path]:
+    """Manifests on this machine whose target is ``store``; failing that, the copies kept at
+    the target, downloaded into ``tmp``."""
+    found = [p for p in sorted(manifest_dir().glob("*.sqlite"))
+             if (pair := pair_of(p)) is not None and pair[1] == store.url]
+    if found:
+        return found
+    async for info in store.list():
+        if info.key.startswith(".mcsync/manifest-") and info.key.endswith(".sqlite"):
+            path = tmp / info.key.rsplit("/", 1)[-1]
+            path.write_bytes(bytes(await store.get(info.key)))
+            found.append(path)
+    return found
 
 
 @cli.command(name="ls", epilog=EXIT_CODES_HELP)
@@ -143,12 +254,14 @@ def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: boo
 
 
 def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, quiet: bool,
-         verbose: bool, no_server_side_copy: bool, long: bool = False, **kw: Any) -> int:
+         verbose: bool, no_server_side_copy: bool, no_manifest: bool,
+         report_path: str | None, long: bool = False, **kw: Any) -> int:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr,
                         force=True)
     try:
         options = SyncOptions(dry_run=dry_run, server_side_copy=not no_server_side_copy,
+                              use_manifest=not no_manifest,
                               include=tuple(kw.pop("include")), exclude=tuple(kw.pop("exclude")),
                               **kw)
     except UsageError as exc:
@@ -163,7 +276,8 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
     sinks: list[Any] = [display]
     if show_plan and not as_json:
         sinks.append(_PlanPrinter() if long else _PlanSummary())
-    result = _guarded(lambda: run_blocking(run_sync(src, dst, options, FanOut(sinks))))
+    result = _guarded(lambda: run_blocking(_until_signalled(
+        lambda stop: run_sync(src, dst, options, FanOut(sinks), stop=stop), options.grace_s)))
     display.close()
     if isinstance(result, SyncReport):
         for sink in sinks[1:]:
@@ -172,9 +286,56 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
         return result
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
+    if report_path:
+        _write_report(Path(report_path), result)
+    if result.manifest_note:
+        click.echo(f"mcsync: note: {result.manifest_note}", err=True)
     if not quiet:
         click.echo(summary(result), err=True)
+    if result.interrupted:
+        click.echo("mcsync: interrupted: state saved; run the same command again to resume",
+                   err=True)
     return result.exit_code
+
+
+def _write_report(path: Path, report: SyncReport) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report.to_dict(), indent=2))
+    tmp.replace(path)
+
+
+async def _until_signalled(start: Callable[[asyncio.Event], Awaitable[Any]],
+                           grace_s: float) -> Any:
+    """Run the engine with SIGINT/SIGTERM turned into a stop request: work in flight gets
+    ``grace_s`` seconds, then the state is saved and the run ends with exit code 130. A second
+    signal stops at once (still saving state)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    main = asyncio.current_task()
+
+    def on_signal(signame: str) -> None:
+        if stop.is_set():
+            click.echo(f"mcsync: {signame} again: stopping now", err=True)
+            if main is not None:
+                main.cancel()
+            return
+        click.echo(f"mcsync: {signame}: finishing work in flight (up to {grace_s:.0f}s), "
+                   "then saving state", err=True)
+        stop.set()
+
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal, sig.name)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread (e.g. embedded): the caller handles signals
+    try:
+        return await start(stop)
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
 
 
 class _PlanPrinter:
@@ -231,10 +392,13 @@ def _guarded(fn: Callable[[], Any]) -> Any:
     except UsageError as exc:  # ConfigError included
         click.echo(f"mcsync: error: {exc}", err=True)
         return EXIT_USAGE
+    except Locked as exc:
+        click.echo(f"mcsync: locked: {exc}", err=True)
+        return EXIT_LOCKED
     except MCSyncError as exc:
         click.echo(f"mcsync: error: {exc}", err=True)
         return EXIT_FAILED
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         click.echo("mcsync: interrupted", err=True)
         return EXIT_INTERRUPTED
 

@@ -170,9 +170,10 @@ class GCSStore:
         except Exception as exc:  # a file that passed our checks and still did not load
             raise ConfigError(f"{self.url}: cannot use {self._credential_source}: "
                               f"{type(exc).__name__}") from None
-        retried_once = BaseToken.acquire_access_token.retry_with(  # type: ignore[attr-defined]
-            **self._retry.gcloud_aio_auth())
-        token.acquire_access_token = types.MethodType(retried_once, token)
+        retry_with = getattr(BaseToken.acquire_access_token, "retry_with", None)  # tenacity
+        if retry_with is not None:
+            token.acquire_access_token = types.MethodType(
+                retry_with(**self._retry.gcloud_aio_auth()), token)
         return token
 
     async def aclose(self) -> None:
