@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from .report import SyncReport
 from .stores.base import Store
 from .stores.registry import open_store
 from .transfer import Transfer
+from .types import ObjectInfo
 from .verify import verify_entries
 
 log = logging.getLogger(__name__)
@@ -144,6 +146,7 @@ class _Run:
         # Objects in motion at once; their parts share the requests limit beneath.
         self.objects = asyncio.Semaphore(options.concurrency)
         self.interrupted = False
+        self._adopted = 0
 
     async def run(self) -> SyncReport:
         report_extra: dict[str, Any] = {}
@@ -244,7 +247,11 @@ class _Run:
                     continue
                 self.sink.emit(ObjectPlanned(action.key, action.kind, action.size,
                                              action.reason))
-                if action.kind == "skip" or self.options.dry_run:
+                if action.kind == "skip":
+                    if pair.known is None and pair.dst is not None and pair.src is not None:
+                        self._adopt(pair.src, pair.dst)
+                    continue
+                if self.options.dry_run:
                     continue
                 if action.kind == "delete":
                     deletes.append(action)  # deleted after every copy succeeded
@@ -256,6 +263,21 @@ class _Run:
                 tg.create_task(self._execute(action))
             else:
                 self.sink.emit(ListingDone())
+
+    def _adopt(self, src: ObjectInfo, dst: ObjectInfo) -> None:
+        """A target object mcsync has no record of but found current (same size and ETag, or
+        a target no older than the source): record it, so later runs that trust the manifest
+        skip it too. It has no block hashes, so a later change is copied whole."""
+        if self.manifest is None or self.options.dry_run:
+            return
+        self.manifest.record_object(ManifestEntry(
+            key=src.key, src_size=src.size, src_etag=src.etag, src_mtime=src.mtime,
+            src_version=src.version, dst_size=dst.size, dst_etag=dst.etag,
+            dst_mtime=dst.mtime, block_size=0, block_hashes=b"", xxh3=None,
+            crc32c=src.crc32c, written_at=time.time()), durable=False)
+        self._adopted += 1
+        if self._adopted % 1000 == 0:
+            self.manifest.commit()
 
     async def _commit_markers(self, markers: list[Action]) -> None:
         """Index files, config.json and latest/COMMIT markers go last, and only when every

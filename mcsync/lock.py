@@ -1,7 +1,8 @@
 """One run per sync pair at a time: a lock file next to the manifest (flock, so a dead run's lock
 vanishes with its process) plus a lock object at the target, for runs on other machines that
-share the target (it names its holder and expires unless renewed, so a run that died there
-blocks others for at most ``ttl`` seconds).
+share the target (it names its holder and expires unless renewed, so a run that died on
+another machine blocks others for at most ``ttl`` seconds; one that died on this machine
+blocks nothing, since the local lock proves it is gone).
 
 The target lock is advisory: S3 offers no atomic create-if-absent everywhere, so two runs
 that start within the same instant on two machines can both take it. The local lock is exact.
@@ -67,7 +68,10 @@ async def run_lock(local_path: Path, dst: Store, target_key: str, *,
             current = json.loads(bytes(await dst.get(target_key)))
         except (NotFound, ValueError):
             current = None
-        if current and current.get("expires_at", 0) > time.time():
+        # Holding the local lock proves no other run of this pair is alive on this host, so a
+        # target lock left by this host belongs to a run that died: take it over at once.
+        foreign = bool(current) and current.get("host") != me["host"]
+        if foreign and current.get("expires_at", 0) > time.time():
             raise Locked(f"another run of this sync holds the target lock {target_key} "
                          f"({_describe(current)}); it expires at "
                          f"{time.strftime('%H:%M:%S', time.localtime(current['expires_at']))}")

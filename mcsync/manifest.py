@@ -263,13 +263,16 @@ class Manifest:
         row = self._db.execute("SELECT * FROM objects WHERE key = ?", (key,)).fetchone()
         return ManifestEntry(*row) if row else None
 
-    def record_object(self, e: ManifestEntry) -> None:
+    def record_object(self, e: ManifestEntry, *, durable: bool = True) -> None:
+        """Record a finished object. ``durable=False`` leaves the commit to a later call: for
+        adopted records, which a kill may lose at no cost but a re-check."""
         self._db.execute(
             "INSERT OR REPLACE INTO objects VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (e.key, e.src_size, e.src_etag, e.src_mtime, e.src_version, e.dst_size, e.dst_etag,
              e.dst_mtime, e.block_size, e.block_hashes, e.xxh3, e.crc32c, e.written_at))
         self._drop_upload_rows(e.key)
-        self._changed()
+        if durable:
+            self._changed()
 
     def forget(self, key: str) -> None:
         self._db.execute("DELETE FROM objects WHERE key = ?", (key,))

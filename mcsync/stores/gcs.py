@@ -50,8 +50,8 @@ Reads ask for ``Accept-Encoding: gzip`` and never decompress: an object stored w
 not decompressively transcoded. GCS does no compressive transcoding, so other objects arrive as
 stored too.
 
-Writing is not supported: ``put``, ``open_upload`` and ``delete`` raise UsageError, and so does
-``check`` for a target.
+Writing is not supported: ``put``, ``open_upload``, ``resume_upload`` and ``delete`` raise
+UsageError, and so does ``check`` for a target.
 """
 
 from __future__ import annotations
@@ -369,6 +369,10 @@ class GCSStore:
         raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
 
     async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> Any:
+        raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
+
+    async def resume_upload(self, key: str, upload_id: str, size: int, *,
+                            mtime: float | None = None) -> Any:
         raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
 
     async def delete(self, key: str) -> None:

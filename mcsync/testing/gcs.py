@@ -127,8 +127,15 @@ def create_bucket(url: str, name: str) -> None:
 
 def upload(url: str, bucket: str, name: str, data: bytes) -> dict[str, Any]:
     """Create or replace object ``name``; returns its resource (``generation``, ``crc32c``...)."""
-    return _call("POST", f"{url}/upload/storage/v1/b/{quote(bucket, safe='')}/o"
-                 f"?uploadType=media&name={quote(name, safe='')}", data,
+    base = f"{url}/upload/storage/v1/b/{quote(bucket, safe='')}/o"
+    if not data:  # the emulator's media upload fails on an empty body; multipart takes it
+        boundary = "mcsync-boundary"
+        body = (f"--{boundary}\r\nContent-Type: application/json\r\n\r\n"
+                f"{json.dumps({'name': name})}\r\n--{boundary}\r\n"
+                f"Content-Type: application/octet-stream\r\n\r\n\r\n--{boundary}--\r\n")
+        return _call("POST", f"{base}?uploadType=multipart", body.encode(),
+                     f"multipart/related; boundary={boundary}")
+    return _call("POST", f"{base}?uploadType=media&name={quote(name, safe='')}", data,
                  "application/octet-stream")
 
 
