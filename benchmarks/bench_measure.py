@@ -1,0 +1,233 @@
+"""Run one command as a child process and measure it; list and compare targets.
+
+Client CPU and peak RSS are the tool's own ``os.wait4`` rusage: on Linux it covers the tool
+and every descendant it waited for (``aws`` is one Python process, ``env -u X rclone`` execs),
+and ``ru_maxrss`` is the largest resident set among them. The tool is forked by a small
+launcher (``_launcher.py``) rather than by this process, because a child inherits its parent's
+pre-exec RSS high-water mark into ``ru_maxrss`` (see the launcher's docstring).
+The SeaweedFS servers are *not* the client: their CPU is sampled separately with psutil.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import psutil
+except ImportError:  # psutil is in the bench extra; without it there is no server CPU column
+    psutil = None
+
+LAUNCHER = Path(__file__).resolve().parent / "_launcher.py"
+
+# Keys a tool may keep next to the data it wrote (mcsync's manifest copy); not counted.
+IGNORED_PREFIXES = (".mcsync/",)
+
+
+@dataclass
+class ProcResult:
+    returncode: int | None  # None: killed after the timeout
+    wall_s: float
+    user_s: float
+    sys_s: float
+    maxrss_kib: int
+    timed_out: bool
+
+    @property
+    def cpu_s(self) -> float:
+        return self.user_s + self.sys_s
+
+
+def run_measured(
+    argv: list[str],
+    env: Mapping[str, str],
+    *,
+    stdout: Path,
+    stderr: Path,
+    timeout: float,
+    cwd: Path | None = None,
+) -> ProcResult:
+    """Run ``argv`` (through the launcher, in a session of its own) and return its costs."""
+    timed_out = threading.Event()
+    report = stdout.with_name(stdout.stem + ".rusage.json")
+    report.unlink(missing_ok=True)
+    launcher = [sys.executable, "-I", "-S", str(LAUNCHER), str(report), "--", *argv]
+    with open(stdout, "wb") as out, open(stderr, "wb") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            launcher,
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+
+        def kill_group() -> None:
+            timed_out.set()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, kill_group)
+        timer.daemon = True
+        timer.start()
+        try:
+            _, status, ru = os.wait4(proc.pid, 0)
+        except BaseException:
+            # Ctrl-C or similar: do not leave the tool running.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(proc.pid, 0)
+            proc.returncode = -9
+            raise
+        finally:
+            timer.cancel()
+        wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; Popen must not wait
+    try:
+        inner = json.loads(report.read_text())
+    except (OSError, ValueError):
+        # Launcher killed (timeout) or broken: fall back to the outer numbers (RSS floored at
+        # this process's size, see the module docstring).
+        inner = {
+            "returncode": proc.returncode,
+            "wall_s": wall,
+            "user_s": ru.ru_utime,
+            "sys_s": ru.ru_stime,
+            "maxrss_kib": ru.ru_maxrss,
+        }
+    return ProcResult(
+        returncode=None if timed_out.is_set() else inner["returncode"],
+        wall_s=inner["wall_s"],
+        user_s=inner["user_s"],
+        sys_s=inner["sys_s"],
+        maxrss_kib=inner["maxrss_kib"],
+        timed_out=timed_out.is_set(),
+    )
+
+
+class ServerCpu:
+    """CPU seconds used by this process's ``weed`` descendants (the SeaweedFS servers)."""
+
+    def __init__(self) -> None:
+        self._procs: dict[int, object] = {}
+
+    def _weeds(self) -> Iterable[object]:
+        if psutil is None:
+            return []
+        found = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if "weed" in p.name():
+                    found.append(self._procs.setdefault(p.pid, p))
+            except psutil.Error:
+                continue
+        return found
+
+    def total(self) -> float | None:
+        if psutil is None:
+            return None
+        total = 0.0
+        for p in self._weeds():
+            try:
+                t = p.cpu_times()  # type: ignore[attr-defined]
+            except psutil.Error:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+        return total
+
+
+def tail(path: Path, lines: int = 3, width: int = 300) -> str:
+    """Last non-empty lines of a log file, joined, for a one-line failure reason."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    # Skip lines of bare punctuation (the end of a pretty-printed structure or traceback).
+    kept = [ln.strip() for ln in text.splitlines() if sum(c.isalnum() for c in ln) >= 3]
+    kept = kept[-lines:]
+    joined = " | ".join(kept)
+    return joined if len(joined) <= width else "…" + joined[-width:]
+
+
+def _ignored(key: str) -> bool:
+    return any(key.startswith(p) for p in IGNORED_PREFIXES)
+
+
+def list_local(root: Path) -> dict[str, int]:
+    """Relative POSIX path → size for every regular file under ``root``."""
+    found: dict[str, int] = {}
+    if not root.exists():
+        return found
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            full = Path(dirpath) / name
+            rel = full.relative_to(root).as_posix()
+            if not _ignored(rel):
+                found[rel] = full.stat().st_size
+    return found
+
+
+def list_s3(client, bucket: str, prefix: str = "") -> dict[str, int]:
+    """Key (relative to ``prefix``) → size for every object under ``bucket/prefix``."""
+    found: dict[str, int] = {}
+    paginator = client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(prefix) :]
+            if not _ignored(rel):
+                found[rel] = obj["Size"]
+    return found
+
+
+def compare(expected: Mapping[str, int], got: Mapping[str, int]) -> str | None:
+    """None when ``got`` holds exactly the expected keys and sizes, else a one-line reason."""
+    if dict(expected) == dict(got):
+        return None
+    missing = sorted(set(expected) - set(got))
+    extra = sorted(set(got) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(got) if expected[k] != got[k])
+    parts = [
+        f"target has {len(got)}/{len(expected)} objects, "
+        f"{sum(got.values()):,}/{sum(expected.values()):,} bytes"
+    ]
+    for label, keys in (("missing", missing), ("unexpected", extra), ("wrong size", wrong)):
+        if keys:
+            shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3})" if len(keys) > 3 else "")
+            parts.append(f"{label}: {shown}")
+    return "; ".join(parts)
+
+
+def empty_bucket(client, bucket: str) -> None:
+    """Delete every object and open multipart upload in ``bucket``, then the bucket itself."""
+    with contextlib.suppress(Exception):
+        for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket):
+            for up in page.get("Uploads", []):
+                with contextlib.suppress(Exception):
+                    client.abort_multipart_upload(
+                        Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"]
+                    )
+    paginator = client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=bucket):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        for i in range(0, len(keys), 1000):
+            client.delete_objects(
+                Bucket=bucket, Delete={"Objects": keys[i : i + 1000], "Quiet": True}
+            )
+    client.delete_bucket(Bucket=bucket)
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize

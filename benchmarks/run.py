@@ -1,0 +1,510 @@
+"""Compare mcsync with s5cmd, rclone and the aws CLI on the same data, on loopback SeaweedFS.
+
+    python benchmarks/run.py [--quick] [--repeat N] [--only PATH,...] [--tools T,...]
+                             [--data D,...] [--workdir DIR] [--json OUT] [--verbose]
+
+Paths: upload (local → meta A), download (s3 A → local), server-copy (s3 A → meta A, same
+endpoint), cross (s3 A → meta B, a second server: bytes flow through the client).
+Data sets: checkpoint (one safetensors file), shards (64 x 32 MiB), small (10,000 x 16 KiB);
+--quick shrinks them to 256 MiB, 8 x 32 MiB and 1,000 x 16 KiB.
+
+Each timed run writes into a fresh empty target (new bucket or directory) that is checked
+(object count and sizes) and deleted afterwards. Tables go to stdout, progress to stderr.
+See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import json
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench_data import DATASETS, FULL, QUICK, Dataset, prepare
+from bench_measure import (
+    ServerCpu,
+    compare,
+    empty_bucket,
+    free_bytes,
+    list_local,
+    list_s3,
+    run_measured,
+    tail,
+)
+from bench_report import render, summarize
+from bench_tools import TOOLS, Context, LocalLoc, S3Loc, Tool, base_env, describe
+
+REPO = Path(__file__).resolve().parent.parent
+PATHS = ("upload", "download", "server-copy", "cross")
+SOURCE_BUCKET = "bench-src"
+PROBE_KEY = ".bench-probe"
+TARGET_PREFIX = "t-"  # every timed run's target bucket: t-<path>-<set>-<tool>-<rep>-<nonce>
+MIB = 1 << 20
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def csv_choice(allowed: tuple[str, ...]):
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in allowed]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated subset of {','.join(allowed)}, got {text!r}"
+            )
+        return [a for a in allowed if a in items]  # canonical order, no duplicates
+
+    return parse
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="benchmarks/run.py",
+        description="Benchmark mcsync against s5cmd, rclone and aws s3 sync on loopback SeaweedFS.",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="small data: 256 MiB, 8 x 32 MiB, 1,000 x 16 KiB"
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        metavar="N",
+        help="timed runs per tool (default 3; medians reported)",
+    )
+    p.add_argument(
+        "--only",
+        type=csv_choice(PATHS),
+        default=list(PATHS),
+        metavar="PATH,...",
+        help=f"paths to run (default all: {','.join(PATHS)})",
+    )
+    p.add_argument(
+        "--tools",
+        type=csv_choice(tuple(TOOLS)),
+        default=list(TOOLS),
+        metavar="TOOL,...",
+        help=f"tools to run (default all: {','.join(TOOLS)})",
+    )
+    p.add_argument(
+        "--data",
+        type=csv_choice(DATASETS),
+        default=list(DATASETS),
+        metavar="SET,...",
+        help=f"data sets (default all: {','.join(DATASETS)})",
+    )
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        metavar="DIR",
+        help="keep data, servers and logs here (data is reused by the next run with the same"
+        " sizes); default: a temporary directory, removed at the end",
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        metavar="OUT",
+        help="write every run (raw numbers, command lines) and the medians as JSON",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=1800,
+        metavar="S",
+        help="kill a run after this many seconds and mark it FAIL (default 1800)",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print each command line (with its environment) before running it",
+    )
+    args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    return args
+
+
+def load_servers():
+    if str(REPO) not in sys.path:
+        sys.path.append(str(REPO))  # running with a Python that has not installed mcsync
+    try:
+        return importlib.import_module("mcsync.testing.servers")
+    except ImportError as exc:
+        raise SystemExit(
+            f"error: cannot import mcsync.testing.servers ({exc}); install with "
+            "pip install -e '.[bench]'"
+        ) from exc
+
+
+def report_failure(report: dict | None) -> str | None:
+    """'N objects failed: <first error>' from an mcsync JSON report, if it lists failures."""
+    if not report or not report.get("failures"):
+        return None
+    first = report["failures"][0]
+    error = first.get("error", first) if isinstance(first, dict) else first
+    error = str(error).splitlines()[0] if str(error).strip() else "?"
+    if len(error) > 300:
+        error = error[:300] + "…"
+    return f"{report.get('objects_failed', '?')} objects failed, first: {error}"
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.servers: dict[str, object] = {}
+        self.clients: dict[str, object] = {}
+        self.runs: list[dict] = []
+        self.server_cpu = ServerCpu()
+        self.nonce = uuid.uuid4().hex[:6]
+        self.tools: list[Tool] = []
+        self.skipped: dict[str, str] = {}
+        self.versions: dict[str, str] = {}
+        for name in args.tools:
+            tool = TOOLS[name]()
+            why = tool.missing()
+            if why:
+                self.skipped[name] = why
+                log(f"skipping {name}: {why}")
+            else:
+                self.tools.append(tool)
+                self.versions[name] = tool.version()
+                log(f"{name}: {tool.exe} ({self.versions[name]})")
+
+    # -- servers and source data --------------------------------------------------------------
+
+    def start_servers(self, stack: contextlib.ExitStack) -> None:
+        servers = load_servers()
+        names = ["A", "B"] if "cross" in self.args.only else ["A"]
+        for name in names:
+            d = self.workdir / f"seaweedfs-{name.lower()}"
+            d.mkdir(parents=True, exist_ok=True)
+            log(f"starting SeaweedFS {name} in {d}")
+            ep = stack.enter_context(servers.seaweedfs(d))
+            self.servers[name] = ep
+            self.clients[name] = ep.client()
+            log(f"SeaweedFS {name}: {ep.url}")
+            # Targets left behind by an interrupted run in a reused --workdir.
+            for b in self.clients[name].list_buckets().get("Buckets", []):
+                if b["Name"].startswith(TARGET_PREFIX):
+                    log(f"  deleting leftover target bucket {b['Name']}")
+                    self._drop_target(S3Loc(name, b["Name"]))
+
+    def seed(self, sets: dict[str, Dataset]) -> None:
+        """Upload each data set to A under bench-src/<set>/ (not timed) for the s3 → * paths."""
+        a = self.servers["A"]
+        with contextlib.suppress(Exception):
+            a.create_bucket(SOURCE_BUCKET)
+        seeders = [t for t in self.tools if t.name in ("s5cmd", "aws", "rclone")]
+        for name, ds in sets.items():
+            src = S3Loc("A", SOURCE_BUCKET, f"{name}/")
+            if compare(ds.files, list_s3(self.clients["A"], SOURCE_BUCKET, src.prefix)) is None:
+                log(f"source {src} already holds {name}")
+                continue
+            done = False
+            for tool in seeders:
+                log(f"seeding {src} with {tool.name} (not timed)")
+                inv = tool.invocation(LocalLoc(ds.root), src, self._ctx(f"seed-{name}"))
+                rundir = self.workdir / "runs" / f"seed-{name}"
+                res = run_measured(
+                    inv.argv, base_env() | inv.env,
+                    stdout=rundir / "stdout.log", stderr=rundir / "stderr.log",
+                    timeout=self.args.timeout,
+                )  # fmt: skip
+                got = list_s3(self.clients["A"], SOURCE_BUCKET, src.prefix)
+                if res.returncode == 0 and compare(ds.files, got) is None:
+                    done = True
+                    break
+                log(f"  seeding with {tool.name} failed: {tail(rundir / 'stderr.log')}")
+            if not done:
+                log(f"seeding {src} with botocore (not timed)")
+                self._seed_botocore(ds, src)
+            why = compare(ds.files, list_s3(self.clients["A"], SOURCE_BUCKET, src.prefix))
+            if why:
+                raise SystemExit(f"error: could not seed {src}: {why}")
+
+    def _seed_botocore(self, ds: Dataset, dst: S3Loc) -> None:
+        client = self.clients["A"]
+        part = 64 * MIB
+
+        def put(rel: str) -> None:
+            path, key = ds.root / rel, dst.prefix + rel
+            size = ds.files[rel]
+            with open(path, "rb") as f:
+                if size <= part:
+                    client.put_object(Bucket=dst.bucket, Key=key, Body=f.read())
+                    return
+                up = client.create_multipart_upload(Bucket=dst.bucket, Key=key)
+                parts = []
+                for n in range(1, -(-size // part) + 1):
+                    etag = client.upload_part(
+                        Bucket=dst.bucket, Key=key, UploadId=up["UploadId"],
+                        PartNumber=n, Body=f.read(part),
+                    )["ETag"]  # fmt: skip
+                    parts.append({"PartNumber": n, "ETag": etag})
+                client.complete_multipart_upload(
+                    Bucket=dst.bucket, Key=key, UploadId=up["UploadId"],
+                    MultipartUpload={"Parts": parts},
+                )  # fmt: skip
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(put, sorted(ds.files)))
+
+    # -- one timed run ------------------------------------------------------------------------
+
+    def _ctx(self, run_id: str) -> Context:
+        rundir = self.workdir / "runs" / run_id
+        rundir.mkdir(parents=True, exist_ok=True)
+        return Context(servers=self.servers, confdir=rundir)
+
+    def locations(self, path: str, ds: Dataset, run_id: str):
+        bucket = f"{TARGET_PREFIX}{run_id}-{self.nonce}".lower()[:63]
+        src_s3 = S3Loc("A", SOURCE_BUCKET, f"{ds.name}/")
+        if path == "upload":
+            return LocalLoc(ds.root), S3Loc("A", bucket)
+        if path == "download":
+            return src_s3, LocalLoc(self.workdir / "targets" / run_id)
+        if path == "server-copy":
+            return src_s3, S3Loc("A", bucket)
+        return src_s3, S3Loc("B", bucket)
+
+    def _make_target(self, dst) -> None:
+        if isinstance(dst, LocalLoc):
+            if dst.path.exists():
+                shutil.rmtree(dst.path)
+            dst.path.mkdir(parents=True)
+        else:
+            self.servers[dst.server].create_bucket(dst.bucket)
+            # SeaweedFS allocates a bucket's volumes on its first write (~0.2 s): do that now,
+            # untimed, so no tool pays a cost a real, existing bucket would not have.
+            client = self.clients[dst.server]
+            client.put_object(Bucket=dst.bucket, Key=PROBE_KEY, Body=b"")
+            client.delete_object(Bucket=dst.bucket, Key=PROBE_KEY)
+
+    def _list_target(self, dst) -> dict[str, int]:
+        if isinstance(dst, LocalLoc):
+            return list_local(dst.path)
+        return list_s3(self.clients[dst.server], dst.bucket, dst.prefix)
+
+    def _drop_target(self, dst) -> None:
+        try:
+            if isinstance(dst, LocalLoc):
+                shutil.rmtree(dst.path, ignore_errors=True)
+            else:
+                empty_bucket(self.clients[dst.server], dst.bucket)
+        except Exception as exc:
+            log(f"  warning: could not delete target {dst}: {exc}")
+
+    def run_one(self, path: str, ds: Dataset, tool: Tool, rep: int) -> dict:
+        run_id = f"{path}-{ds.name}-{tool.name}-{rep}"
+        src, dst = self.locations(path, ds, run_id)
+        record = {
+            "path": path, "data": ds.name, "tool": tool.name, "rep": rep,
+            "src": str(src), "dst": str(dst),
+            "expected_objects": ds.count, "expected_bytes": ds.nbytes,
+            "status": None, "reason": None,
+            "wall_s": None, "cpu_user_s": None, "cpu_sys_s": None, "cpu_s": None,
+            "maxrss_mib": None, "server_cpu_s": None, "returncode": None,
+            "target_objects": None, "target_bytes": None, "report": None,
+        }  # fmt: skip
+        na = tool.unsupported(src, dst)
+        if na:
+            record.update(status="n/a", reason=na)
+            return record
+
+        need = ds.nbytes * 1.2 + 512 * MIB
+        if free_bytes(self.workdir) < need:
+            raise SystemExit(
+                f"error: only {free_bytes(self.workdir) / MIB:,.0f} MiB free in {self.workdir}, "
+                f"{need / MIB:,.0f} MiB needed for {run_id}"
+            )
+        ctx = self._ctx(run_id)
+        inv = tool.invocation(src, dst, ctx)
+        record["command"] = describe(inv)
+        record["argv"] = inv.argv
+        if self.args.verbose:
+            log(f"  $ {record['command']}")
+        self._make_target(dst)
+        try:
+            srv0 = self.server_cpu.total()
+            res = run_measured(
+                inv.argv, base_env() | inv.env,
+                stdout=ctx.confdir / "stdout.log", stderr=ctx.confdir / "stderr.log",
+                timeout=self.args.timeout,
+            )  # fmt: skip
+            srv1 = self.server_cpu.total()
+            record.update(
+                returncode=res.returncode,
+                wall_s=res.wall_s,
+                cpu_user_s=res.user_s,
+                cpu_sys_s=res.sys_s,
+                cpu_s=res.cpu_s,
+                maxrss_mib=res.maxrss_kib / 1024,
+                server_cpu_s=None if srv0 is None or srv1 is None else srv1 - srv0,
+            )
+            stdout = (ctx.confdir / "stdout.log").read_text(errors="replace")
+            record["report"] = tool.parse_report(stdout)
+            got = self._list_target(dst)
+            record.update(target_objects=len(got), target_bytes=sum(got.values()))
+            if res.timed_out:
+                reason = f"killed after {self.args.timeout:.0f} s"
+            elif res.returncode != 0:
+                err = (
+                    report_failure(record["report"])
+                    or tail(ctx.confdir / "stderr.log")
+                    or tail(ctx.confdir / "stdout.log")
+                )
+                reason = f"exit {res.returncode}: {err or 'no output'}"
+            else:
+                reason = compare(ds.files, got)
+                rep_code = (record["report"] or {}).get("exit_code")
+                if reason is None and rep_code not in (None, 0):
+                    reason = f"report says exit_code {rep_code}"
+            record.update(status="FAIL" if reason else "ok", reason=reason)
+        finally:
+            self._drop_target(dst)
+        return record
+
+    # -- the whole matrix -----------------------------------------------------------------------
+
+    def run_matrix(self, sets: dict[str, Dataset]) -> None:
+        plan = [
+            (path, name, rep) for path in self.args.only for name in self.args.data
+            for rep in range(1, self.args.repeat + 1)
+        ]  # fmt: skip
+        total = len(plan) * len(self.tools)
+        i = 0
+        for path, name, rep in plan:
+            ds = sets[name]
+            # Rotate the order each repeat so no tool always runs right after the same one.
+            k = (rep - 1) % max(1, len(self.tools))
+            for tool in self.tools[k:] + self.tools[:k]:
+                i += 1
+                if rep > 1 and any(
+                    r["status"] == "n/a"
+                    and (r["path"], r["data"], r["tool"]) == (path, name, tool.name)
+                    for r in self.runs
+                ):
+                    continue
+                head = (
+                    f"[{i:>{len(str(total))}}/{total}] {path:<11} {name:<10} "
+                    f"rep {rep}/{self.args.repeat} {tool.name:<6}"
+                )
+                record = self.run_one(path, ds, tool, rep)
+                self.runs.append(record)
+                if record["status"] == "n/a":
+                    log(f"{head}  n/a ({record['reason']})")
+                elif record["status"] == "ok":
+                    mbs = ds.nbytes / record["wall_s"] / 1e6
+                    log(
+                        f"{head}  {record['wall_s']:7.2f} s {mbs:8.1f} MB/s  "
+                        f"cpu {record['cpu_s']:6.2f} s  rss {record['maxrss_mib']:6.0f} MiB  ok"
+                    )
+                else:
+                    log(f"{head}  FAIL: {record['reason']}")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # SIGTERM (a CI time limit, `kill PID`) stops like Ctrl-C: current tool killed, targets and
+    # servers cleaned up, the runs done so far reported.
+    signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in the background by sh
+        signal.signal(signal.SIGINT, _interrupt)
+    sizes = QUICK if args.quick else FULL
+    started = time.time()
+    if args.workdir:
+        workdir = args.workdir.resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        cleanup = False
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="mcsync-bench-"))
+        cleanup = True
+    log(f"work dir: {workdir}  ({free_bytes(workdir) / (1 << 30):.1f} GiB free)")
+
+    bench = Bench(args, workdir)
+    rows: list[dict] = []
+    interrupted = False
+    try:
+        if not bench.tools:
+            raise SystemExit("error: none of the selected tools is installed")
+        sets = prepare(workdir, sizes, args.data, log)
+        for ds in sets.values():
+            log(
+                f"data set {ds.name}: {ds.count:,} file{'s' if ds.count != 1 else ''}, "
+                f"{ds.nbytes / MIB:,.1f} MiB in {ds.root}"
+            )
+        with contextlib.ExitStack() as stack:
+            bench.start_servers(stack)
+            if set(args.only) - {"upload"}:
+                bench.seed(sets)
+            bench.run_matrix(sets)
+    except KeyboardInterrupt:
+        interrupted = True
+        log("interrupted: reporting the runs done so far")
+    finally:
+        if bench.runs:
+            peers = {t.name for t in bench.tools if t.is_peer}
+            names = [t.name for t in bench.tools]
+            rows = summarize(bench.runs, names, peers)
+        elapsed = time.time() - started
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({
+                "argv": sys.argv,
+                "sizes": dataclasses.asdict(sizes),
+                "quick": args.quick,
+                "repeat": args.repeat,
+                "machine": {"platform": platform.platform(), "python": platform.python_version()},
+                "tools": {
+                    **{n: {"version": v} for n, v in bench.versions.items()},
+                    **{n: {"skipped": why} for n, why in bench.skipped.items()},
+                },
+                "elapsed_s": elapsed,
+                "interrupted": interrupted,
+                "runs": bench.runs,
+                "summary": rows,
+            }, indent=2, default=str) + "\n")  # fmt: skip
+            log(f"wrote {args.json}")
+        if cleanup:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    print()
+    print(
+        f"mcsync benchmark · {'quick' if args.quick else 'full'} data · "
+        f"{args.repeat} run(s) each · SeaweedFS on 127.0.0.1 · {elapsed / 60:.1f} min"
+    )
+    print(
+        "wall s / CPU s / RSS: medians for the client process tree (CPU = user + sys); "
+        "srv CPU s: the SeaweedFS servers; MB/s = 10^6 bytes/s;"
+    )
+    print("÷ best peer: wall time over the fastest non-mcsync tool's (lower is better); * = mcsync")
+    for name, version in bench.versions.items():
+        print(f"  {name}: {version}")
+    for name, why in bench.skipped.items():
+        print(f"  {name}: skipped: {why}")
+    print()
+    print(render(rows, args.repeat))
+    failed = any(r["status"] == "FAIL" for r in bench.runs)
+    return 130 if interrupted else (1 if failed else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
