@@ -18,6 +18,7 @@ MiB = 1024 * KiB
 GiB = 1024 * MiB
 
 DEFAULT_CONCURRENCY = 128
+DEFAULT_PART_CONCURRENCY = 8
 DEFAULT_MEMORY_LIMIT = 1 * GiB
 MIN_PART_SIZE = 8 * MiB  # S3's floor is 5 MiB; 8 MiB keeps request overhead negligible
 S3_MIN_PART_SIZE = 5 * MiB
@@ -30,6 +31,10 @@ class SyncOptions:
     """Everything that shapes one sync. The CLI and the library build the same record."""
 
     concurrency: int = DEFAULT_CONCURRENCY
+    # Parts of one object in flight at once. Many objects still move in parallel up to
+    # ``concurrency``; measured against SeaweedFS on 2 cores, 8 parts of one 512 MiB object
+    # upload in 3.9 s and 128 in 4.9 s (more parts only contend for the server's disk/CPU).
+    part_concurrency: int = DEFAULT_PART_CONCURRENCY
     part_size: int | None = None  # None: auto, see part_size_for()
     memory_limit: int = DEFAULT_MEMORY_LIMIT
     include: tuple[str, ...] = ()
@@ -48,6 +53,9 @@ class SyncOptions:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise UsageError(f"--concurrency must be at least 1, got {self.concurrency}")
+        if self.part_concurrency < 1:
+            raise UsageError(
+                f"--part-concurrency must be at least 1, got {self.part_concurrency}")
         if self.part_size is not None and not (
             S3_MIN_PART_SIZE <= self.part_size <= S3_MAX_PART_SIZE
         ):

@@ -81,7 +81,8 @@ class Transfer:
     # -- through the client --------------------------------------------------------------------
 
     async def _copy_whole(self, action: Action, src: ObjectInfo) -> Done:
-        async with self.limits.memory.hold(src.size), self.limits.requests:
+        charge = src.size * (1 + self.dst.caps.send_copies)
+        async with self.limits.memory.hold(charge), self.limits.requests:
             data = await self.src.get(action.key, expect=src)
             if len(data) != src.size:
                 raise IntegrityError(
@@ -128,10 +129,11 @@ class Transfer:
         live = upload
 
         async def move(number: int, rng: ByteRange) -> PartRef:
+            # One request slot from read to acknowledgement: a part read ahead of a free slot
+            # to send it would only hold memory.
             async with self.limits.requests:
                 data = await self.src.get(key, rng, expect=src)
-            digest = await block_digest_async(data)
-            async with self.limits.requests:
+                digest = await block_digest_async(data)
                 part = await live.put_part(number, rng.start, data)
             del data
             digests[number - 1] = digest
@@ -253,6 +255,7 @@ class Transfer:
         cancelled before its first step never runs its own ``finally``)."""
         held: dict[int, int] = {}
         memory = self.limits.memory
+        charge = 1 + self.dst.caps.send_copies  # the part read, plus the client's copies
 
         async def run_one(number: int, rng: ByteRange) -> PartRef:
             try:
@@ -261,14 +264,24 @@ class Transfer:
                 memory.release(held.pop(number, 0))
 
         tasks: list[asyncio.Task[PartRef]] = []
+        window = asyncio.Semaphore(self.options.part_concurrency)
+
+        async def windowed(number: int, rng: ByteRange) -> PartRef:
+            try:
+                return await run_one(number, rng)
+            finally:
+                window.release()
+
         try:
             async with asyncio.TaskGroup() as tg:
                 for number, rng in parts:
+                    await window.acquire()
                     if self.stop.is_set():
+                        window.release()
                         break
                     if budgeted:
-                        held[number] = await memory.acquire(rng.length)
-                    tasks.append(tg.create_task(run_one(number, rng)))
+                        held[number] = await memory.acquire(rng.length * charge)
+                    tasks.append(tg.create_task(windowed(number, rng)))
         except asyncio.CancelledError:
             raise  # the upload stays open and journalled: the next run resumes it
         except BaseException as exc:

@@ -56,3 +56,7 @@ class Capabilities:
     min_part_size: int = 5 * 1024 * 1024
     max_part_size: int = 5 * 1024 * 1024 * 1024
     max_parts: int = 10_000
+    # Copies of a part the store's client holds while sending it (botocore + aiohttp copy a
+    # part body once more on its way to the socket); parts are charged this many times their
+    # size against the memory budget, so the budget bounds real memory.
+    send_copies: int = 1

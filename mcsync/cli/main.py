@@ -16,7 +16,13 @@ from typing import Any
 import click
 
 from .. import run_blocking
-from ..config import DEFAULT_CONCURRENCY, SyncOptions, format_size, parse_size
+from ..config import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_PART_CONCURRENCY,
+    SyncOptions,
+    format_size,
+    parse_size,
+)
 from ..engine import run_sync
 from ..errors import MCSyncError, UsageError
 from ..events import Event, FanOut, ObjectPlanned
@@ -60,6 +66,9 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--concurrency", "-c", type=click.IntRange(min=1),
                      default=DEFAULT_CONCURRENCY, show_default=True,
                      help="Requests in flight."),
+        click.option("--part-concurrency", type=click.IntRange(min=1),
+                     default=DEFAULT_PART_CONCURRENCY, show_default=True,
+                     help="Parts of one large object in flight at once."),
         click.option("--part-size", type=SIZE, default=None,
                      help="Multipart part size (default: 8 MiB, grown to stay within 10,000 "
                           "parts)."),

@@ -81,7 +81,7 @@ class S3CopySource:
 
 class S3Store:
     caps = Capabilities(multipart=True, server_side_copy=True, min_part_size=S3_MIN_PART_SIZE,
-                        max_part_size=S3_MAX_PART_SIZE, max_parts=10_000)
+                        max_part_size=S3_MAX_PART_SIZE, max_parts=10_000, send_copies=2)
 
     def __init__(
         self,
