@@ -18,25 +18,31 @@ Wiring the end-to-end check into ``transfer.py`` (for any source whose ObjectInf
 
     from . import checksums
 
-    # whole object (_copy_whole), after the get, before the put:
-    #   GCSStore.get already verified a whole-object read against ``expect.crc32c``; doing it
-    #   again here costs ~1 ms per 10 MiB and keeps the rule in one place for every source.
+    # _copy_whole, after the get, before the put. GCSStore.get has already checked a
+    # whole-object read against ``expect.crc32c``; checking here too costs ~1 ms per 10 MiB
+    # and keeps the rule in one place for every source:
     crc = await checksums.crc32c_async(data)
-    checksums.verify(src.crc32c, crc, f"{src_url}{key}")      # raises IntegrityError
+    checksums.verify(src.crc32c, crc, f"{self.src.url}{key}")   # raises IntegrityError
 
-    # parts (_copy_parts): in move(), next to block_digest_async(data):
+    # _copy_parts, in move(), next to block_digest_async(data):
     crcs[number - 1] = (await checksums.crc32c_async(data), len(data))
     # after _run_parts() and BEFORE _complete(), so a mismatch is never committed:
     try:
-        checksums.verify(src.crc32c, checksums.combine_parts(crcs), f"{src_url}{key}")
+        checksums.verify(src.crc32c, checksums.combine_parts(crcs), f"{self.src.url}{key}")
     except IntegrityError:
-        await asyncio.shield(upload.abort())
+        await asyncio.shield(upload.abort())   # and journal.drop_upload(key)
         raise
+
+A resumed upload reuses parts written by an earlier run, whose CRCs exist only if the journal
+kept them: store each part's CRC beside its xxh3 digest (``JournalPart``), or skip the check
+when any part lacks one (and record no CRC for that object). ``tests/gcs/test_sync.py`` holds a
+strict xfail (``test_corrupted_crc32c_of_a_multipart_object_commits_nothing``) that starts
+failing, as a reminder to drop its mark, once the part check is in.
 
 Record ``checksums.to_base64(crc)`` beside the xxh3 digest (report / manifest): it is the value
 GCS shows for the object, so a GCS object and its copy can be compared without re-reading
-either. Parts of equal size share one cached operator: one ``combine`` costs about 5 us, so 10,000
-parts add 50 ms to a run, not a second pass over the bytes.
+either. Parts of equal size share one cached operator: one ``combine`` costs about 5 us, so
+10,000 parts add 50 ms to a run, not a second pass over the bytes.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import cast
 
+from . import checksums
 from .config import S3_MAX_PART_SIZE, SyncOptions
 from .errors import IntegrityError, Interrupted, NotFound, PreconditionFailed, first_error
 from .events import BytesMoved, Event
@@ -88,6 +89,9 @@ class Transfer:
                 raise IntegrityError(
                     f"{action.key}: read {len(data)} bytes, listing said {src.size}")
             digest = await block_digest_async(data)
+            if src.crc32c is not None:  # the source keeps a CRC32C (GCS): check it end to end
+                checksums.verify(src.crc32c, await checksums.crc32c_async(data),
+                                 f"{self.src.url}{action.key}")
             written = await self.dst.put(action.key, data, mtime=src.mtime)
             del data
         self.emit(BytesMoved(action.key, src.size))
@@ -127,6 +131,8 @@ class Transfer:
             refs[n] = PartRef(n, jp.etag, jp.size)
         journal = self.journal
         live = upload
+        check_crc = src.crc32c is not None and not kept  # resumed parts have no CRC recorded
+        crcs: list[tuple[int, int]] = [(0, 0)] * len(ranges)
 
         async def move(number: int, rng: ByteRange) -> PartRef:
             # One request slot from read to acknowledgement: a part read ahead of a free slot
@@ -134,6 +140,8 @@ class Transfer:
             async with self.limits.requests:
                 data = await self.src.get(key, rng, expect=src)
                 digest = await block_digest_async(data)
+                if check_crc:
+                    crcs[number - 1] = (await checksums.crc32c_async(data), len(data))
                 part = await live.put_part(number, rng.start, data)
             del data
             digests[number - 1] = digest
@@ -145,6 +153,15 @@ class Transfer:
         todo = [(n, rng) for n, rng in enumerate(ranges, start=1) if n not in kept]
         for part in await self._run_parts(key, upload, todo, move, budgeted=True):
             refs[part.number] = part
+        if check_crc:  # before Complete: a mismatch must never become visible
+            try:
+                checksums.verify(src.crc32c, checksums.combine_parts(crcs),
+                                 f"{self.src.url}{key}")
+            except IntegrityError:
+                await asyncio.shield(upload.abort())
+                if self.journal is not None:
+                    self.journal.drop_upload(key)
+                raise
         async with self.limits.requests:
             written = await _complete(upload, [refs[n] for n in sorted(refs)])
         sent = sum(rng.length for _, rng in todo)
