@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 DIGEST_SIZE = 16  # xxh3-128
 _PAGE = 1000
+_COMMIT_EVERY_S = 0.2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -191,6 +192,8 @@ class Manifest:
         self.dst_url = dst_url
         self.rebuilt: str | None = None  # why a damaged manifest was replaced, if it was
         self.existed = path.exists()
+        self._journalled: set[str] = set()  # keys with upload rows, so others skip the DELETEs
+        self._last_commit = time.monotonic()
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = self._connect()
@@ -264,13 +267,18 @@ class Manifest:
         return ManifestEntry(*row) if row else None
 
     def record_object(self, e: ManifestEntry, *, durable: bool = True) -> None:
-        """Record a finished object. ``durable=False`` leaves the commit to a later call: for
-        adopted records, which a kill may lose at no cost but a re-check."""
+        """Record a finished object. Object records are committed in batches (at most
+        ``_COMMIT_EVERY_S`` apart): one commit per object cost 0.3 ms, a third of the client
+        CPU of a small-file run. A kill loses at most that window: a multipart object's
+        journal rows are removed in the same transaction, so the next run finds the upload
+        completed and records it without sending a byte; a small object is sent again.
+        ``durable=False`` leaves even that to a later commit (adopted records)."""
         self._db.execute(
             "INSERT OR REPLACE INTO objects VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (e.key, e.src_size, e.src_etag, e.src_mtime, e.src_version, e.dst_size, e.dst_etag,
              e.dst_mtime, e.block_size, e.block_hashes, e.xxh3, e.crc32c, e.written_at))
-        self._drop_upload_rows(e.key)
+        if e.key in self._journalled:
+            self._drop_upload_rows(e.key)
         if durable:
             self._changed()
 
@@ -283,6 +291,7 @@ class Manifest:
     def open_uploads(self) -> dict[str, OpenUpload]:
         uploads = {row[0]: OpenUpload(*row) for row in
                    self._db.execute("SELECT * FROM uploads").fetchall()}
+        self._journalled.update(uploads)
         for key, number, etag, size, digest in self._db.execute("SELECT * FROM parts"):
             if key in uploads:
                 uploads[key].parts[number] = JournalPart(number, etag, size, digest)
@@ -293,12 +302,13 @@ class Manifest:
         self._drop_upload_rows(key)
         self._db.execute("INSERT INTO uploads VALUES (?,?,?,?,?,?,?)",
                          (key, upload_id, src.size, src.etag, src.mtime, part_size, time.time()))
+        self._journalled.add(key)
         self.commit()
 
     def record_part(self, key: str, part: JournalPart) -> None:
         self._db.execute("INSERT OR REPLACE INTO parts VALUES (?,?,?,?,?)",
                          (key, part.number, part.etag, part.size, part.digest))
-        self._changed()
+        self.commit()  # a part is megabytes sent: record it at once
 
     def drop_upload(self, key: str) -> None:
         self._drop_upload_rows(key)
@@ -307,6 +317,7 @@ class Manifest:
     def _drop_upload_rows(self, key: str) -> None:
         self._db.execute("DELETE FROM uploads WHERE key = ?", (key,))
         self._db.execute("DELETE FROM parts WHERE key = ?", (key,))
+        self._journalled.discard(key)
 
     # -- runs -------------------------------------------------------------------------------------
 
@@ -325,14 +336,15 @@ class Manifest:
     # -- durability -------------------------------------------------------------------------------
 
     def _changed(self) -> None:
-        # Every record is its own transaction: in WAL mode with synchronous=NORMAL a commit
-        # writes the WAL without fsync (tens of microseconds) and survives a killed process,
-        # so a resumed run never re-sends an object or part that was already recorded.
-        self.commit()
+        if time.monotonic() - self._last_commit >= _COMMIT_EVERY_S:
+            self.commit()
 
     def commit(self) -> None:
+        """In WAL mode with synchronous=NORMAL a commit writes the WAL without fsync and
+        survives a killed process (not a machine crash)."""
         self._db.execute("COMMIT")
         self._db.execute("BEGIN")
+        self._last_commit = time.monotonic()
 
     def snapshot(self, dest: Path) -> None:
         """A consistent copy of the database in one file (for the copy kept at the target)."""

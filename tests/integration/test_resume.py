@@ -38,7 +38,7 @@ KILL_POINTS = [
     "part:1", "part:2", "part:6", "part:13",
     "part-done:1", "part-done:4", "part-done:11",
     "complete:1", "complete:3", "complete-done:1", "complete-done:4",
-    "commit:2", "commit:12", "commit:25",
+    "commit:2", "commit:8", "commit:16",
 ]
 
 

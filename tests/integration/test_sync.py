@@ -222,3 +222,19 @@ def test_library_call_matches_cli(seaweed, tmp_path, monkeypatch):
     assert read_bucket(seaweed, bucket, "lib/") == objs
     moved = sum(getattr(e, "nbytes", 0) for e in events)
     assert moved == sum(map(len, objs.values()))
+
+
+def test_server_side_copy_in_parts_above_the_cutoff(s3ep, monkeypatch):
+    import mcsync.transfer
+
+    # The real cutoff is S3's 5 GiB CopyObject limit; scaled down, the same path runs here.
+    monkeypatch.setattr(mcsync.transfer, "SERVER_COPY_CUTOFF", 8 * MiB)
+    monkeypatch.setattr(mcsync.transfer, "SERVER_COPY_MIN_PART", PART)
+    objs = {"big.bin": payload(3 * PART + 123, 9), "small.bin": b"s"}
+    src, dst = new_bucket(s3ep, "src"), new_bucket(s3ep, "dst")
+    put_objects(s3ep, src, objs)
+    report = sync_json(f"s3://{src}/", f"meta://{dst}/", env=s3ep.aws_env() | s3ep.meta_env())
+    assert report["objects_server_copied"] == 2 and report["bytes_copied"] == 0
+    assert read_bucket(s3ep, dst) == objs
+    head = s3ep.client().head_object(Bucket=dst, Key="big.bin")
+    assert head["ETag"].strip('"').endswith("-4")  # really UploadPartCopy, 4 parts
