@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ from ..errors import (
 from ..retry import RetryPolicy
 from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
 from .base import Buffer, CheckMode, Store
+
+log = logging.getLogger(__name__)
 
 _NOT_FOUND = {"NoSuchKey", "NotFound", "NoSuchUpload", "404"}
 _PRECONDITION = {"PreconditionFailed", "412"}
@@ -257,8 +260,26 @@ class S3Store:
                                  c["LastModified"].timestamp())
 
     async def _flat(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
+        """Pages through obstore (parsing 1,000 entries in Rust costs ~1 ms; botocore's XML
+        and dateutil parsing ~100 ms). obstore refuses a whole page that holds a key it cannot
+        represent ("a//b", "x/../y"): the listing then goes on through botocore, after the
+        last key already yielded, so no key is lost or repeated."""
+        last = ""
+        try:
+            # obstore's prefix is a path prefix: "run" lists run/..., as our "run/" does
+            stream = obstore.list(self._fast_client, prefix.rstrip("/") or None,
+                                  chunk_size=1000)
+            async for chunk in stream:
+                for meta in chunk:
+                    last = meta["path"]
+                    yield {"Key": last, "Size": meta["size"], "ETag": meta["e_tag"],
+                           "LastModified": meta["last_modified"]}
+            return
+        except obstore_exc.InvalidPathError:
+            log.debug("%s: a key obstore cannot represent; listing on with the S3 API", self.url)
         paginator = self._client.get_paginator("list_objects_v2")
-        async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+        async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix,
+                                             StartAfter=last or prefix):
             for c in page.get("Contents", ()):
                 yield c
 
