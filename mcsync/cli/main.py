@@ -29,6 +29,7 @@ from ..events import Event, FanOut, ObjectPlanned
 from ..limits import Limits
 from ..lock import Locked
 from ..manifest import Manifest, last_run_status, manifest_dir, pair_of
+from ..plan import RESERVED_PREFIX
 from ..report import SyncReport
 from ..stores.registry import open_store
 from ..verify import verify_entries
@@ -232,7 +233,10 @@ async def _manifests_of(store: Any, tmp: Path) -> list[Path]:
 @click.option("--endpoint-url", default=None, metavar="URL")
 @click.option("--profile", default=None)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: bool) -> None:
+@click.option("--all", "-a", "show_all", is_flag=True,
+              help="Also list mcsync's own state (.mcsync/: manifest copy, lock).")
+def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: bool,
+           show_all: bool) -> None:
     """List the objects under URL (size, modification time, key)."""
 
     async def go() -> tuple[int, int]:
@@ -241,6 +245,8 @@ def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: boo
         try:
             await store.check(mode="read")
             async for info in store.list():
+                if info.key.startswith(RESERVED_PREFIX) and not show_all:
+                    continue
                 count += 1
                 total += info.size
                 if as_json:

@@ -199,6 +199,12 @@ def test_ls_lists_keys_and_sizes(seaweed):
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [(r["key"], r["size"]) for r in rows] == [("a/b c.bin", 3), ("z", 0)]
+    # mcsync's own state at a target is listed only with --all
+    put_objects(seaweed, bucket, {".mcsync/lock-x.json": b"{}"})
+    plain = run_cli("ls", f"s3://{bucket}/", env=seaweed.aws_env())
+    assert ".mcsync" not in plain.stdout and "z" in plain.stdout
+    assert ".mcsync/lock-x.json" in run_cli("ls", "-a", f"s3://{bucket}/",
+                                            env=seaweed.aws_env()).stdout
 
 
 def test_library_call_matches_cli(seaweed, tmp_path, monkeypatch):
