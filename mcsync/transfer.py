@@ -117,6 +117,9 @@ class Transfer:
                     finished = await self._finished_before(action, src, prior, ranges)
                     if finished is not None:
                         return finished
+                    # Some stores answer NoSuchUpload for an upload that has no part yet:
+                    # abort it by id all the same, or it would be orphaned.
+                    await self.abort_stale(prior)
                 else:
                     kept = await self._confirmed_parts(upload, prior, ranges)
             else:
@@ -210,9 +213,7 @@ class Transfer:
         """Abort an upload a previous run left open that this run will not finish."""
         try:
             async with self.limits.requests:
-                upload = await self.dst.resume_upload(prior.key, prior.upload_id, prior.src_size)
-                if upload is not None:
-                    await upload.abort()
+                await self.dst.abort_upload(prior.key, prior.upload_id)
         except Exception as exc:  # best effort: the target's lifecycle rules are the backstop
             log.warning("could not abort stale upload of %s: %s", prior.key, exc)
         if self.journal is not None:

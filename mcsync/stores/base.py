@@ -69,6 +69,10 @@ class Store(Protocol):
         """Reattach to an upload a previous run opened; None when it no longer exists."""
         ...
 
+    async def abort_upload(self, key: str, upload_id: str) -> None:
+        """Abort an upload a previous run opened, whatever state it is in (gone is fine)."""
+        ...
+
     async def delete(self, key: str) -> None: ...
 
     def validate_key(self, key: str) -> None:

@@ -210,6 +210,11 @@ class LocalStore:
 
         return await asyncio.to_thread(reopen)
 
+    async def abort_upload(self, key: str, upload_id: str) -> None:
+        tmp = Path(upload_id)
+        if tmp.parent == self.path_for(key).parent and _is_tmp(tmp.name):
+            await asyncio.to_thread(tmp.unlink, missing_ok=True)
+
     async def delete(self, key: str) -> None:
         path = self.path_for(key)
 

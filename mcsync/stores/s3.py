@@ -411,6 +411,9 @@ class S3Store:
             return None
         return upload
 
+    async def abort_upload(self, key: str, upload_id: str) -> None:
+        await S3Upload(self, key, upload_id, 0).abort()
+
     async def delete(self, key: str) -> None:
         client = await self._c()
         with self._translate(key):
