@@ -375,6 +375,9 @@ class GCSStore:
                             mtime: float | None = None) -> Any:
         raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
 
+    async def abort_upload(self, key: str, upload_id: str) -> None:
+        raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
+
     async def delete(self, key: str) -> None:
         raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
 
