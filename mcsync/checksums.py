@@ -18,11 +18,8 @@ Wiring the end-to-end check into ``transfer.py`` (for any source whose ObjectInf
 
     from . import checksums
 
-    # _copy_whole, after the get, before the put. GCSStore.get has already checked a
-    # whole-object read against ``expect.crc32c``; checking here too costs ~1 ms per 10 MiB
-    # and keeps the rule in one place for every source:
-    crc = await checksums.crc32c_async(data)
-    checksums.verify(src.crc32c, crc, f"{self.src.url}{key}")   # raises IntegrityError
+    # _copy_whole: nothing here; GCSStore.get checks a whole-object read against
+    # ``expect.crc32c`` itself, so the CRC is computed once.
 
     # _copy_parts, in move(), next to block_digest_async(data):
     crcs[number - 1] = (await checksums.crc32c_async(data), len(data))
