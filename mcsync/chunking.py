@@ -1,0 +1,138 @@
+"""Where an object is cut into chunks: the units mcsync hashes, records and later matches.
+
+A chunk map must be reproducible from the object's bytes alone, so the next run, cutting the
+new version the same way, finds every unchanged chunk by its digest (see ``delta``):
+
+- ``fixed``: blocks of ``block`` bytes from offset 0. An in-place rewrite or an append costs
+  the changed blocks; an insert shifts everything after it.
+- ``safetensors``: the header (8-byte little-endian length + JSON) is one chunk, and each
+  tensor's bytes are cut into pieces of at most ``block`` bytes *from the tensor's start*, so a
+  tensor keeps its chunks, and their digests, when a grown header shifts it.
+
+Upload parts are whole chunks grouped to at least the part size, so a part's bytes can be
+hashed chunk by chunk wherever the parts arrive from.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+from .types import ByteRange
+
+SAFETENSORS_SUFFIX = ".safetensors"
+# A header larger than this is not a safetensors header (the reference implementation caps it
+# at 100 MB); it is read in one request, so the cap also bounds that request.
+MAX_SAFETENSORS_HEADER = 100_000_000
+# The first read of a safetensors file: the header length and, usually, the whole header.
+SAFETENSORS_PROBE = 1 << 20
+
+
+class NotSafetensors(ValueError):
+    """The bytes are not a safetensors header mcsync can cut by; the object is cut in fixed
+    blocks instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    name: str
+    start: int  # absolute offsets in the file
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class SafetensorsHeader:
+    length: int  # bytes of the whole header: 8 + the JSON
+    tensors: tuple[Tensor, ...]  # in file order
+
+
+def header_length(prefix: bytes, size: int) -> int:
+    """The header's total length (8 + JSON) from the file's first 8 bytes."""
+    if len(prefix) < 8 or size < 8:
+        raise NotSafetensors("shorter than 8 bytes")
+    (n,) = struct.unpack("<Q", prefix[:8])
+    if n > MAX_SAFETENSORS_HEADER or 8 + n > size:
+        raise NotSafetensors(f"header length {n} does not fit a file of {size} bytes")
+    return 8 + n
+
+
+def parse_safetensors(head: bytes, size: int) -> SafetensorsHeader:
+    """Parse the header from ``head`` (at least the header's bytes) of a file of ``size`` bytes.
+    Raises NotSafetensors for anything that is not a well-formed header whose tensors tile the
+    data section."""
+    length = header_length(head, size)
+    if len(head) < length:
+        raise NotSafetensors("header truncated")
+    try:
+        meta = json.loads(bytes(head[8:length]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotSafetensors(f"header is not JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise NotSafetensors("header is not a JSON object")
+    tensors = []
+    for name, info in meta.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = info["data_offsets"]
+            begin, end = int(begin), int(end)
+        except (TypeError, KeyError, ValueError):
+            raise NotSafetensors(f"tensor {name!r} has no valid data_offsets") from None
+        if not 0 <= begin <= end or length + end > size:
+            raise NotSafetensors(f"tensor {name!r}: data_offsets [{begin}, {end}] out of range")
+        tensors.append(Tensor(name, length + begin, length + end))
+    tensors.sort(key=lambda t: (t.start, t.end))
+    pos = length
+    for t in tensors:
+        if t.start != pos:
+            raise NotSafetensors(f"tensor {t.name!r} at {t.start - length}: gap or overlap")
+        pos = t.end
+    if pos != size:
+        raise NotSafetensors(f"tensors end at {pos - length}, data section is {size - length}")
+    return SafetensorsHeader(length, tuple(tensors))
+
+
+def fixed_chunks(size: int, block: int) -> list[ByteRange]:
+    if size == 0:
+        return [ByteRange(0, 0)]
+    return [ByteRange(off, min(off + block, size)) for off in range(0, size, block)]
+
+
+def safetensors_chunks(header: SafetensorsHeader, block: int) -> list[ByteRange]:
+    chunks = fixed_chunks(header.length, block)
+    for t in header.tensors:
+        chunks.extend(ByteRange(off, min(off + block, t.end))
+                      for off in range(t.start, t.end, block))  # empty tensors: no chunk
+    return chunks
+
+
+def group_parts(chunks: list[ByteRange], part_size: int) -> list[tuple[int, int]]:
+    """Consecutive chunks grouped into parts of at least ``part_size`` bytes (the last part may
+    be smaller): ``(first, last + 1)`` chunk indices per part."""
+    parts = []
+    first = 0
+    length = 0
+    for i, c in enumerate(chunks):
+        length += c.length
+        if length >= part_size:
+            parts.append((first, i + 1))
+            first, length = i + 1, 0
+    if first < len(chunks):
+        parts.append((first, len(chunks)))  # the last part may be short, as S3 allows
+    return parts
+
+
+def chunk_sizes_blob(chunks: list[ByteRange]) -> bytes:
+    """Chunk lengths as the manifest stores them for chunk maps that are not fixed blocks."""
+    return struct.pack(f"<{len(chunks)}Q", *(c.length for c in chunks))
+
+
+def chunks_from_sizes(blob: bytes) -> list[ByteRange]:
+    sizes = struct.unpack(f"<{len(blob) // 8}Q", blob)
+    chunks = []
+    pos = 0
+    for n in sizes:
+        chunks.append(ByteRange(pos, pos + n))
+        pos += n
+    return chunks

@@ -1,0 +1,174 @@
+"""The block delta: describe a new version of an object as ranges of the old one plus new bytes,
+and pack that description into the parts of one multipart upload. Pure: no IO.
+
+``match`` pairs each chunk of the new version with a chunk of the old version that has the same
+length and xxh3-128 digest (wherever it was: a tensor shifted by a grown header is found at its
+old offset). ``pack`` turns the resulting segments into upload parts that S3 accepts: every part
+but the last at least 5 MiB, at most 10,000 parts. Copy runs shorter than that are sent as new
+bytes, and a short run of new bytes borrows bytes from the copy run after it; the overhead is
+at most one minimum part per changed region and is reported as ``bytes_sent - bytes_changed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from .types import ByteRange
+
+COPY_PIECE = 4 * 1024**3  # UploadPartCopy takes up to 5 GiB; + a merged remainder stays below
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Bytes [start, end) of the new version: copied from the old version at ``old_start``, or
+    new bytes when ``old_start`` is None."""
+
+    start: int
+    end: int
+    old_start: int | None = None
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedPart:
+    number: int
+    rng: ByteRange  # in the new version
+    old_start: int | None  # a copy of the old version's bytes from here; None: upload rng
+
+    @property
+    def is_copy(self) -> bool:
+        return self.old_start is not None
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaPlan:
+    size: int
+    bytes_changed: int  # bytes no old chunk matched
+    parts: tuple[PlannedPart, ...]
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(p.rng.length for p in self.parts if not p.is_copy)
+
+    @property
+    def bytes_reused(self) -> int:
+        return sum(p.rng.length for p in self.parts if p.is_copy)
+
+    def fingerprint(self) -> str:
+        """Identifies the part layout, so a resumed upload is only continued with the same one."""
+        text = ";".join(f"{p.rng.start},{p.rng.end},{p.old_start}" for p in self.parts)
+        return "delta:" + xxhash.xxh3_64_hexdigest(text)
+
+
+Chunk = tuple[ByteRange, bytes]  # a chunk and its xxh3-128 digest
+
+
+def match(new: Sequence[Chunk], old: Sequence[Chunk]) -> list[Segment]:
+    """Segments covering the new version in order, adjacent ones merged where they continue
+    each other (new after new; a copy that continues the previous copy's old range)."""
+    where: dict[tuple[int, bytes], int] = {}
+    for rng, digest in old:
+        where.setdefault((rng.length, digest), rng.start)
+    segments: list[Segment] = []
+    for rng, digest in new:
+        found = where.get((rng.length, digest)) if rng.length else None
+        _append(segments, Segment(rng.start, rng.end, found))
+    return segments
+
+
+def _append(segments: list[Segment], s: Segment) -> None:
+    if s.length == 0:
+        return
+    if segments:
+        last = segments[-1]
+        continues = (last.old_start is None and s.old_start is None) or (
+            last.old_start is not None and s.old_start is not None
+            and last.old_start + last.length == s.old_start)
+        if continues and last.end == s.start:
+            segments[-1] = Segment(last.start, s.end, last.old_start)
+            return
+    segments.append(s)
+
+
+def pack(segments: Sequence[Segment], size: int, *, part_size: int, min_part: int,
+         max_parts: int) -> DeltaPlan | None:
+    """Parts for one multipart upload that rebuilds the new version from ``segments``, or None
+    when no layout fits in ``max_parts`` (so many changed regions that a full upload is due)."""
+    changed = sum(s.length for s in segments if s.old_start is None)
+    runs = _with_min_parts(segments, min_part)
+    while True:
+        parts = _split(runs, part_size, min_part)
+        if len(parts) <= max_parts:
+            return DeltaPlan(size, changed, tuple(parts))
+        if part_size >= size:
+            return None  # one part per run already
+        part_size *= 2  # only for objects of tens of GiB with thousands of changed regions
+
+
+def _with_min_parts(segments: Sequence[Segment], min_part: int) -> list[Segment]:
+    # Copy runs too short to be a part are sent as new bytes.
+    runs: list[Segment] = []
+    for s in segments:
+        short = s.old_start is not None and s.length < min_part
+        _append(runs, Segment(s.start, s.end, None) if short else s)
+    # A run of new bytes too short to be a part (and not the object's end) takes bytes from
+    # the copy run after it; a copy run left too short is taken whole.
+    out: list[Segment] = []
+    i = 0
+    while i < len(runs):
+        s = runs[i]
+        if s.old_start is None and s.length < min_part and i + 1 < len(runs):
+            nxt = runs[i + 1]  # a copy run: runs alternate after merging
+            assert nxt.old_start is not None
+            need = min_part - s.length
+            if nxt.length - need >= min_part:
+                runs[i] = Segment(s.start, s.end + need, None)
+                runs[i + 1] = Segment(nxt.start + need, nxt.end, nxt.old_start + need)
+                _append(out, runs[i])
+                i += 1
+                continue
+            merged = Segment(s.start, nxt.end, None)
+            if i + 2 < len(runs):  # the new run after the copy joins too
+                merged = Segment(s.start, runs[i + 2].end, None)
+                del runs[i + 2]
+            runs[i + 1] = merged
+            i += 1
+            continue
+        _append(out, s)
+        i += 1
+    return out
+
+
+def _split(runs: list[Segment], part_size: int, min_part: int) -> list[PlannedPart]:
+    parts: list[PlannedPart] = []
+    for s in runs:
+        piece = part_size if s.old_start is None else COPY_PIECE
+        pos = s.start
+        while pos < s.end:
+            end = min(pos + piece, s.end)
+            if s.end - end < min_part:
+                end = s.end  # a short remainder joins this piece rather than be a short part
+            old = None if s.old_start is None else s.old_start + (pos - s.start)
+            parts.append(PlannedPart(len(parts) + 1, ByteRange(pos, end), old))
+            pos = end
+    return parts
+
+
+def changed_tensors(segments: Sequence[Segment],
+                    tensors: Sequence[tuple[str, int, int]]) -> list[str]:
+    """Names of the tensors with bytes no old chunk matched (``tensors``: name, start, end)."""
+    fresh = [s for s in segments if s.old_start is None]
+    names = []
+    j = 0
+    for name, start, end in tensors:
+        while j < len(fresh) and fresh[j].end <= start:
+            j += 1
+        if j < len(fresh) and fresh[j].start < end and start < end:
+            names.append(name)
+    return names
