@@ -8,6 +8,12 @@ UploadPartCopy, CopyObject, DELETE. For parts of 8 MiB and more the per-request 
 
 SDK errors are translated into ``mcsync.errors`` here and nowhere else. Retries of single
 requests are botocore's (configured once, in ``mcsync.retry``); the engine never loops.
+
+Every body sent carries a checksum the target can verify on receipt: UploadPart (and the S3 API
+PUT) an ``x-amz-checksum-crc32c`` computed here, off the event loop; obstore's PUT an
+``x-amz-checksum-sha256`` (the digest it computes anyway to sign the payload, so it costs no
+extra pass). The signed ``x-amz-content-sha256`` alone is not enough: SeaweedFS does not check
+it against the body (tests/integration/test_servers.py).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,9 +44,11 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
+from .. import checksums
 from ..config import S3_MAX_PART_SIZE, S3_MIN_PART_SIZE
 from ..errors import (
     ConfigError,
+    IntegrityError,
     ListingOrderError,
     MCSyncError,
     NotFound,
@@ -59,6 +68,10 @@ _PRECONDITION = {"PreconditionFailed", "412"}
 _NO_BUCKET = {"NoSuchBucket"}
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
            "InvalidToken", "ExpiredToken", "AccessDeniedException"}
+# The target computed another checksum than the one sent with the body: the bytes were damaged
+# on the way (or the checksum was wrong). Nothing was stored.
+_BAD_DIGEST = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
+               "XAmzContentSHA256Mismatch"}
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
               "TooManyRequests", "429", "503", "RequestTimeout", "InternalError", "500"}
 
@@ -116,8 +129,9 @@ class S3Store:
             connect_timeout=10,
             read_timeout=120,
             tcp_keepalive=True,
-            # Per-request CRC headers are negotiated per endpoint later (integrity issue);
-            # botocore's default would add aws-chunked trailers some S3-compatibles reject.
+            # Part and object checksums are computed by us (CRC32C, off the event loop);
+            # botocore's default would add a CRC32 computed on the event loop (over https as
+            # aws-chunked trailers, which some S3-compatibles reject).
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
@@ -196,6 +210,8 @@ class S3Store:
                     "connect_timeout": "10s",
                 },
                 retry_config=self._retry.obstore(),
+                # x-amz-checksum-sha256 on every PUT: the target verifies the body against it.
+                checksum_algorithm="sha256",
                 **kwargs,
             )
 
@@ -374,8 +390,9 @@ class S3Store:
                                             use_multipart=False)
                 etag = r.get("e_tag")
             except ValueError:  # a key obstore cannot spell: plain S3 API
+                crc = await _crc32c_header(data)
                 resp = await client.put_object(Bucket=self.bucket, Key=self._full(key),
-                                               Body=_as_bytes(data))
+                                               Body=_as_bytes(data), ChecksumCRC32C=crc)
                 etag = resp.get("ETag")
         return ObjectInfo(key, len(data), _etag(etag), None)
 
@@ -438,7 +455,12 @@ class S3Store:
             cls = ConfigError if preflight else Permanent
             raise cls(f"{what}: access denied: check credentials") from exc
         except obstore_exc.BaseError as exc:  # already retried by obstore's RetryConfig
-            raise Transient(f"{what}: {type(exc).__name__}: {_first_line(exc)}") from exc
+            code = _s3_error_code(exc)
+            if code in _BAD_DIGEST:
+                raise IntegrityError(f"{what}: the target refused the bytes: they do not match "
+                                     f"the checksum sent with them ({code})") from exc
+            detail = f" ({code})" if code else ""
+            raise Transient(f"{what}: {type(exc).__name__}: {_first_line(exc)}{detail}") from exc
         except ClientError as exc:
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
@@ -450,6 +472,9 @@ class S3Store:
                 raise NotFound(f"{what}: no such object") from exc
             if code in _PRECONDITION or status == "412":
                 raise PreconditionFailed(f"{what}: changed since it was listed") from exc
+            if code in _BAD_DIGEST:
+                raise IntegrityError(f"{what}: the target refused the bytes: they do not match "
+                                     f"the checksum sent with them ({code})") from exc
             if code in _DENIED or status == "403":
                 cls = ConfigError if preflight else Permanent
                 raise cls(f"{what}: access denied ({code or status}): check credentials") from exc
@@ -482,10 +507,11 @@ class S3Upload:
     async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
         s = self.store
         client = await s._c()
+        crc = await _crc32c_header(data)
         with s._translate(self.key):
             r = await client.upload_part(Bucket=s.bucket, Key=s._full(self.key),
                                          UploadId=self.upload_id, PartNumber=number,
-                                         Body=_as_bytes(data))
+                                         Body=_as_bytes(data), ChecksumCRC32C=crc)
         return PartRef(number, _etag(r["ETag"]) or "", len(data))
 
     async def list_parts(self) -> list[PartRef]:
@@ -563,8 +589,23 @@ async def _aiter(items: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         yield item
 
 
+def _s3_error_code(exc: BaseException) -> str | None:
+    """The ``<Code>`` of the S3 error document that obstore quotes in its message (it exposes
+    neither the status nor the code otherwise)."""
+    match = re.search(r"<Code>([^<]{1,100})</Code>", str(exc))
+    return match.group(1) if match else None
+
+
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+
+
+async def _crc32c_header(data: Buffer) -> str:
+    """The ``x-amz-checksum-crc32c`` value of ``data``: the target refuses the body (400
+    BadDigest) if what it receives has another CRC. Sent without ChecksumAlgorithm at
+    CreateMultipartUpload, so CompleteMultipartUpload needs no part checksums (SeaweedFS then
+    refuses a Complete that lacks them, and a resumed part's CRC is not journalled)."""
+    return checksums.to_base64(await checksums.crc32c_async(data))
 
 
 def _as_bytes(data: Buffer) -> bytes | bytearray:
