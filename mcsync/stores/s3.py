@@ -10,7 +10,8 @@ SDK errors are translated into ``mcsync.errors`` here and nowhere else. Retries 
 requests are botocore's (configured once, in ``mcsync.retry``); the engine never loops.
 
 Every body sent carries a checksum the target can verify on receipt: UploadPart (and the S3 API
-PUT) an ``x-amz-checksum-crc32c`` computed here, off the event loop; obstore's PUT an
+PUT) an ``x-amz-checksum-crc32c`` computed here, off the event loop (``Content-MD5`` on an
+endpoint that refuses that header, found out by its first refusal); obstore's PUT an
 ``x-amz-checksum-sha256`` (the digest it computes anyway to sign the payload, so it costs no
 extra pass). The signed ``x-amz-content-sha256`` alone is not enough: SeaweedFS does not check
 it against the body (tests/integration/test_servers.py).
@@ -19,12 +20,14 @@ it against the body (tests/integration/test_servers.py).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import itertools
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -390,9 +393,8 @@ class S3Store:
                                             use_multipart=False)
                 etag = r.get("e_tag")
             except ValueError:  # a key obstore cannot spell: plain S3 API
-                crc = await _crc32c_header(data)
-                resp = await client.put_object(Bucket=self.bucket, Key=self._full(key),
-                                               Body=_as_bytes(data), ChecksumCRC32C=crc)
+                resp = await self._send_body(key, client.put_object, data, Bucket=self.bucket,
+                                             Key=self._full(key))
                 etag = resp.get("ETag")
         return ObjectInfo(key, len(data), _etag(etag), None)
 
@@ -435,6 +437,34 @@ class S3Store:
         client = await self._c()
         with self._translate(key):
             await client.delete_object(Bucket=self.bucket, Key=self._full(key))
+
+    async def _send_body(self, key: str, call: Callable[..., Awaitable[dict[str, Any]]],
+                         data: Buffer, **kwargs: Any) -> dict[str, Any]:
+        """``call(Body=data, **kwargs)`` with a checksum of the body that the target verifies:
+        ``x-amz-checksum-crc32c``, or ``Content-MD5`` on an endpoint that refused the former
+        once (some S3 implementations want the algorithm declared at CreateMultipartUpload).
+        What an endpoint takes is remembered for the process, and a fallback is logged once."""
+        endpoint = _endpoint_key(self)
+        body = _as_bytes(data)
+        if _BODY_CHECKSUM.get(endpoint) != "md5":
+            crc = await _crc32c_header(data)
+            try:
+                r = await call(Body=body, ChecksumCRC32C=crc, **kwargs)
+            except ClientError as exc:
+                if _BODY_CHECKSUM.get(endpoint) == "crc32c" or not _refuses_header(exc):
+                    with self._translate(key):
+                        raise
+                if endpoint not in _BODY_CHECKSUM:
+                    _BODY_CHECKSUM[endpoint] = "md5"
+                    log.warning("%s refuses x-amz-checksum-crc32c (%s); sending Content-MD5 "
+                                "with each body instead", self.endpoint_url or "S3",
+                                exc.response.get("Error", {}).get("Code"))
+            else:
+                _BODY_CHECKSUM.setdefault(endpoint, "crc32c")
+                return r
+        md5 = await _md5_header(data)
+        with self._translate(key):
+            return await call(Body=body, ContentMD5=md5, **kwargs)
 
     # -- error translation --------------------------------------------------------------------
 
@@ -507,11 +537,9 @@ class S3Upload:
     async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
         s = self.store
         client = await s._c()
-        crc = await _crc32c_header(data)
-        with s._translate(self.key):
-            r = await client.upload_part(Bucket=s.bucket, Key=s._full(self.key),
-                                         UploadId=self.upload_id, PartNumber=number,
-                                         Body=_as_bytes(data), ChecksumCRC32C=crc)
+        r = await s._send_body(self.key, client.upload_part, data, Bucket=s.bucket,
+                               Key=s._full(self.key), UploadId=self.upload_id,
+                               PartNumber=number)
         return PartRef(number, _etag(r["ETag"]) or "", len(data))
 
     async def list_parts(self) -> list[PartRef]:
@@ -565,6 +593,9 @@ class S3Upload:
 
 
 _TREE_LISTING_ENDPOINTS: set[str] = set()
+# Per endpoint, the body checksum it takes: "crc32c" once one was accepted, "md5" once it
+# refused x-amz-checksum-crc32c.
+_BODY_CHECKSUM: dict[str, str] = {}
 
 
 @contextlib.contextmanager
@@ -598,6 +629,19 @@ def _s3_error_code(exc: BaseException) -> str | None:
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+
+
+def _refuses_header(exc: ClientError) -> bool:
+    """Could this be an endpoint refusing x-amz-checksum-crc32c itself? (AWS answers
+    InvalidRequest "Checksum Type mismatch" when an upload was created without the algorithm;
+    others may not implement the header.) A wrong checksum is BadDigest, never this."""
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    return code in {"InvalidRequest", "InvalidArgument", "NotImplemented"}
+
+
+async def _md5_header(data: Buffer) -> str:
+    digest = await asyncio.to_thread(lambda: hashlib.md5(data, usedforsecurity=False).digest())
+    return base64.b64encode(digest).decode("ascii")
 
 
 async def _crc32c_header(data: Buffer) -> str:

@@ -63,3 +63,35 @@ def test_undamaged_bytes_round_trip_with_checksums(request, server, tmp_path, mo
     report = mcsync.sync(str(tmp_path / "src"), f"meta://{bucket}/", part_size=5 * MiB)
     assert report.ok and report.objects_copied == 3
     assert read_bucket(ep, bucket) == objects
+
+
+@pytest.mark.parametrize("damage", [False, True])
+def test_endpoint_refusing_crc32c_gets_content_md5(damage, seaweed, tmp_path, monkeypatch,
+                                                   caplog):
+    """An S3 implementation that refuses x-amz-checksum-crc32c (AWS does for a part of an upload
+    created without the algorithm) is sent Content-MD5 instead, after one refusal per part in
+    flight; the target still verifies it (SeaweedFS checks Content-MD5: with damage, BadDigest)."""
+    objects = {"data/big.bin": payload(21 * MiB, 6)}
+    write_tree(tmp_path / "src", objects)
+    bucket = new_bucket(seaweed)
+    proxy = CorruptingProxy(seaweed.url, marker="/data/" if damage else None,
+                            refuse_header="x-amz-checksum-crc32c")
+    with proxy.running():
+        via = S3Endpoint(proxy.url, seaweed.access_key, seaweed.secret_key)
+        for k, v in via.meta_env().items():
+            monkeypatch.setenv(k, v)
+        report = mcsync.sync(str(tmp_path / "src"), f"meta://{bucket}/", part_size=5 * MiB,
+                             part_concurrency=2)
+    # the first wave of parts in flight was refused, later parts went with Content-MD5 at once
+    assert 1 <= len(proxy.refused) <= 2, proxy.refused
+    fallbacks = [r for r in caplog.records if "refuses x-amz-checksum-crc32c" in r.message]
+    assert len(fallbacks) == 1 and proxy.url in fallbacks[0].message
+    assert seaweed.secret_key not in caplog.text
+    if damage:
+        assert proxy.damaged
+        assert [k for k, _ in report.failures] == ["data/big.bin"]
+        assert "BadDigest" in report.failures[0][1]
+        assert read_bucket(seaweed, bucket) == {}
+    else:
+        assert report.ok and read_bucket(seaweed, bucket) == objects
+    assert open_uploads(seaweed, bucket) == []
