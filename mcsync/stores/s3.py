@@ -443,8 +443,9 @@ class S3Store:
         """``call(Body=data, **kwargs)`` with a checksum of the body that the target verifies:
         ``x-amz-checksum-crc32c``, or ``Content-MD5`` on an endpoint that refused the former
         once (some S3 implementations want the algorithm declared at CreateMultipartUpload).
-        What an endpoint takes is remembered for the process, and a fallback is logged once."""
-        endpoint = _endpoint_key(self)
+        What an endpoint takes, per operation, is remembered for the process, and a fallback is
+        logged once."""
+        endpoint = (_endpoint_key(self), getattr(call, "__name__", ""))
         body = _as_bytes(data)
         if _BODY_CHECKSUM.get(endpoint) != "md5":
             crc = await _crc32c_header(data)
@@ -456,8 +457,8 @@ class S3Store:
                         raise
                 if endpoint not in _BODY_CHECKSUM:
                     _BODY_CHECKSUM[endpoint] = "md5"
-                    log.warning("%s refuses x-amz-checksum-crc32c (%s); sending Content-MD5 "
-                                "with each body instead", self.endpoint_url or "S3",
+                    log.warning("%s refuses x-amz-checksum-crc32c on %s (%s); sending "
+                                "Content-MD5 instead", self.endpoint_url or "S3", endpoint[1],
                                 exc.response.get("Error", {}).get("Code"))
             else:
                 _BODY_CHECKSUM.setdefault(endpoint, "crc32c")
@@ -593,9 +594,9 @@ class S3Upload:
 
 
 _TREE_LISTING_ENDPOINTS: set[str] = set()
-# Per endpoint, the body checksum it takes: "crc32c" once one was accepted, "md5" once it
-# refused x-amz-checksum-crc32c.
-_BODY_CHECKSUM: dict[str, str] = {}
+# Per (endpoint, operation), the body checksum it takes: "crc32c" once one was accepted, "md5"
+# once it refused x-amz-checksum-crc32c (AWS may take it on PutObject but not on UploadPart).
+_BODY_CHECKSUM: dict[tuple[str, str], str] = {}
 
 
 @contextlib.contextmanager
