@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from .helpers import new_bucket, payload, put_objects, read_bucket, run_cli, write_tree
+from .helpers import payload, put_objects, read_bucket, run_cli, write_tree
 
 MiB = 1 << 20
 
@@ -24,11 +24,11 @@ def sync(src: str, dst: str, *args: str, env: dict[str, str]) -> dict:
     return json.loads(result.stdout)
 
 
-def test_same_size_and_mtime_but_other_content(s3ep, tmp_path):
+def test_same_size_and_mtime_but_other_content(s3ep, tmp_path, bucket_factory):
     ours = {"differs.bin": payload(6 * MiB + 1, 1), "same.bin": payload(3000, 2)}
     theirs = {"differs.bin": payload(6 * MiB + 1, 3), "same.bin": ours["same.bin"]}
     write_tree(tmp_path / "src", ours)
-    bucket = new_bucket(s3ep)
+    bucket = bucket_factory(s3ep)
     put_objects(s3ep, bucket, theirs)  # objects mcsync has no record of
     client = s3ep.client()
     for key in ours:  # same size, and the source no newer than the target
@@ -56,16 +56,16 @@ def test_same_size_and_mtime_but_other_content(s3ep, tmp_path):
 
 
 @pytest.mark.parametrize("source", ["local", "s3"])
-def test_target_tampered_with_identical_size(source, seaweed, tmp_path):
+def test_target_tampered_with_identical_size(source, seaweed, tmp_path, bucket_factory):
     objects = {"model.bin": payload(11 * MiB, 4), "config.json": b'{"layers": 32}',
                "untouched.bin": payload(5000, 5)}
-    bucket = new_bucket(seaweed, "dst")
+    bucket = bucket_factory(seaweed)
     env = seaweed.meta_env()
     if source == "local":
         write_tree(tmp_path / "src", objects)
         src, extra = str(tmp_path / "src"), ()
     else:
-        src_bucket = new_bucket(seaweed, "src")
+        src_bucket = bucket_factory(seaweed)
         put_objects(seaweed, src_bucket, objects)
         src, extra = f"s3://{src_bucket}/", ("--no-server-side-copy",)
         env = env | seaweed.aws_env()

@@ -8,7 +8,7 @@ import pytest
 import mcsync
 from mcsync.testing.servers import S3Endpoint
 
-from .helpers import new_bucket, payload, read_bucket, write_tree
+from .helpers import payload, read_bucket, write_tree
 from .proxy import CorruptingProxy
 
 MiB = 1 << 20
@@ -18,14 +18,14 @@ def open_uploads(ep: S3Endpoint, bucket: str) -> list[str]:
     return [u["Key"] for u in ep.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
 
 
-def test_bytes_damaged_on_the_way_are_refused(seaweed, tmp_path, monkeypatch):
+def test_bytes_damaged_on_the_way_are_refused(seaweed, tmp_path, monkeypatch, bucket_factory):
     objects = {
         "data/small.bin": payload(1 * MiB + 3, 1),  # one PUT (obstore)
         "data/big.bin": payload(12 * MiB, 2),  # three UploadParts (botocore)
         "other.bin": payload(4000, 3),  # not damaged
     }
     write_tree(tmp_path / "src", objects)
-    bucket = new_bucket(seaweed)
+    bucket = bucket_factory(seaweed)
     with CorruptingProxy(seaweed.url, marker="/data/").running() as proxy:
         via = S3Endpoint(proxy.url, seaweed.access_key, seaweed.secret_key)
         for k, v in via.meta_env().items():
@@ -51,13 +51,14 @@ def test_bytes_damaged_on_the_way_are_refused(seaweed, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("server", ["moto", "seaweed"])
-def test_undamaged_bytes_round_trip_with_checksums(request, server, tmp_path, monkeypatch):
+def test_undamaged_bytes_round_trip_with_checksums(request, server, tmp_path, monkeypatch,
+                                                   bucket_factory):
     """The checksum headers are accepted (and, by SeaweedFS, verified) on the normal path."""
     ep: S3Endpoint = request.getfixturevalue(server)
     objects = {"a/one-part.bin": payload(3 * MiB, 4), "a/parts.bin": payload(11 * MiB + 5, 5),
                "empty": b""}
     write_tree(tmp_path / "src", objects)
-    bucket = new_bucket(ep)
+    bucket = bucket_factory(ep)
     for k, v in ep.meta_env().items():
         monkeypatch.setenv(k, v)
     report = mcsync.sync(str(tmp_path / "src"), f"meta://{bucket}/", part_size=5 * MiB)
@@ -67,13 +68,13 @@ def test_undamaged_bytes_round_trip_with_checksums(request, server, tmp_path, mo
 
 @pytest.mark.parametrize("damage", [False, True])
 def test_endpoint_refusing_crc32c_gets_content_md5(damage, seaweed, tmp_path, monkeypatch,
-                                                   caplog):
+                                                   caplog, bucket_factory):
     """An S3 implementation that refuses x-amz-checksum-crc32c (AWS does for a part of an upload
     created without the algorithm) is sent Content-MD5 instead, after one refusal per part in
     flight; the target still verifies it (SeaweedFS checks Content-MD5: with damage, BadDigest)."""
     objects = {"data/big.bin": payload(21 * MiB, 6)}
     write_tree(tmp_path / "src", objects)
-    bucket = new_bucket(seaweed)
+    bucket = bucket_factory(seaweed)
     proxy = CorruptingProxy(seaweed.url, marker="/data/" if damage else None,
                             refuse_header="x-amz-checksum-crc32c")
     with proxy.running():
