@@ -313,7 +313,8 @@ class _Run:
     def _adopt(self, src: ObjectInfo, dst: ObjectInfo, content: Verdict | None = None) -> None:
         """A target object mcsync has no record of but found current (same size and ETag, or
         a target no older than the source): record it, so later runs that trust the manifest
-        skip it too. It has no block hashes, so a later change is copied whole."""
+        skip it too. Unless --checksum compared it (``content``: the source's block hashes),
+        it has no block hashes, so a later change is copied whole."""
         if self.manifest is None or self.options.dry_run:
             return
         hashes = content.block_hashes if content is not None else b""
