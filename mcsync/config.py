@@ -47,6 +47,9 @@ class SyncOptions:
     manifest: str | None = None  # path of the manifest; None: the default for the pair
     use_manifest: bool = True
     verify: bool = False  # re-read what the target holds and compare with the manifest
+    # Decide "unchanged" by content hashes, never by size and mtime (list the target, read and
+    # hash where no recorded hash or ETag is evidence).
+    checksum: bool = False
     grace_s: float = 20.0  # after a stop request, how long work in flight may take
     lock: bool = True
 

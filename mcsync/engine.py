@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+from .compare import Verdict, compare
 from .config import SyncOptions
 from .errors import (
     Interrupted,
@@ -37,10 +38,11 @@ from .events import (
     RunStarted,
     StatsCollector,
 )
+from .hashing import object_digest
 from .limits import Limits
 from .listing import merge_join, prefetched
 from .lock import run_lock
-from .manifest import Manifest, ManifestEntry, default_path, pair_id
+from .manifest import DIGEST_SIZE, Manifest, ManifestEntry, default_path, pair_id
 from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
 from .report import SyncReport
 from .stores.base import Store
@@ -147,6 +149,8 @@ class _Run:
         self.objects = asyncio.Semaphore(options.concurrency)
         self.interrupted = False
         self._adopted = 0
+        self.compared = 0  # objects whose content was read and hashed (--checksum)
+        self.bytes_compared = 0
 
     async def run(self) -> SyncReport:
         report_extra: dict[str, Any] = {}
@@ -158,7 +162,7 @@ class _Run:
         self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
         server_side = self.options.server_side_copy and self.dst.can_copy_from(self.src)
         trust = (self.manifest is not None and self.manifest.established
-                 and not (self.options.delete or self.options.verify))
+                 and not (self.options.delete or self.options.verify or self.options.checksum))
         deletes: list[Action] = []
         markers: list[Action] = []
         main = asyncio.current_task()
@@ -192,6 +196,8 @@ class _Run:
         report.interrupted = self.interrupted or self.stop.is_set()
         report.manifest = report_extra.get("manifest")
         report.manifest_note = report_extra.get("manifest_note")
+        report.objects_compared = self.compared
+        report.bytes_compared = self.bytes_compared
         if writing and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
                                      ("failed" if report.objects_failed else "ok"),
@@ -245,6 +251,10 @@ class _Run:
                               target_listed=not trust)
                 if action is None:
                     continue
+                if action.kind == "compare":  # --checksum: read and hash, then decide
+                    await self.objects.acquire()
+                    tg.create_task(self._compare(pair, server_side, markers))
+                    continue
                 self.sink.emit(ObjectPlanned(action.key, action.kind, action.size,
                                              action.reason))
                 if action.kind == "skip":
@@ -264,16 +274,56 @@ class _Run:
             else:
                 self.sink.emit(ListingDone())
 
-    def _adopt(self, src: ObjectInfo, dst: ObjectInfo) -> None:
+    async def _compare(self, pair: Pair, server_side: bool, markers: list[Action]) -> None:
+        """Hash what the planner could not decide from metadata; skip (and record the hashes,
+        so the next --checksum run reads only the source) or copy."""
+        src, dst = pair.src, pair.dst
+        assert src is not None and dst is not None
+        executing = False
+        try:
+            verdict = await compare(self.src, self.dst, src, dst, pair.known, self.options,
+                                    self.limits)
+        except (MCSyncError, OSError) as exc:
+            self.sink.emit(ObjectFailed(pair.key, "copy", src.size,
+                                        f"comparing content: {_describe(exc)}"))
+            self.objects.release()
+            return
+        self.compared += 1
+        self.bytes_compared += verdict.bytes_read
+        try:
+            if verdict.same:
+                action = Action("skip", pair.key, src, dst, verdict.reason)
+            else:
+                action = Action("server_copy" if server_side else "copy", pair.key, src, dst,
+                                verdict.reason)
+            self.sink.emit(ObjectPlanned(action.key, action.kind, action.size, action.reason))
+            if verdict.same:
+                self._adopt(src, dst, verdict)
+            elif self.options.dry_run:
+                pass
+            elif is_commit_marker(action.key):
+                markers.append(action)
+            else:
+                executing = True
+                await self._execute(action)  # releases the object slot
+        finally:
+            if not executing:
+                self.objects.release()
+
+    def _adopt(self, src: ObjectInfo, dst: ObjectInfo, content: Verdict | None = None) -> None:
         """A target object mcsync has no record of but found current (same size and ETag, or
         a target no older than the source): record it, so later runs that trust the manifest
-        skip it too. It has no block hashes, so a later change is copied whole."""
+        skip it too. Unless --checksum compared it (``content``: the source's block hashes),
+        it has no block hashes, so a later change is copied whole."""
         if self.manifest is None or self.options.dry_run:
             return
+        hashes = content.block_hashes if content is not None else b""
         self.manifest.record_object(ManifestEntry(
             key=src.key, src_size=src.size, src_etag=src.etag, src_mtime=src.mtime,
             src_version=src.version, dst_size=dst.size, dst_etag=dst.etag,
-            dst_mtime=dst.mtime, block_size=0, block_hashes=b"", xxh3=None,
+            dst_mtime=dst.mtime, block_size=content.block_size if content else 0,
+            block_hashes=hashes,
+            xxh3=object_digest(_split(hashes)) if hashes else None,
             crc32c=src.crc32c, written_at=time.time()), durable=False)
         self._adopted += 1
         if self._adopted % 1000 == 0:
@@ -369,6 +419,10 @@ async def _aiter(items: Iterator[ManifestEntry]) -> AsyncIterator[ManifestEntry]
         yield item
         if i % 1000 == 999:
             await asyncio.sleep(0)  # a page of SQLite rows at a time; let transfers run
+
+
+def _split(hashes: bytes) -> list[bytes]:
+    return [hashes[i:i + DIGEST_SIZE] for i in range(0, len(hashes), DIGEST_SIZE)]
 
 
 def _describe(exc: BaseException) -> str:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass
+from typing import Literal
 
 from .config import SyncOptions
 from .events import ActionKind
 from .manifest import ManifestEntry
 from .types import ObjectInfo
+
+# "compare" (only with --checksum): metadata is no evidence either way; the engine reads and
+# hashes the content (mcsync.compare) and turns it into a skip or a copy.
+PlanKind = ActionKind | Literal["compare"]
+_PLAIN_MD5 = re.compile(r"[0-9a-f]{32}")
 
 RESERVED_PREFIX = ".mcsync/"  # mcsync's own state at a target: never synced or deleted as data
 # S3 LastModified has one-second precision: a file uploaded within the second it was written
@@ -39,7 +46,7 @@ class Pair:
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    kind: ActionKind
+    kind: PlanKind
     key: str
     src: ObjectInfo | None
     dst: ObjectInfo | None
@@ -64,6 +71,8 @@ def plan(pair: Pair, options: SyncOptions, *, server_side: bool,
             return None  # only the manifest knows it; deletes need a listing of the target
         return Action("delete", pair.key, None, dst, "not at source") if options.delete else None
     copy: ActionKind = "server_copy" if server_side else "copy"
+    if options.checksum and dst is not None:
+        return _by_content(pair.key, src, dst, known, copy)
     if known is not None and known.matches_source(src):
         if not target_listed:
             return Action("skip", pair.key, src, None, "unchanged since last sync")
@@ -85,3 +94,30 @@ def plan(pair: Pair, options: SyncOptions, *, server_side: bool,
         # `aws s3 sync`, for objects mcsync has no record of.
         return Action("skip", pair.key, src, dst, "same size, target not older")
     return Action(copy, pair.key, src, dst, "source is newer")
+
+
+def _by_content(key: str, src: ObjectInfo, dst: ObjectInfo, known: ManifestEntry | None,
+                copy: ActionKind) -> Action:
+    """--checksum: skip only on evidence that the bytes are equal; mtimes count for nothing."""
+    if src.size != dst.size:
+        return Action(copy, key, src, dst, "size differs")
+    if src.size == 0:
+        return Action("skip", key, src, dst, "both empty")
+    if src.etag and dst.etag and src.etag == dst.etag:
+        # An S3 ETag is derived from the content (MD5, or MD5 of the parts' MD5s).
+        return Action("skip", key, src, dst, "same etag")
+    if (known is not None and known.xxh3 is not None and src.etag is not None
+            and known.matches_source(src) and known.matches_target(dst)):
+        # The source's ETag names the content mcsync hashed when it wrote the target, and the
+        # target's ETag says it was not rewritten since.
+        return Action("skip", key, src, dst, "unchanged since last sync (recorded hashes)")
+    if known is not None and src.etag is not None:
+        from_source, as_written = known.matches_source(src), known.matches_target(dst)
+        if from_source and not as_written:
+            return Action(copy, key, src, dst, "target changed behind mcsync's back")
+        if as_written and not from_source:
+            return Action(copy, key, src, dst, "source changed since last sync")
+    if (src.etag and dst.etag and _PLAIN_MD5.fullmatch(src.etag)
+            and _PLAIN_MD5.fullmatch(dst.etag)):
+        return Action(copy, key, src, dst, "content differs (MD5 ETags)")
+    return Action("compare", key, src, dst, "same size: comparing content")

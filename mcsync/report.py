@@ -35,6 +35,10 @@ class SyncReport:
     bytes_sent: int = 0  # bytes this run really sent (less than bytes_copied when resumed)
     bytes_server_copied: int = 0
     bytes_skipped: int = 0
+    # --checksum: objects whose bytes were read and hashed to decide skip or copy, and the
+    # bytes read for it (source, and target where no recorded hash stood in for it)
+    objects_compared: int = 0
+    bytes_compared: int = 0
     elapsed_s: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)
     objects: list[ObjectResult] = field(default_factory=list)

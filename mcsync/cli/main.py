@@ -96,6 +96,10 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--verify", is_flag=True,
                      help="List the target instead of trusting the manifest, and re-read what "
                           "it holds afterwards to compare with the recorded hashes."),
+        click.option("--checksum", is_flag=True,
+                     help="Decide whether an object changed by its content, not by size and "
+                          "modification time: list the target, skip on equal ETags or recorded "
+                          "xxh3-128 hashes, otherwise read and hash both sides (costs reads)."),
         click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
                      show_default=True, metavar="SECONDS",
                      help="On SIGINT/SIGTERM, how long work in flight may take to finish."),

@@ -8,16 +8,26 @@ UploadPartCopy, CopyObject, DELETE. For parts of 8 MiB and more the per-request 
 
 SDK errors are translated into ``mcsync.errors`` here and nowhere else. Retries of single
 requests are botocore's (configured once, in ``mcsync.retry``); the engine never loops.
+
+Every body sent carries a checksum the target can verify on receipt: UploadPart (and the S3 API
+PUT) an ``x-amz-checksum-crc32c`` computed here, off the event loop (``Content-MD5`` on an
+endpoint that refuses that header, found out by its first refusal); obstore's PUT an
+``x-amz-checksum-sha256`` (the digest it computes anyway to sign the payload, so it costs no
+extra pass). The signed ``x-amz-content-sha256`` alone is not enough: SeaweedFS does not check
+it against the body (tests/integration/test_servers.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +47,11 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
+from .. import checksums
 from ..config import S3_MAX_PART_SIZE, S3_MIN_PART_SIZE
 from ..errors import (
     ConfigError,
+    IntegrityError,
     ListingOrderError,
     MCSyncError,
     NotFound,
@@ -59,6 +71,10 @@ _PRECONDITION = {"PreconditionFailed", "412"}
 _NO_BUCKET = {"NoSuchBucket"}
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
            "InvalidToken", "ExpiredToken", "AccessDeniedException"}
+# The target computed another checksum than the one sent with the body: the bytes were damaged
+# on the way (or the checksum was wrong). Nothing was stored.
+_BAD_DIGEST = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
+               "XAmzContentSHA256Mismatch"}
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
               "TooManyRequests", "429", "503", "RequestTimeout", "InternalError", "500"}
 
@@ -116,8 +132,9 @@ class S3Store:
             connect_timeout=10,
             read_timeout=120,
             tcp_keepalive=True,
-            # Per-request CRC headers are negotiated per endpoint later (integrity issue);
-            # botocore's default would add aws-chunked trailers some S3-compatibles reject.
+            # Part and object checksums are computed by us (CRC32C, off the event loop);
+            # botocore's default would add a CRC32 computed on the event loop (over https as
+            # aws-chunked trailers, which some S3-compatibles reject).
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
@@ -196,6 +213,8 @@ class S3Store:
                     "connect_timeout": "10s",
                 },
                 retry_config=self._retry.obstore(),
+                # x-amz-checksum-sha256 on every PUT: the target verifies the body against it.
+                checksum_algorithm="sha256",
                 **kwargs,
             )
 
@@ -374,8 +393,8 @@ class S3Store:
                                             use_multipart=False)
                 etag = r.get("e_tag")
             except ValueError:  # a key obstore cannot spell: plain S3 API
-                resp = await client.put_object(Bucket=self.bucket, Key=self._full(key),
-                                               Body=_as_bytes(data))
+                resp = await self._send_body(key, client.put_object, data, Bucket=self.bucket,
+                                             Key=self._full(key))
                 etag = resp.get("ETag")
         return ObjectInfo(key, len(data), _etag(etag), None)
 
@@ -419,6 +438,35 @@ class S3Store:
         with self._translate(key):
             await client.delete_object(Bucket=self.bucket, Key=self._full(key))
 
+    async def _send_body(self, key: str, call: Callable[..., Awaitable[dict[str, Any]]],
+                         data: Buffer, **kwargs: Any) -> dict[str, Any]:
+        """``call(Body=data, **kwargs)`` with a checksum of the body that the target verifies:
+        ``x-amz-checksum-crc32c``, or ``Content-MD5`` on an endpoint that refused the former
+        once (some S3 implementations want the algorithm declared at CreateMultipartUpload).
+        What an endpoint takes, per operation, is remembered for the process, and a fallback is
+        logged once."""
+        endpoint = (_endpoint_key(self), getattr(call, "__name__", ""))
+        body = _as_bytes(data)
+        if _BODY_CHECKSUM.get(endpoint) != "md5":
+            crc = await _crc32c_header(data)
+            try:
+                r = await call(Body=body, ChecksumCRC32C=crc, **kwargs)
+            except ClientError as exc:
+                if _BODY_CHECKSUM.get(endpoint) == "crc32c" or not _refuses_header(exc):
+                    with self._translate(key):
+                        raise
+                if endpoint not in _BODY_CHECKSUM:
+                    _BODY_CHECKSUM[endpoint] = "md5"
+                    log.warning("%s refuses x-amz-checksum-crc32c on %s (%s); sending "
+                                "Content-MD5 instead", self.endpoint_url or "S3", endpoint[1],
+                                exc.response.get("Error", {}).get("Code"))
+            else:
+                _BODY_CHECKSUM.setdefault(endpoint, "crc32c")
+                return r
+        md5 = await _md5_header(data)
+        with self._translate(key):
+            return await call(Body=body, ContentMD5=md5, **kwargs)
+
     # -- error translation --------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -438,7 +486,12 @@ class S3Store:
             cls = ConfigError if preflight else Permanent
             raise cls(f"{what}: access denied: check credentials") from exc
         except obstore_exc.BaseError as exc:  # already retried by obstore's RetryConfig
-            raise Transient(f"{what}: {type(exc).__name__}: {_first_line(exc)}") from exc
+            code = _s3_error_code(exc)
+            if code in _BAD_DIGEST:
+                raise IntegrityError(f"{what}: the target refused the bytes: they do not match "
+                                     f"the checksum sent with them ({code})") from exc
+            detail = f" ({code})" if code else ""
+            raise Transient(f"{what}: {type(exc).__name__}: {_first_line(exc)}{detail}") from exc
         except ClientError as exc:
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
@@ -450,6 +503,9 @@ class S3Store:
                 raise NotFound(f"{what}: no such object") from exc
             if code in _PRECONDITION or status == "412":
                 raise PreconditionFailed(f"{what}: changed since it was listed") from exc
+            if code in _BAD_DIGEST:
+                raise IntegrityError(f"{what}: the target refused the bytes: they do not match "
+                                     f"the checksum sent with them ({code})") from exc
             if code in _DENIED or status == "403":
                 cls = ConfigError if preflight else Permanent
                 raise cls(f"{what}: access denied ({code or status}): check credentials") from exc
@@ -482,10 +538,9 @@ class S3Upload:
     async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
         s = self.store
         client = await s._c()
-        with s._translate(self.key):
-            r = await client.upload_part(Bucket=s.bucket, Key=s._full(self.key),
-                                         UploadId=self.upload_id, PartNumber=number,
-                                         Body=_as_bytes(data))
+        r = await s._send_body(self.key, client.upload_part, data, Bucket=s.bucket,
+                               Key=s._full(self.key), UploadId=self.upload_id,
+                               PartNumber=number)
         return PartRef(number, _etag(r["ETag"]) or "", len(data))
 
     async def list_parts(self) -> list[PartRef]:
@@ -539,6 +594,9 @@ class S3Upload:
 
 
 _TREE_LISTING_ENDPOINTS: set[str] = set()
+# Per (endpoint, operation), the body checksum it takes: "crc32c" once one was accepted, "md5"
+# once it refused x-amz-checksum-crc32c (AWS may take it on PutObject but not on UploadPart).
+_BODY_CHECKSUM: dict[tuple[str, str], str] = {}
 
 
 @contextlib.contextmanager
@@ -563,8 +621,36 @@ async def _aiter(items: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         yield item
 
 
+def _s3_error_code(exc: BaseException) -> str | None:
+    """The ``<Code>`` of the S3 error document that obstore quotes in its message (it exposes
+    neither the status nor the code otherwise)."""
+    match = re.search(r"<Code>([^<]{1,100})</Code>", str(exc))
+    return match.group(1) if match else None
+
+
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+
+
+def _refuses_header(exc: ClientError) -> bool:
+    """Could this be an endpoint refusing x-amz-checksum-crc32c itself? (AWS answers
+    InvalidRequest "Checksum Type mismatch" when an upload was created without the algorithm;
+    others may not implement the header.) A wrong checksum is BadDigest, never this."""
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    return code in {"InvalidRequest", "InvalidArgument", "NotImplemented"}
+
+
+async def _md5_header(data: Buffer) -> str:
+    digest = await asyncio.to_thread(lambda: hashlib.md5(data, usedforsecurity=False).digest())
+    return base64.b64encode(digest).decode("ascii")
+
+
+async def _crc32c_header(data: Buffer) -> str:
+    """The ``x-amz-checksum-crc32c`` value of ``data``: the target refuses the body (400
+    BadDigest) if what it receives has another CRC. Sent without ChecksumAlgorithm at
+    CreateMultipartUpload, so CompleteMultipartUpload needs no part checksums (SeaweedFS then
+    refuses a Complete that lacks them, and a resumed part's CRC is not journalled)."""
+    return checksums.to_base64(await checksums.crc32c_async(data))
 
 
 def _as_bytes(data: Buffer) -> bytes | bytearray:

@@ -24,6 +24,15 @@ x-amz-checksum-crc32c on UploadPart / PutObject
     (ChecksumMode=ENABLED) give a COMPOSITE checksum ``<b64>-<parts>``.
     moto: accepted and not checked, not echoed by UploadPart.
     Both accept botocore's default aws-chunked upload with a trailing CRC32.
+    Without ChecksumAlgorithm at CreateMultipartUpload, SeaweedFS still checks the part's
+    x-amz-checksum-crc32c, and Complete needs no part checksums; with it, a Complete without
+    them is 400 InvalidRequest (moto: accepted).
+x-amz-checksum-crc32 / -sha256 / -crc64nvme on PutObject
+    SeaweedFS: each checked, a wrong one gives 400 BadDigest. moto: none checked.
+x-amz-content-sha256 (the SigV4 payload hash)
+    Neither server checks it against the body: a body changed after signing is stored as
+    received (AWS would answer XAmzContentSHA256Mismatch). So only an x-amz-checksum-* header
+    protects a body on its way to these servers.
 Missing bucket
     both: 404 NoSuchBucket for ListObjects(V2), GetObject, PutObject, CreateMultipartUpload,
     UploadPart, ListParts, Complete/AbortMultipartUpload, DeleteObject(s), CopyObject from it;
@@ -84,6 +93,7 @@ STALE_ETAG = '"0123456789abcdef0123456789abcdef"'
 CHECKS_COPY_IF_MATCH = {"seaweed": True, "moto": False}
 CHECKS_CONTENT_MD5 = {"seaweed": True, "moto": False}
 CHECKS_CRC32C = {"seaweed": True, "moto": False}
+CHECKS_FLEXIBLE_CHECKSUMS = {"seaweed": True, "moto": False}  # x-amz-checksum-* on PutObject
 CHECKS_SIGNATURE = {"seaweed": True, "moto": False}
 
 
@@ -383,6 +393,71 @@ def test_upload_part_checksum_crc32c(request, s3, bucket_factory):
     if server == "seaweed":
         assert done["ChecksumCRC32C"].endswith("-1")
         assert done["ChecksumType"] == "COMPOSITE"
+
+
+@pytest.mark.parametrize("algorithm, size", [("CRC32", 4), ("CRC32C", 4), ("SHA256", 32),
+                                             ("CRC64NVME", 8)])
+def test_put_object_wrong_checksum(request, s3, bucket_factory, algorithm, size):
+    server = request.node.callspec.params["s3"]
+    bucket = bucket_factory(s3)
+    client = no_retry_client(s3)
+    wrong = {f"Checksum{algorithm}": base64.b64encode(b"\x01" * size).decode()}
+    if CHECKS_FLEXIBLE_CHECKSUMS[server]:
+        with pytest.raises(ClientError) as exc:
+            client.put_object(Bucket=bucket, Key="k", Body=_data(1000, seed=41), **wrong)
+        assert error_of(exc) == (400, "BadDigest")
+        assert "Contents" not in client.list_objects_v2(Bucket=bucket)
+    else:
+        client.put_object(Bucket=bucket, Key="k", Body=_data(1000, seed=41), **wrong)
+
+
+def test_payload_hash_is_not_checked_against_the_body(s3, bucket_factory):
+    """A body damaged after SigV4 signed its SHA-256 is stored by both servers."""
+    bucket = bucket_factory(s3)
+    client = no_retry_client(s3)
+    data = _data(1000, seed=42)
+
+    def damage(request, **kwargs):
+        body = request.body.getvalue() if hasattr(request.body, "getvalue") else request.body
+        request.body = bytes(b ^ 1 for b in body)
+
+    client.meta.events.register("before-send.s3.PutObject", damage)
+    client.put_object(Bucket=bucket, Key="k", Body=data)
+    stored = s3.client().get_object(Bucket=bucket, Key="k")["Body"].read()
+    assert stored == bytes(b ^ 1 for b in data) != data
+
+
+def test_upload_part_crc32c_without_algorithm_at_create(request, s3, bucket_factory):
+    server = request.node.callspec.params["s3"]
+    bucket = bucket_factory(s3)
+    client = no_retry_client(s3)
+    data = _data(1000, seed=43)
+    upload_id = client.create_multipart_upload(Bucket=bucket, Key="k")["UploadId"]
+    part = dict(Bucket=bucket, Key="k", UploadId=upload_id, Body=data)
+    if CHECKS_CRC32C[server]:
+        with pytest.raises(ClientError) as exc:
+            client.upload_part(PartNumber=1, ChecksumCRC32C=crc32c_b64(b"other"), **part)
+        assert error_of(exc) == (400, "BadDigest")
+    good = client.upload_part(PartNumber=1, ChecksumCRC32C=crc32c_b64(data), **part)
+    client.complete_multipart_upload(  # no part checksums needed
+        Bucket=bucket, Key="k", UploadId=upload_id,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": good["ETag"]}]})
+    assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == data
+
+    # With the algorithm declared at create, SeaweedFS wants every part's checksum at Complete.
+    upload_id = client.create_multipart_upload(Bucket=bucket, Key="k2",
+                                               ChecksumAlgorithm="CRC32C")["UploadId"]
+    good = client.upload_part(Bucket=bucket, Key="k2", UploadId=upload_id, PartNumber=1,
+                              Body=data, ChecksumCRC32C=crc32c_b64(data))
+    complete = dict(Bucket=bucket, Key="k2", UploadId=upload_id,
+                    MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": good["ETag"]}]})
+    if server == "seaweed":
+        with pytest.raises(ClientError) as exc:
+            client.complete_multipart_upload(**complete)
+        assert error_of(exc) == (400, "InvalidRequest")
+        client.abort_multipart_upload(Bucket=bucket, Key="k2", UploadId=upload_id)
+    else:
+        client.complete_multipart_upload(**complete)
 
 
 def test_default_botocore_checksum_trailer_accepted(s3, bucket_factory):

@@ -69,3 +69,48 @@ def test_reserved_state_prefix_never_touched():
 ])
 def test_commit_markers(key, marker):
     assert is_commit_marker(key) is marker
+
+
+# --checksum: skip only on content evidence ------------------------------------------------------
+
+CHECKSUM = SyncOptions(checksum=True)
+MD5_A, MD5_B = "0" * 31 + "a", "0" * 31 + "b"
+
+
+def entry(key: str = "a", size: int = 10, src_etag: str | None = None,
+          src_mtime: float | None = 100.0, dst_etag: str | None = "t1",
+          xxh3: str | None = "ff" * 16):
+    from mcsync.manifest import ManifestEntry
+
+    return ManifestEntry(key, size, src_etag, src_mtime, None, size, dst_etag, 50.0,
+                         size if xxh3 else 0, bytes(16) if xxh3 else b"", xxh3, None, 0.0)
+
+
+def test_checksum_ignores_mtimes_and_compares_content():
+    same_meta = Pair("a", o("a", mtime=5), o("a", etag="t", mtime=5))
+    assert kind(same_meta) == "skip"
+    assert kind(same_meta, CHECKSUM) == "compare"
+
+
+def test_checksum_decides_from_metadata_where_it_is_evidence():
+    assert kind(Pair("a", o("a", 10), o("a", 11)), CHECKSUM) == "copy"  # sizes differ
+    assert kind(Pair("a", o("a", 0), o("a", 0)), CHECKSUM) == "skip"  # both empty
+    assert kind(Pair("a", o("a", etag="x-2"), o("a", etag="x-2")), CHECKSUM) == "skip"
+    assert kind(Pair("a", o("a", etag=MD5_A), o("a", etag=MD5_B)), CHECKSUM) == "copy"
+    # ETags that are not plain MD5s prove no difference: read them
+    assert kind(Pair("a", o("a", etag="x-2"), o("a", etag="y-3")), CHECKSUM) == "compare"
+
+
+def test_checksum_trusts_a_record_only_with_hashes_and_a_content_identity():
+    src, dst = o("a", etag="s1"), o("a", etag="t1")
+    assert kind(Pair("a", src, dst, entry(src_etag="s1")), CHECKSUM) == "skip"
+    # adopted without reading (no hashes): no evidence
+    assert kind(Pair("a", src, dst, entry(src_etag="s1", xxh3=None)), CHECKSUM) == "compare"
+    # target rewritten since mcsync wrote it
+    assert kind(Pair("a", src, o("a", etag="t2"), entry(src_etag="s1")), CHECKSUM) == "copy"
+    # source changed since (its ETag names other content)
+    assert kind(Pair("a", o("a", etag="s2"), dst, entry(src_etag="s1")), CHECKSUM) == "copy"
+    # a file's size + mtime do not name its content: hash the source against the record
+    file_src = o("a", etag=None, mtime=100.0)
+    assert kind(Pair("a", file_src, dst, entry()), CHECKSUM) == "compare"
+    assert kind(Pair("a", file_src, dst, entry()), OPTS) == "skip"
