@@ -586,11 +586,12 @@ class Bench:
                     log(f"{head}  n/a ({record['reason']})")
                 elif record["status"] == "ok":
                     mbs = record["expected_bytes"] / record["wall_s"] / 1e6
+                    rate = "  (no-op)     " if path == "resync-noop" else f"{mbs:8.1f} MB/s"
                     sent = record.get("bytes_sent")
                     sent_s = "" if sent is None else f"  sent {sent / 1e6:,.1f} MB"
                     sent_s += "~" if record.get("bytes_sent_assumed") else ""
                     log(
-                        f"{head}  {record['wall_s']:7.2f} s {mbs:8.1f} MB/s  "
+                        f"{head}  {record['wall_s']:7.2f} s {rate}  "
                         f"cpu {record['cpu_s']:6.2f} s  rss {record['maxrss_mib']:6.0f} MiB"
                         f"{sent_s}  ok"
                     )
