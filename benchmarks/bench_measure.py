@@ -11,6 +11,7 @@ The SeaweedFS servers are *not* the client: their CPU is sampled separately with
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,3 +233,80 @@ def empty_bucket(client, bucket: str) -> None:
 def free_bytes(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+# -- content checks ------------------------------------------------------------------------------
+
+_MD5_CACHE: dict[tuple[int, int, int], str] = {}
+_MD5_LOCK = threading.Lock()
+HASH_CHUNK = 8 << 20
+
+
+def _md5_stream(read) -> str:
+    h = hashlib.md5(usedforsecurity=False)
+    while chunk := read(HASH_CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def md5_file(path: Path, *, cache: bool = False) -> str:
+    """MD5 of a local file. With ``cache``, remembered by (device, inode, size): for sources,
+    which the benchmark replaces (new inode) but never rewrites in place; a re-sync's source
+    only gets a new mtime, which must not cost a second hash of a 2 GiB file."""
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size)
+    with _MD5_LOCK:
+        found = _MD5_CACHE.get(key) if cache else None
+    if found is None:
+        with open(path, "rb") as f:
+            found = _md5_stream(f.read)
+        if cache:
+            with _MD5_LOCK:
+                _MD5_CACHE[key] = found
+    return found
+
+
+def content_mismatch_local(expected: Mapping[str, Path], root: Path) -> str | None:
+    """None when every file under ``root`` has the bytes of its source, else a reason."""
+
+    def bad(rel: str) -> bool:
+        return md5_file(root / rel) != md5_file(expected[rel], cache=True)
+
+    with ThreadPoolExecutor(4) as pool:
+        wrong = sorted(k for k, b in zip(expected, pool.map(bad, expected), strict=True) if b)
+    return _wrong_bytes(wrong)
+
+
+def content_mismatch_s3(
+    client, bucket: str, prefix: str, expected: Mapping[str, Path]
+) -> str | None:
+    """None when every object holds the bytes of its source file, else a reason.
+
+    An object whose listed ETag is the source's MD5 (a single-part upload) is taken as equal
+    without reading it; any other object is read whole and hashed.
+    """
+    etags: dict[str, str] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            etags[obj["Key"][len(prefix) :]] = obj.get("ETag", "").strip('"')
+
+    def bad(rel: str) -> bool:
+        want = md5_file(expected[rel], cache=True)
+        if etags.get(rel) == want:
+            return False
+        body = client.get_object(Bucket=bucket, Key=prefix + rel)["Body"]
+        try:
+            return _md5_stream(body.read) != want
+        finally:
+            body.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        wrong = sorted(k for k, b in zip(expected, pool.map(bad, expected), strict=True) if b)
+    return _wrong_bytes(wrong)
+
+
+def _wrong_bytes(keys: list[str]) -> str | None:
+    if not keys:
+        return None
+    shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3})" if len(keys) > 3 else "")
+    return f"{len(keys)} object{'s' if len(keys) != 1 else ''} with wrong bytes: {shown}"

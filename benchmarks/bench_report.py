@@ -16,10 +16,12 @@ def summarize(runs: list[dict], tools: list[str], peers: set[str]) -> list[dict]
     groups: dict[tuple[str, str], dict[str, list[dict]]] = {}
     for r in runs:
         groups.setdefault((r["path"], r["data"]), {}).setdefault(r["tool"], []).append(r)
+    # The given order first, then any other row label (gs-to-meta's reference) as it came.
+    order = list(dict.fromkeys([*tools, *(r["tool"] for r in runs)]))
     rows = []
     for (path, data), by_tool in groups.items():
         group_rows = []
-        for tool in tools:
+        for tool in order:
             tool_runs = by_tool.get(tool)
             if not tool_runs:
                 continue
@@ -42,6 +44,9 @@ def summarize(runs: list[dict], tools: list[str], peers: set[str]) -> list[dict]
                 "bytes_server_copied": _median(
                     (r.get("report") or {}).get("bytes_server_copied") for r in ok
                 ),
+                "bytes_sent": _median(r.get("bytes_sent") for r in ok),
+                "bytes_sent_assumed": any(r.get("bytes_sent_assumed") for r in ok),
+                "change": tool_runs[0].get("change"),
             }
             if ok and row["ok"] < row["runs"]:
                 row["reason"] = next(r["reason"] for r in tool_runs if r["status"] == "FAIL")
@@ -69,6 +74,77 @@ def _num(v: float | None, fmt: str) -> str:
 
 
 HEADER = ("tool", "wall s", "MB/s", "CPU s", "RSS MiB", "srv CPU s", "÷ best peer")
+# Re-sync paths: bytes sent matter, MB/s of a no-op does not.
+RESYNC_HEADER = (
+    "tool", "wall s", "CPU s", "RSS MiB", "srv CPU s", "sent MB", "sent %", "÷ best peer",
+)  # fmt: skip
+RESYNC_PATHS = ("resync-noop", "delta-s3", "delta-local")
+GCS_PATH = "gs-to-meta"
+S3_REF = "mcsync s3→meta"
+# The issue's bars for mcsync.
+DELTA_MAX_SENT = 0.03  # of the file
+DELTA_MAX_RATIO = 0.25  # of the fastest peer's wall time
+
+
+def _cells(row: dict, resync: bool) -> tuple[str, ...]:
+    ratio = row["vs_best_peer"]
+    ratio_s = "-" if ratio is None else f"{ratio:.2f}x"
+    base = (
+        _num(row["wall_s"], ".2f"),
+        _num(row["cpu_s"], ".2f"),
+        _num(row["maxrss_mib"], ".0f"),
+        _num(row["server_cpu_s"], ".2f"),
+    )
+    if not resync:
+        return (base[0], _num(row["mb_s"], ".1f"), *base[1:], ratio_s)
+    sent = row.get("bytes_sent")
+    mark = "~" if row.get("bytes_sent_assumed") else ""
+    sent_mb = "-" if sent is None else f"{sent / 1e6:,.1f}{mark}"
+    sent_pct = "-" if sent is None or not row["bytes"] else f"{100 * sent / row['bytes']:.1f}{mark}"
+    return (*base, sent_mb, sent_pct, ratio_s)
+
+
+def _bar_notes(path: str, group: list[dict]) -> list[str]:
+    """Whether mcsync meets the issue's bar on this table."""
+    mine = next((r for r in group if r["tool"] == "mcsync" and r["ok"]), None)
+    peers = [r for r in group if r["peer"] and r["ok"]]
+    if mine is None or not peers:
+        return []
+    ratio = mine["vs_best_peer"]
+    if path == "resync-noop":
+        met = ratio is not None and ratio < 1
+        return [
+            f"  bar: mcsync's no-op re-sync faster than every peer: {'met' if met else 'NOT met'}"
+            f" ({ratio:.2f}x the fastest, {mine['best_peer']})"
+        ]
+    if path.startswith("delta-"):
+        sent = mine.get("bytes_sent")
+        frac = None if sent is None or not mine["bytes"] else sent / mine["bytes"]
+        ok_sent = frac is not None and frac <= DELTA_MAX_SENT
+        ok_time = ratio is not None and ratio <= DELTA_MAX_RATIO
+        frac_s = "?" if frac is None else f"{100 * frac:.1f}%"
+        return [
+            f"  bar: mcsync sends ≤ {100 * DELTA_MAX_SENT:.0f}% of the file: "
+            f"{'met' if ok_sent else 'NOT met'} ({frac_s}); takes ≤ {DELTA_MAX_RATIO:.2f}x the "
+            f"fastest peer ({mine['best_peer']}): {'met' if ok_time else 'NOT met'} "
+            f"({ratio:.2f}x)"
+        ]
+    return []
+
+
+def _gcs_notes(group: list[dict]) -> list[str]:
+    gs = next((r for r in group if r["tool"] == "mcsync" and r["ok"]), None)
+    s3 = next((r for r in group if r["tool"] == S3_REF and r["ok"]), None)
+    notes = [
+        "  gs:// = gcp-storage-emulator on 127.0.0.1 (Python, in memory, one request at a "
+        "time): an emulator figure, not a GCS one"
+    ]
+    if gs and s3 and s3["wall_s"]:
+        notes.append(
+            f"  mcsync gs→meta: {gs['wall_s'] / s3['wall_s']:.2f}x the wall time of s3→meta "
+            f"(the cross path's source and target) on the same data"
+        )
+    return notes
 
 
 def render(rows: list[dict], repeat: int) -> str:
@@ -80,16 +156,23 @@ def render(rows: list[dict], repeat: int) -> str:
         first = group[0]
         objs = first["objects"]
         done = max(row["runs"] for row in group)
+        resync = path in RESYNC_PATHS
+        header = RESYNC_HEADER if resync else HEADER
         out.append(
             f"{path} · {data}: {objs:,} object{'s' if objs != 1 else ''}, "
             f"{_size(first['bytes'])}"
             + (f" · median of {done}" if done else "")
             + (f" (of {repeat} planned)" if 0 < done < repeat else "")
         )
-        table = [HEADER]
+        if first.get("change"):
+            out.append(f"  change: {first['change']}")
+        table = [header]
         notes = []
         for row in group:
-            name = row["tool"] + ("" if row["peer"] else " *")
+            label = (
+                "mcsync gs→meta" if path == GCS_PATH and row["tool"] == "mcsync" else row["tool"]
+            )
+            name = label + ("" if row["peer"] else " *")
             if row["status"] == "n/a":
                 table.append((name, f"n/a ({row['reason']})"))
                 continue
@@ -97,16 +180,7 @@ def render(rows: list[dict], repeat: int) -> str:
                 table.append((name, "FAIL"))
                 notes.append(f"  {row['tool']}: FAIL: {row['reason']}")
                 continue
-            ratio = row["vs_best_peer"]
-            table.append((
-                name,
-                _num(row["wall_s"], ".2f"),
-                _num(row["mb_s"], ".1f"),
-                _num(row["cpu_s"], ".2f"),
-                _num(row["maxrss_mib"], ".0f"),
-                _num(row["server_cpu_s"], ".2f"),
-                "-" if ratio is None else f"{ratio:.2f}x",
-            ))  # fmt: skip
+            table.append((name, *_cells(row, resync)))
             server_copied = row.get("bytes_server_copied")
             if server_copied:
                 notes.append(
@@ -118,12 +192,21 @@ def render(rows: list[dict], repeat: int) -> str:
                     f"  {row['tool']}: {row['runs'] - row['ok']} of {row['runs']} runs FAILED "
                     f"(median of the rest): {row['reason']}"
                 )
+        if resync:
+            if any(r.get("bytes_sent_assumed") for r in group):
+                notes.append(
+                    "  ~ = assumed, not measured: a peer re-sends a changed file whole; "
+                    "mcsync's figure is bytes_sent from its report"
+                )
+            notes.extend(_bar_notes(path, group))
+        if path == GCS_PATH:
+            notes.extend(_gcs_notes(group))
         widths = [
-            max(len(r[i]) for r in table if len(r) == len(HEADER)) for i in range(len(HEADER))
+            max(len(r[i]) for r in table if len(r) == len(header)) for i in range(len(header))
         ]
         widths[0] = max(len(r[0]) for r in table)
         for r in table:
-            if len(r) != len(HEADER):
+            if len(r) != len(header):
                 out.append(f"  {r[0]:<{widths[0]}}  {r[1]}")
                 continue
             cells = [f"{r[0]:<{widths[0]}}"] + [

@@ -40,7 +40,19 @@ class S3Loc:
         return f"{self.server}:{self.bucket}/{self.prefix}"
 
 
-Loc = LocalLoc | S3Loc
+@dataclass(frozen=True)
+class GcsLoc:
+    """A bucket/prefix on the GCS emulator (only mcsync reads gs:// here)."""
+
+    url: str  # the emulator's http://127.0.0.1:PORT, given to mcsync as STORAGE_EMULATOR_HOST
+    bucket: str
+    prefix: str = ""  # "" or ending in "/"
+
+    def __str__(self) -> str:
+        return f"gs://{self.bucket}/{self.prefix}"
+
+
+Loc = LocalLoc | S3Loc | GcsLoc
 
 
 @dataclass
@@ -58,7 +70,7 @@ class Context:
 
 
 # Variables that would make a tool pick up a user's own setup instead of the benchmark's.
-SCRUB_PREFIXES = ("AWS_", "MCSYNC_", "RCLONE_", "S3_")
+SCRUB_PREFIXES = ("AWS_", "MCSYNC_", "RCLONE_", "S3_", "GOOGLE_", "STORAGE_EMULATOR_")
 KEEP = {"AWS_CA_BUNDLE"}  # the machine sets it; rclone is run with `env -u` (see RcloneTool)
 
 
@@ -105,6 +117,8 @@ class Tool:
 
     def unsupported(self, src: Loc, dst: Loc) -> str | None:
         """None when the tool can do src → dst, else a short reason (shown as n/a)."""
+        if isinstance(src, GcsLoc) or isinstance(dst, GcsLoc):
+            return "no gs:// here"  # peers are not pointed at the GCS emulator
         return None
 
     def invocation(self, src: Loc, dst: Loc, ctx: Context) -> Invocation:
@@ -115,8 +129,13 @@ class Tool:
 
 
 def _single_endpoint(src: Loc, dst: Loc) -> str | None:
+    """Why s5cmd and aws cannot do src → dst: they need exactly one S3 endpoint per run."""
+    if isinstance(src, GcsLoc) or isinstance(dst, GcsLoc):
+        return "no gs:// here"
     if isinstance(src, S3Loc) and isinstance(dst, S3Loc) and src.server != dst.server:
         return "one endpoint per run"
+    if isinstance(src, LocalLoc) and isinstance(dst, LocalLoc):
+        return "no local → local"
     return None
 
 
@@ -131,10 +150,15 @@ class McsyncTool(Tool):
             return "not installed"
         return _first_line([self.exe, "--version"])
 
+    def unsupported(self, src: Loc, dst: Loc) -> str | None:
+        return "gs:// is a source only" if isinstance(dst, GcsLoc) else None
+
     @staticmethod
     def _url(loc: Loc, role: str) -> str:
         if isinstance(loc, LocalLoc):
             return str(loc.path)
+        if isinstance(loc, GcsLoc):
+            return f"gs://{loc.bucket}/{loc.prefix}"
         # Sources are read as s3:// (AWS_* env), targets written as meta:// (MCSYNC_META_* env).
         scheme = "s3" if role == "src" else "meta"
         return f"{scheme}://{loc.bucket}/{loc.prefix}"
@@ -143,9 +167,12 @@ class McsyncTool(Tool):
         env: dict[str, str] = {}
         if isinstance(src, S3Loc):
             env.update(ctx.servers[src.server].aws_env())
+        if isinstance(src, GcsLoc):
+            env["STORAGE_EMULATOR_HOST"] = src.url  # no credentials, as Google's clients do
         if isinstance(dst, S3Loc):
             env.update(ctx.servers[dst.server].meta_env())
-        # Keep mcsync's local state (manifest, locks) inside the benchmark's work dir.
+        # Keep mcsync's local state (manifest, locks) inside the benchmark's work dir: one
+        # per run (the run's confdir), shared by a re-sync run and the sync that prepared it.
         env["XDG_CACHE_HOME"] = str(ctx.confdir / "xdg-cache")
         env["XDG_STATE_HOME"] = str(ctx.confdir / "xdg-state")
         env["XDG_DATA_HOME"] = str(ctx.confdir / "xdg-data")

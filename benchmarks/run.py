@@ -4,13 +4,17 @@
                              [--data D,...] [--workdir DIR] [--json OUT] [--verbose]
 
 Paths: upload (local → meta A), download (s3 A → local), server-copy (s3 A → meta A, same
-endpoint), cross (s3 A → meta B, a second server: bytes flow through the client).
+endpoint), cross (s3 A → meta B, a second server: bytes flow through the client);
+re-syncs, each after an untimed first sync of the same pair: resync-noop (local → meta A,
+nothing changed; small and shards), delta-s3 / delta-local (the checkpoint changed by
+bench_mutate: local → meta A / local → local); gs-to-meta (GCS emulator → meta B, mcsync only,
+beside mcsync's s3 A → meta B).
 Data sets: checkpoint (one safetensors file), shards (64 x 32 MiB), small (10,000 x 16 KiB);
 --quick shrinks them to 256 MiB, 8 x 32 MiB and 1,000 x 16 KiB.
 
 Each timed run writes into a fresh empty target (new bucket or directory) that is checked
-(object count and sizes) and deleted afterwards. Tables go to stdout, progress to stderr.
-See benchmarks/README.md.
+(object count and sizes; for the re-sync and gs paths also every object's bytes) and deleted
+afterwards. Tables go to stdout, progress to stderr. See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import contextlib
 import dataclasses
 import importlib
 import json
+import os
 import platform
+import re
 import shutil
 import signal
 import sys
@@ -34,6 +40,8 @@ from bench_data import DATASETS, FULL, QUICK, Dataset, prepare
 from bench_measure import (
     ServerCpu,
     compare,
+    content_mismatch_local,
+    content_mismatch_s3,
     empty_bucket,
     free_bytes,
     list_local,
@@ -41,11 +49,20 @@ from bench_measure import (
     run_measured,
     tail,
 )
+from bench_mutate import MUTATIONS, Mutation, mutate
 from bench_report import render, summarize
-from bench_tools import TOOLS, Context, LocalLoc, S3Loc, Tool, base_env, describe
+from bench_tools import TOOLS, Context, GcsLoc, LocalLoc, S3Loc, Tool, base_env, describe
 
 REPO = Path(__file__).resolve().parent.parent
-PATHS = ("upload", "download", "server-copy", "cross")
+FRESH_PATHS = ("upload", "download", "server-copy", "cross")
+PATHS = (*FRESH_PATHS, "resync-noop", "gs-to-meta", "delta-s3", "delta-local")
+# A first sync of the same source and target (untimed), then the timed re-sync.
+RESYNC_PATHS = ("resync-noop", "delta-s3", "delta-local")
+NOOP_SETS = ("small", "shards")  # resync-noop runs on these
+DELTA_SETS = ("checkpoint",)  # delta-* run on these, once per mutation
+S3_SOURCE_PATHS = ("download", "server-copy", "cross", "gs-to-meta")  # need bench-src on A
+SERVER_B_PATHS = ("cross", "gs-to-meta")
+S3_REF = "mcsync s3→meta"  # gs-to-meta's reference row: mcsync, s3 A → meta B (as in cross)
 SOURCE_BUCKET = "bench-src"
 PROBE_KEY = ".bench-probe"
 TARGET_PREFIX = "t-"  # every timed run's target bucket: t-<path>-<set>-<tool>-<rep>-<nonce>
@@ -161,10 +178,29 @@ def report_failure(report: dict | None) -> str | None:
     return f"{report.get('objects_failed', '?')} objects failed, first: {error}"
 
 
+def slug(text: str) -> str:
+    """Lower-case letters, digits and dashes: usable in a bucket name and a directory name."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def load_gcs():
+    if str(REPO) not in sys.path:
+        sys.path.append(str(REPO))
+    try:
+        return importlib.import_module("mcsync.testing.gcs")
+    except ImportError as exc:
+        raise SystemExit(
+            f"error: cannot import mcsync.testing.gcs ({exc}); gs-to-meta needs "
+            "pip install -e '.[bench]' (gcp-storage-emulator)"
+        ) from exc
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         self.args = args
         self.workdir = workdir
+        self.gcs_url: str | None = None
+        self.mutations: dict[str, tuple[Path, Mutation]] = {}  # name -> (mutated file, what)
         self.servers: dict[str, object] = {}
         self.clients: dict[str, object] = {}
         self.runs: list[dict] = []
@@ -188,7 +224,7 @@ class Bench:
 
     def start_servers(self, stack: contextlib.ExitStack) -> None:
         servers = load_servers()
-        names = ["A", "B"] if "cross" in self.args.only else ["A"]
+        names = ["A", "B"] if set(SERVER_B_PATHS) & set(self.args.only) else ["A"]
         for name in names:
             d = self.workdir / f"seaweedfs-{name.lower()}"
             d.mkdir(parents=True, exist_ok=True)
@@ -202,6 +238,39 @@ class Bench:
                 if b["Name"].startswith(TARGET_PREFIX):
                     log(f"  deleting leftover target bucket {b['Name']}")
                     self._drop_target(S3Loc(name, b["Name"]))
+        if "gs-to-meta" in self.args.only:
+            gcs = load_gcs()
+            d = self.workdir / "gcs-emulator"
+            log(f"starting the GCS emulator (gcp-storage-emulator, in memory), log in {d}")
+            self.gcs_url = stack.enter_context(gcs.gcs_emulator(d))
+            log(f"GCS emulator: {self.gcs_url}")
+
+    def seed_gcs(self, sets: dict[str, Dataset]) -> None:
+        """Upload each data set to the emulator under bench-src/<set>/ (not timed).
+
+        The emulator keeps objects in memory and serves one request at a time, so this is one
+        upload after the other; it starts empty on every run.
+        """
+        gcs = load_gcs()
+        gcs.create_bucket(self.gcs_url, SOURCE_BUCKET)
+        for name, ds in sets.items():
+            t0 = time.monotonic()
+            log(f"seeding gs://{SOURCE_BUCKET}/{name}/ on the GCS emulator (not timed)")
+            for rel in sorted(ds.files):
+                gcs.upload(
+                    self.gcs_url, SOURCE_BUCKET, f"{name}/{rel}", (ds.root / rel).read_bytes()
+                )
+            log(f"  {ds.count:,} objects in {time.monotonic() - t0:.1f} s")
+
+    def prepare_mutations(self, ds: Dataset) -> None:
+        """Write each mutated checkpoint once (not timed) under data/mutated/<mutation>/."""
+        (rel,) = ds.files  # the checkpoint set is the one safetensors file
+        for kind in MUTATIONS:
+            out = self.workdir / "data" / "mutated" / kind / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            what = mutate(kind, ds.root / rel, out, seed=0)
+            self.mutations[kind] = (out, what)
+            log(f"mutated checkpoint {what.describe()}")
 
     def seed(self, sets: dict[str, Dataset]) -> None:
         """Upload each data set to A under bench-src/<set>/ (not timed) for the s3 → * paths."""
@@ -270,11 +339,20 @@ class Bench:
         rundir.mkdir(parents=True, exist_ok=True)
         return Context(servers=self.servers, confdir=rundir)
 
-    def locations(self, path: str, ds: Dataset, run_id: str):
-        bucket = f"{TARGET_PREFIX}{run_id}-{self.nonce}".lower()[:63]
+    def locations(self, path: str, ds: Dataset, run_id: str, label: str):
+        bucket = slug(f"{TARGET_PREFIX}{run_id}-{self.nonce}")[:63]
         src_s3 = S3Loc("A", SOURCE_BUCKET, f"{ds.name}/")
-        if path == "upload":
+        if path in ("upload", "resync-noop"):
             return LocalLoc(ds.root), S3Loc("A", bucket)
+        if path == "gs-to-meta":
+            if label == S3_REF:
+                return src_s3, S3Loc("B", bucket)
+            return GcsLoc(self.gcs_url or "", SOURCE_BUCKET, f"{ds.name}/"), S3Loc("B", bucket)
+        if path == "delta-s3":
+            return LocalLoc(self.workdir / "runs" / run_id / "src"), S3Loc("A", bucket)
+        if path == "delta-local":
+            src = LocalLoc(self.workdir / "runs" / run_id / "src")
+            return src, LocalLoc(self.workdir / "targets" / run_id)
         if path == "download":
             return src_s3, LocalLoc(self.workdir / "targets" / run_id)
         if path == "server-copy":
@@ -308,30 +386,98 @@ class Bench:
         except Exception as exc:
             log(f"  warning: could not delete target {dst}: {exc}")
 
-    def run_one(self, path: str, ds: Dataset, tool: Tool, rep: int) -> dict:
-        run_id = f"{path}-{ds.name}-{tool.name}-{rep}"
-        src, dst = self.locations(path, ds, run_id)
+    def _check_target(self, dst, files: dict[str, int], sources: dict[str, Path], content: bool):
+        """(listing, reason): reason is None when the target holds exactly ``files`` (keys and
+        sizes) and, with ``content``, every object has the bytes of its source file."""
+        got = self._list_target(dst)
+        reason = compare(files, got)
+        if reason is None and content:
+            if isinstance(dst, LocalLoc):
+                reason = content_mismatch_local(sources, dst.path)
+            else:
+                reason = content_mismatch_s3(
+                    self.clients[dst.server], dst.bucket, dst.prefix, sources
+                )
+        return got, reason
+
+    @staticmethod
+    def _logs(ctx: Context, name: str) -> tuple[Path, Path]:
+        """stdout.log, stderr.log of the timed run; <name>.stdout.log etc. of another."""
+        pre = f"{name}." if name else ""
+        return ctx.confdir / f"{pre}stdout.log", ctx.confdir / f"{pre}stderr.log"
+
+    def _run_tool(self, inv, ctx: Context, name: str = ""):
+        out, err = self._logs(ctx, name)
+        return run_measured(
+            inv.argv, base_env() | inv.env, stdout=out, stderr=err, timeout=self.args.timeout
+        )
+
+    def _failure(self, res, ctx: Context, name: str, report: dict | None) -> str | None:
+        """Why a finished run failed (timeout, exit status, report), or None."""
+        if res.timed_out:
+            return f"killed after {self.args.timeout:.0f} s"
+        if res.returncode != 0:
+            out, err_log = self._logs(ctx, name)
+            err = report_failure(report) or tail(err_log) or tail(out)
+            return f"exit {res.returncode}: {err or 'no output'}"
+        rep_code = (report or {}).get("exit_code")
+        if rep_code not in (None, 0):
+            return f"report says exit_code {rep_code}"
+        return None
+
+    def _first_sync(self, inv, ctx: Context, tool: Tool, dst, ds: Dataset) -> str | None:
+        """The untimed sync before a re-sync: same command, same state dir. None when it worked."""
+        res = self._run_tool(inv, ctx, "initial")
+        report = tool.parse_report(self._logs(ctx, "initial")[0].read_text(errors="replace"))
+        reason = self._failure(res, ctx, "initial", report)
+        if reason is None:
+            _got, reason = self._check_target(dst, ds.files, {}, content=False)
+        return None if reason is None else f"initial sync: {reason}"
+
+    def run_one(
+        self, path: str, ds: Dataset, tool: Tool, rep: int,
+        mutation: str | None = None, label: str | None = None,
+    ) -> dict:  # fmt: skip
+        label = label or tool.name
+        group = ds.name if mutation is None else f"{ds.name}+{mutation}"
+        run_id = f"{path}-{slug(group)}-{slug(label)}-{rep}"
+        src, dst = self.locations(path, ds, run_id, label)
+        # What the target must hold after the timed run, and the files it must equal.
+        files, sources, change = dict(ds.files), {k: ds.root / k for k in ds.files}, None
+        if mutation:
+            mutated, what = self.mutations[mutation]
+            (rel,) = ds.files
+            files, sources, change = {rel: what.file_size}, {rel: src.path / rel}, what.describe()
         record = {
-            "path": path, "data": ds.name, "tool": tool.name, "rep": rep,
+            "path": path, "data": group, "dataset": ds.name, "mutation": mutation,
+            "change": change, "tool": label, "rep": rep,
             "src": str(src), "dst": str(dst),
-            "expected_objects": ds.count, "expected_bytes": ds.nbytes,
+            "expected_objects": len(files), "expected_bytes": sum(files.values()),
             "status": None, "reason": None,
             "wall_s": None, "cpu_user_s": None, "cpu_sys_s": None, "cpu_s": None,
             "maxrss_mib": None, "server_cpu_s": None, "returncode": None,
             "target_objects": None, "target_bytes": None, "report": None,
+            "bytes_sent": None, "bytes_sent_assumed": None,
         }  # fmt: skip
         na = tool.unsupported(src, dst)
         if na:
             record.update(status="n/a", reason=na)
             return record
 
-        need = ds.nbytes * 1.2 + 512 * MIB
+        # Data, a mutated copy and a target (two for a local delta) at most.
+        need = ds.nbytes * (3.2 if mutation else 1.2) + 512 * MIB
         if free_bytes(self.workdir) < need:
             raise SystemExit(
                 f"error: only {free_bytes(self.workdir) / MIB:,.0f} MiB free in {self.workdir}, "
                 f"{need / MIB:,.0f} MiB needed for {run_id}"
             )
         ctx = self._ctx(run_id)
+        if mutation:
+            # The source starts as the original checkpoint (a hard link: no bytes copied).
+            shutil.rmtree(src.path, ignore_errors=True)
+            src.path.mkdir(parents=True)
+            for rel in ds.files:
+                os.link(ds.root / rel, src.path / rel)
         inv = tool.invocation(src, dst, ctx)
         record["command"] = describe(inv)
         record["argv"] = inv.argv
@@ -339,12 +485,24 @@ class Bench:
             log(f"  $ {record['command']}")
         self._make_target(dst)
         try:
+            if path in RESYNC_PATHS:
+                why = self._first_sync(inv, ctx, tool, dst, ds)
+                if why:
+                    record.update(status="FAIL", reason=why)
+                    return record
+                synced = time.time()
+            if mutation:
+                # The checkpoint is replaced by its changed version, written after the first
+                # sync: a new mtime at least a second after it (s5cmd and aws compare mtimes
+                # with the target's second-granular LastModified), the target untouched.
+                (rel,) = ds.files
+                tmp = src.path / f".{rel}.new"
+                os.link(mutated, tmp)
+                os.replace(tmp, src.path / rel)
+                time.sleep(max(0.0, synced + 1.1 - time.time()))
+                os.utime(src.path / rel)
             srv0 = self.server_cpu.total()
-            res = run_measured(
-                inv.argv, base_env() | inv.env,
-                stdout=ctx.confdir / "stdout.log", stderr=ctx.confdir / "stderr.log",
-                timeout=self.args.timeout,
-            )  # fmt: skip
+            res = self._run_tool(inv, ctx)
             srv1 = self.server_cpu.total()
             record.update(
                 returncode=res.returncode,
@@ -357,64 +515,95 @@ class Bench:
             )
             stdout = (ctx.confdir / "stdout.log").read_text(errors="replace")
             record["report"] = tool.parse_report(stdout)
-            got = self._list_target(dst)
+            reason = self._failure(res, ctx, "", record["report"])
+            # The new paths check every object's bytes (a rewrite keeps the size); the fresh-copy
+            # paths keep their key-and-size check.
+            content = path not in FRESH_PATHS
+            got, why = self._check_target(dst, files, sources, content)
             record.update(target_objects=len(got), target_bytes=sum(got.values()))
-            if res.timed_out:
-                reason = f"killed after {self.args.timeout:.0f} s"
-            elif res.returncode != 0:
-                err = (
-                    report_failure(record["report"])
-                    or tail(ctx.confdir / "stderr.log")
-                    or tail(ctx.confdir / "stdout.log")
-                )
-                reason = f"exit {res.returncode}: {err or 'no output'}"
-            else:
-                reason = compare(ds.files, got)
-                rep_code = (record["report"] or {}).get("exit_code")
-                if reason is None and rep_code not in (None, 0):
-                    reason = f"report says exit_code {rep_code}"
+            reason = reason or why
+            if record["report"] and "bytes_sent" in record["report"]:
+                record.update(bytes_sent=record["report"]["bytes_sent"], bytes_sent_assumed=False)
+            elif mutation:
+                # Peers have no delta: a changed file is sent whole (assumed, not measured).
+                record.update(bytes_sent=record["expected_bytes"], bytes_sent_assumed=True)
             record.update(status="FAIL" if reason else "ok", reason=reason)
         finally:
             self._drop_target(dst)
+            if mutation:
+                shutil.rmtree(src.path, ignore_errors=True)
         return record
 
     # -- the whole matrix -----------------------------------------------------------------------
 
+    def scenarios(self) -> list[tuple[str, str, str | None]]:
+        """(path, data set, mutation) in run order; a path runs only on the sets it is for."""
+        out: list[tuple[str, str, str | None]] = []
+        for path in self.args.only:
+            mine: list[tuple[str, str, str | None]] = []
+            for name in self.args.data:
+                if path == "resync-noop" and name not in NOOP_SETS:
+                    continue
+                if path.startswith("delta-"):
+                    if name in DELTA_SETS:
+                        mine += [(path, name, m) for m in MUTATIONS]
+                    continue
+                mine.append((path, name, None))
+            if not mine:
+                sets = NOOP_SETS if path == "resync-noop" else DELTA_SETS
+                log(f"note: {path} runs on {','.join(sets)}, none of which is in --data")
+            out += mine
+        return out
+
     def run_matrix(self, sets: dict[str, Dataset]) -> None:
         plan = [
-            (path, name, rep) for path in self.args.only for name in self.args.data
+            (path, name, mutation, rep) for path, name, mutation in self.scenarios()
             for rep in range(1, self.args.repeat + 1)
         ]  # fmt: skip
-        total = len(plan) * len(self.tools)
+        total = sum(len(self._entrants(p)) for p, _n, _m, _r in plan)
         i = 0
-        for path, name, rep in plan:
+        for path, name, mutation, rep in plan:
             ds = sets[name]
+            group = name if mutation is None else f"{name}+{mutation}"
+            entrants = self._entrants(path)
             # Rotate the order each repeat so no tool always runs right after the same one.
-            k = (rep - 1) % max(1, len(self.tools))
-            for tool in self.tools[k:] + self.tools[:k]:
+            k = (rep - 1) % max(1, len(entrants))
+            for tool, label in entrants[k:] + entrants[:k]:
                 i += 1
                 if rep > 1 and any(
                     r["status"] == "n/a"
-                    and (r["path"], r["data"], r["tool"]) == (path, name, tool.name)
+                    and (r["path"], r["data"], r["tool"]) == (path, group, label)
                     for r in self.runs
                 ):
                     continue
                 head = (
-                    f"[{i:>{len(str(total))}}/{total}] {path:<11} {name:<10} "
-                    f"rep {rep}/{self.args.repeat} {tool.name:<6}"
+                    f"[{i:>{len(str(total))}}/{total}] {path:<11} {group:<22} "
+                    f"rep {rep}/{self.args.repeat} {label:<14}"
                 )
-                record = self.run_one(path, ds, tool, rep)
+                record = self.run_one(path, ds, tool, rep, mutation, label)
                 self.runs.append(record)
                 if record["status"] == "n/a":
                     log(f"{head}  n/a ({record['reason']})")
                 elif record["status"] == "ok":
-                    mbs = ds.nbytes / record["wall_s"] / 1e6
+                    mbs = record["expected_bytes"] / record["wall_s"] / 1e6
+                    rate = "  (no-op)     " if path == "resync-noop" else f"{mbs:8.1f} MB/s"
+                    sent = record.get("bytes_sent")
+                    sent_s = "" if sent is None else f"  sent {sent / 1e6:,.1f} MB"
+                    sent_s += "~" if record.get("bytes_sent_assumed") else ""
                     log(
-                        f"{head}  {record['wall_s']:7.2f} s {mbs:8.1f} MB/s  "
-                        f"cpu {record['cpu_s']:6.2f} s  rss {record['maxrss_mib']:6.0f} MiB  ok"
+                        f"{head}  {record['wall_s']:7.2f} s {rate}  "
+                        f"cpu {record['cpu_s']:6.2f} s  rss {record['maxrss_mib']:6.0f} MiB"
+                        f"{sent_s}  ok"
                     )
                 else:
                     log(f"{head}  FAIL: {record['reason']}")
+
+    def _entrants(self, path: str) -> list[tuple[Tool, str]]:
+        """(tool, label) for each row of a path's table; gs-to-meta adds mcsync's s3 → meta."""
+        out = [(t, t.name) for t in self.tools]
+        if path == "gs-to-meta":
+            out += [(t, S3_REF) for t in self.tools if t.name == "mcsync"]
+        return out
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -453,8 +642,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         with contextlib.ExitStack() as stack:
             bench.start_servers(stack)
-            if set(args.only) - {"upload"}:
+            if set(args.only) & set(S3_SOURCE_PATHS):
                 bench.seed(sets)
+            if "gs-to-meta" in args.only:
+                bench.seed_gcs(sets)
+            if {"delta-s3", "delta-local"} & set(args.only) and "checkpoint" in sets:
+                bench.prepare_mutations(sets["checkpoint"])
             bench.run_matrix(sets)
     except KeyboardInterrupt:
         interrupted = True
@@ -462,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if bench.runs:
             peers = {t.name for t in bench.tools if t.is_peer}
-            names = [t.name for t in bench.tools]
+            names = [t.name for t in bench.tools] + [S3_REF]
             rows = summarize(bench.runs, names, peers)
         elapsed = time.time() - started
         if args.json:
