@@ -22,6 +22,7 @@ from .errors import IntegrityError
 from .hashing import block_digest_async
 from .limits import Limits
 from .manifest import DIGEST_SIZE, ManifestEntry
+from .scan import scan_chunks
 from .stores.base import Store
 from .types import ByteRange, ObjectInfo
 
@@ -33,6 +34,7 @@ class Verdict:
     bytes_read: int
     block_size: int
     block_hashes: bytes  # the source's, in ``block_size`` blocks (for the manifest)
+    chunk_sizes: bytes = b""  # as ManifestEntry.chunk_sizes: set when not fixed blocks
 
 
 def block_size_for(size: int, options: SyncOptions) -> int:
@@ -42,15 +44,16 @@ def block_size_for(size: int, options: SyncOptions) -> int:
 
 async def compare(src: Store, dst: Store, src_info: ObjectInfo, dst_info: ObjectInfo,
                   known: ManifestEntry | None, options: SyncOptions, limits: Limits) -> Verdict:
-    recorded = (known is not None and known.xxh3 is not None and known.block_size > 0
+    recorded = (known is not None and known.xxh3 is not None and bool(known.chunks())
                 and known.dst_size == src_info.size and known.matches_target(dst_info))
     if recorded:
         assert known is not None
-        ours = await hash_blocks(src, src_info, known.block_size, limits)
+        chunks = [rng for rng, _ in known.chunks()]
+        ours = b"".join(await scan_chunks(src, src_info, chunks, known.block_size, limits))
         same = ours == known.block_hashes
         reason = ("same content as recorded for the target (xxh3-128)" if same else
                   "content differs from what the target holds (xxh3-128)")
-        return Verdict(same, reason, src_info.size, known.block_size, ours)
+        return Verdict(same, reason, src_info.size, known.block_size, ours, known.chunk_sizes)
     bs = block_size_for(src_info.size, options)
     ours, theirs = await asyncio.gather(hash_blocks(src, src_info, bs, limits),
                                         hash_blocks(dst, dst_info, bs, limits))

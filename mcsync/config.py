@@ -24,6 +24,7 @@ MIN_PART_SIZE = 8 * MiB  # S3's floor is 5 MiB; 8 MiB keeps request overhead neg
 S3_MIN_PART_SIZE = 5 * MiB
 S3_MAX_PART_SIZE = 5 * GiB
 MAX_PARTS = 10_000
+CHUNKERS = ("auto", "fixed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,9 @@ class SyncOptions:
     checksum: bool = False
     grace_s: float = 20.0  # after a stop request, how long work in flight may take
     lock: bool = True
+    # The block delta: a changed object mcsync wrote before sends only its changed chunks.
+    delta: bool = True
+    chunker: str = "auto"  # auto: by tensor for .safetensors files, else fixed blocks; fixed
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -65,6 +69,8 @@ class SyncOptions:
             raise UsageError(
                 f"--part-size must be between 5 MiB and 5 GiB, got {format_size(self.part_size)}"
             )
+        if self.chunker not in CHUNKERS:
+            raise UsageError(f"--chunker must be one of {', '.join(CHUNKERS)}, got {self.chunker}")
         if self.memory_limit < S3_MIN_PART_SIZE:
             raise UsageError(
                 f"--memory-limit must be at least 5 MiB, got {format_size(self.memory_limit)}"

@@ -63,7 +63,7 @@ class DeltaPlan:
     def fingerprint(self) -> str:
         """Identifies the part layout, so a resumed upload is only continued with the same one."""
         text = ";".join(f"{p.rng.start},{p.rng.end},{p.old_start}" for p in self.parts)
-        return "delta:" + xxhash.xxh3_64_hexdigest(text)
+        return "delta:" + xxhash.xxh3_64_hexdigest(text.encode())
 
 
 Chunk = tuple[ByteRange, bytes]  # a chunk and its xxh3-128 digest

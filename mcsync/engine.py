@@ -262,6 +262,9 @@ class _Run:
                         self._adopt(pair.src, pair.dst)
                     continue
                 if self.options.dry_run:
+                    if self.transfer.may_delta(action):
+                        await self.objects.acquire()
+                        tg.create_task(self._preview_delta(action))
                     continue
                 if action.kind == "delete":
                     deletes.append(action)  # deleted after every copy succeeded
@@ -310,6 +313,22 @@ class _Run:
             if not executing:
                 self.objects.release()
 
+    async def _preview_delta(self, action: Action) -> None:
+        """Dry run: what a block delta of this object would send (reads the source, sends
+        nothing), for ``mcsync plan``."""
+        assert action.src is not None
+        try:
+            found = await self.transfer.plan_delta(action, action.src)
+        except (MCSyncError, OSError) as exc:
+            log.warning("%s: no delta preview: %s", action.key, _describe(exc))
+            return
+        finally:
+            self.objects.release()
+        if isinstance(found, str):
+            log.info("%s: would be sent whole: %s", action.key, found)
+        else:
+            self.sink.emit(found.event(action.key))
+
     def _adopt(self, src: ObjectInfo, dst: ObjectInfo, content: Verdict | None = None) -> None:
         """A target object mcsync has no record of but found current (same size and ETag, or
         a target no older than the source): record it, so later runs that trust the manifest
@@ -322,7 +341,7 @@ class _Run:
             key=src.key, src_size=src.size, src_etag=src.etag, src_mtime=src.mtime,
             src_version=src.version, dst_size=dst.size, dst_etag=dst.etag,
             dst_mtime=dst.mtime, block_size=content.block_size if content else 0,
-            block_hashes=hashes,
+            block_hashes=hashes, chunk_sizes=content.chunk_sizes if content else b"",
             xxh3=object_digest(_split(hashes)) if hashes else None,
             crc32c=src.crc32c, written_at=time.time()), durable=False)
         self._adopted += 1

@@ -33,6 +33,20 @@ class ObjectPlanned:
 
 
 @dataclass(frozen=True, slots=True)
+class DeltaPlanned:
+    """A changed object goes as a block delta: what changed, what is sent, and what the
+    target composes from the version it holds."""
+
+    key: str
+    size: int
+    bytes_changed: int
+    bytes_to_send: int
+    bytes_reused: int
+    parts: int
+    changed_tensors: tuple[str, ...] = ()  # safetensors files: tensors with new bytes
+
+
+@dataclass(frozen=True, slots=True)
 class ListingDone:
     """Both listings are exhausted: the totals in the progress display are now final."""
 
@@ -62,7 +76,8 @@ class RunFinished:
 
 
 Event = (
-    RunStarted | ObjectPlanned | ListingDone | BytesMoved | ObjectDone | ObjectFailed | RunFinished
+    RunStarted | ObjectPlanned | DeltaPlanned | ListingDone | BytesMoved | ObjectDone
+    | ObjectFailed | RunFinished
 )
 
 
@@ -120,6 +135,9 @@ class StatsCollector:
                 r.bytes_skipped += size
             case ObjectPlanned(action=action, size=size) if self.dry_run:
                 r.record_planned(action, size)
+            case DeltaPlanned() if self.dry_run:
+                r.record_planned_delta(event.size, event.bytes_changed, event.bytes_to_send,
+                                       event.bytes_reused)
             case ObjectDone(result=result):
                 r.record_done(result)
             case ObjectFailed(key=key, error=error):

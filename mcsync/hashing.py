@@ -12,6 +12,7 @@ import asyncio
 import xxhash
 
 from .stores.base import Buffer
+from .types import ByteRange
 
 _OFF_LOOP = 1 << 20  # hash buffers of 1 MiB and more in a worker thread (xxhash drops the GIL)
 
@@ -30,3 +31,15 @@ def object_digest(blocks: list[bytes]) -> str:
     if len(blocks) == 1:
         return blocks[0].hex()
     return xxhash.xxh3_128_hexdigest(b"".join(blocks))
+
+
+def chunk_digests(data: Buffer, base: int, chunks: list[ByteRange]) -> list[bytes]:
+    """The digest of each chunk of ``data``, which holds the object's bytes from ``base``."""
+    view = memoryview(data)
+    return [xxhash.xxh3_128_digest(view[c.start - base:c.end - base]) for c in chunks]
+
+
+async def chunk_digests_async(data: Buffer, base: int, chunks: list[ByteRange]) -> list[bytes]:
+    if len(data) >= _OFF_LOOP:
+        return await asyncio.to_thread(chunk_digests, data, base, chunks)
+    return chunk_digests(data, base, chunks)

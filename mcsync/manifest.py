@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .types import ObjectInfo
+from .chunking import chunks_from_sizes, fixed_chunks
+from .types import ByteRange, ObjectInfo
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DIGEST_SIZE = 16  # xxh3-128
 _PAGE = 1000
 _COMMIT_EVERY_S = 0.2
@@ -48,7 +49,8 @@ CREATE TABLE IF NOT EXISTS objects (
     block_hashes BLOB NOT NULL,
     xxh3 TEXT,
     crc32c TEXT,
-    written_at REAL NOT NULL
+    written_at REAL NOT NULL,
+    chunk_sizes BLOB NOT NULL DEFAULT x''
 );
 CREATE TABLE IF NOT EXISTS uploads (
     key TEXT PRIMARY KEY,
@@ -57,7 +59,8 @@ CREATE TABLE IF NOT EXISTS uploads (
     src_etag TEXT,
     src_mtime REAL,
     part_size INTEGER NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    layout TEXT
 );
 CREATE TABLE IF NOT EXISTS parts (
     key TEXT NOT NULL,
@@ -75,6 +78,17 @@ CREATE TABLE IF NOT EXISTS runs (
     report TEXT
 );
 """
+
+
+_OBJECT_COLUMNS = ("key, src_size, src_etag, src_mtime, src_version, dst_size, dst_etag, "
+                   "dst_mtime, block_size, block_hashes, xxh3, crc32c, written_at, chunk_sizes")
+
+
+def _migrate_from_v1(db: sqlite3.Connection) -> None:
+    """Version 2 added chunk maps cut by content and the layout of open uploads."""
+    db.execute("ALTER TABLE objects ADD COLUMN chunk_sizes BLOB NOT NULL DEFAULT x''")
+    db.execute("ALTER TABLE uploads ADD COLUMN layout TEXT")
+    db.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
 def same_source(src: ObjectInfo, size: int, etag: str | None, mtime: float | None) -> bool:
@@ -98,10 +112,13 @@ class ManifestEntry:
     dst_etag: str | None
     dst_mtime: float | None
     block_size: int  # 0 when no byte passed through us (server-side copy)
-    block_hashes: bytes  # DIGEST_SIZE bytes per block
+    block_hashes: bytes  # DIGEST_SIZE bytes per chunk
     xxh3: str | None
     crc32c: str | None
     written_at: float
+    # Chunk lengths (little-endian u64 each) when the object was cut by content (a safetensors
+    # file: by tensor); empty when it was cut in fixed blocks of ``block_size``.
+    chunk_sizes: bytes = b""
 
     def matches_source(self, src: ObjectInfo) -> bool:
         return same_source(src, self.src_size, self.src_etag, self.src_mtime)
@@ -117,13 +134,30 @@ class ManifestEntry:
     def as_target(self) -> ObjectInfo:
         return ObjectInfo(self.key, self.dst_size, self.dst_etag, self.dst_mtime)
 
+    @property
+    def chunker(self) -> str:
+        return "safetensors" if self.chunk_sizes else "fixed"
+
+    def chunks(self) -> list[tuple[ByteRange, bytes]]:
+        """The recorded chunks of the target object with their digests; empty when none were
+        recorded (a server-side copy, an adopted object)."""
+        if self.block_size <= 0 or not self.block_hashes:
+            return []
+        ranges = (chunks_from_sizes(self.chunk_sizes) if self.chunk_sizes
+                  else fixed_chunks(self.dst_size, self.block_size))
+        digests = [self.block_hashes[i:i + DIGEST_SIZE]
+                   for i in range(0, len(self.block_hashes), DIGEST_SIZE)]
+        if len(digests) != len(ranges) or (ranges and ranges[-1].end != self.dst_size):
+            return []  # inconsistent record: treat as none
+        return list(zip(ranges, digests, strict=True))
+
 
 @dataclass(frozen=True, slots=True)
 class JournalPart:
     number: int
     etag: str
     size: int
-    digest: bytes
+    digest: bytes  # the xxh3-128 of each chunk of the part, concatenated (b"": none known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +169,7 @@ class OpenUpload:
     src_mtime: float | None
     part_size: int
     created_at: float
+    layout: str | None = None  # how the parts were cut; None: fixed parts of part_size
     parts: dict[int, JournalPart] = field(default_factory=dict)
 
     def matches_source(self, src: ObjectInfo) -> bool:
@@ -218,11 +253,13 @@ class Manifest:
                 db.executemany("INSERT INTO meta VALUES (?, ?)", [
                     ("schema_version", str(SCHEMA_VERSION)), ("src", self.src_url),
                     ("dst", self.dst_url), ("created_at", str(time.time()))])
+            elif meta.get("dst") != self.dst_url or meta.get("src") != self.src_url:
+                raise sqlite3.DatabaseError("it belongs to another sync pair")
+            elif meta.get("schema_version") == "1":
+                _migrate_from_v1(db)
             elif meta.get("schema_version") != str(SCHEMA_VERSION):
                 raise sqlite3.DatabaseError(
                     f"schema version {meta.get('schema_version')}, expected {SCHEMA_VERSION}")
-            elif meta.get("dst") != self.dst_url or meta.get("src") != self.src_url:
-                raise sqlite3.DatabaseError("it belongs to another sync pair")
             db.execute("BEGIN")
         except BaseException:
             db.close()
@@ -254,7 +291,7 @@ class Manifest:
         last = ""  # keys are never empty
         while True:
             rows = self._db.execute(
-                "SELECT * FROM objects WHERE key > ? ORDER BY key LIMIT ?",
+                f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE key > ? ORDER BY key LIMIT ?",
                 (last, _PAGE)).fetchall()
             if not rows:
                 return
@@ -263,7 +300,8 @@ class Manifest:
             last = rows[-1][0]
 
     def get(self, key: str) -> ManifestEntry | None:
-        row = self._db.execute("SELECT * FROM objects WHERE key = ?", (key,)).fetchone()
+        row = self._db.execute(f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE key = ?",
+                               (key,)).fetchone()
         return ManifestEntry(*row) if row else None
 
     def record_object(self, e: ManifestEntry, *, durable: bool = True) -> None:
@@ -274,9 +312,11 @@ class Manifest:
         completed and records it without sending a byte; a small object is sent again.
         ``durable=False`` leaves even that to a later commit (adopted records)."""
         self._db.execute(
-            "INSERT OR REPLACE INTO objects VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT OR REPLACE INTO objects ({_OBJECT_COLUMNS}) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (e.key, e.src_size, e.src_etag, e.src_mtime, e.src_version, e.dst_size, e.dst_etag,
-             e.dst_mtime, e.block_size, e.block_hashes, e.xxh3, e.crc32c, e.written_at))
+             e.dst_mtime, e.block_size, e.block_hashes, e.xxh3, e.crc32c, e.written_at,
+             e.chunk_sizes))
         if e.key in self._journalled:
             self._drop_upload_rows(e.key)
         if durable:
@@ -289,19 +329,23 @@ class Manifest:
     # -- journal of open uploads ------------------------------------------------------------------
 
     def open_uploads(self) -> dict[str, OpenUpload]:
-        uploads = {row[0]: OpenUpload(*row) for row in
-                   self._db.execute("SELECT * FROM uploads").fetchall()}
+        uploads = {row[0]: OpenUpload(*row) for row in self._db.execute(
+            "SELECT key, upload_id, src_size, src_etag, src_mtime, part_size, created_at, layout "
+            "FROM uploads").fetchall()}
         self._journalled.update(uploads)
         for key, number, etag, size, digest in self._db.execute("SELECT * FROM parts"):
             if key in uploads:
                 uploads[key].parts[number] = JournalPart(number, etag, size, digest)
         return uploads
 
-    def begin_upload(self, key: str, upload_id: str, src: ObjectInfo, part_size: int) -> None:
+    def begin_upload(self, key: str, upload_id: str, src: ObjectInfo, part_size: int,
+                     layout: str | None = None) -> None:
         """Recorded durably before the first part is sent, so no upload is ever untracked."""
         self._drop_upload_rows(key)
-        self._db.execute("INSERT INTO uploads VALUES (?,?,?,?,?,?,?)",
-                         (key, upload_id, src.size, src.etag, src.mtime, part_size, time.time()))
+        self._db.execute(
+            "INSERT INTO uploads (key, upload_id, src_size, src_etag, src_mtime, part_size, "
+            "created_at, layout) VALUES (?,?,?,?,?,?,?,?)",
+            (key, upload_id, src.size, src.etag, src.mtime, part_size, time.time(), layout))
         self._journalled.add(key)
         self.commit()
 

@@ -51,6 +51,9 @@ class Action:
     src: ObjectInfo | None
     dst: ObjectInfo | None
     reason: str
+    # A changed object mcsync wrote before: the record of the target's version, from which a
+    # block delta composes the new one (the transfer checks the target is still that version).
+    known: ManifestEntry | None = None
 
     @property
     def size(self) -> int:
@@ -82,7 +85,8 @@ def plan(pair: Pair, options: SyncOptions, *, server_side: bool,
             return Action("skip", pair.key, src, dst, "unchanged since last sync")
         return Action(copy, pair.key, src, dst, "target changed behind mcsync's back")
     if known is not None:
-        return Action(copy, pair.key, src, dst, "source changed since last sync")
+        delta_from = known if copy == "copy" and options.delta else None
+        return Action(copy, pair.key, src, dst, "source changed since last sync", delta_from)
     if dst is None:
         return Action(copy, pair.key, src, None, "new" if target_listed else "not in manifest")
     if src.size != dst.size:

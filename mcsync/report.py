@@ -19,6 +19,8 @@ class ObjectResult:
     xxh3_128: str | None = None  # digest of the bytes moved; None for server-side copies/deletes
     hash_block_size: int | None = None  # digest = leaf if one block, else xxh3_128(leaves)
     etag: str | None = None  # the target's ETag after the write
+    bytes_reused: int = 0  # composed at the target from its previous version (block delta)
+    bytes_changed: int | None = None  # new bytes (the whole object unless sent as a delta)
 
 
 @dataclass
@@ -35,6 +37,10 @@ class SyncReport:
     bytes_sent: int = 0  # bytes this run really sent (less than bytes_copied when resumed)
     bytes_server_copied: int = 0
     bytes_skipped: int = 0
+    # The block delta: bytes of copied objects that were new (no old chunk matched), and bytes
+    # the target composed from the versions it held. A full copy counts as all changed.
+    bytes_changed: int = 0
+    bytes_reused: int = 0
     # --checksum: objects whose bytes were read and hashed to decide skip or copy, and the
     # bytes read for it (source, and target where no recorded hash stood in for it)
     objects_compared: int = 0
@@ -55,6 +61,12 @@ class SyncReport:
         return self.bytes_copied + self.bytes_server_copied
 
     @property
+    def sent_per_changed(self) -> float | None:
+        """Bytes sent per byte that really changed (1.0 for full copies; above 1 by the part
+        padding of a delta)."""
+        return self.bytes_sent / self.bytes_changed if self.bytes_changed else None
+
+    @property
     def throughput_bps(self) -> float:
         return self.bytes_transferred / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
@@ -70,15 +82,26 @@ class SyncReport:
         if action == "copy":
             self.objects_copied += 1
             self.bytes_copied += size
+            self.bytes_changed += size
+            self.bytes_sent += size
         elif action == "server_copy":
             self.objects_server_copied += 1
             self.bytes_server_copied += size
         elif action == "delete":
             self.objects_deleted += 1
 
+    def record_planned_delta(self, size: int, changed: int, to_send: int, reused: int) -> None:
+        """Dry run: a copy planned as a delta; record_planned counted it as a full copy."""
+        self.bytes_changed += changed - size
+        self.bytes_sent += to_send - size
+        self.bytes_reused += reused
+
     def record_done(self, result: ObjectResult) -> None:
         self.objects.append(result)
         self.bytes_sent += result.bytes_sent
+        self.bytes_reused += result.bytes_reused
+        if result.bytes_changed is not None:
+            self.bytes_changed += result.bytes_changed
         if result.action == "copy":
             self.objects_copied += 1
             self.bytes_copied += result.size
@@ -93,5 +116,7 @@ class SyncReport:
         d["failures"] = [{"key": k, "error": e} for k, e in self.failures]
         d["bytes_transferred"] = self.bytes_transferred
         d["throughput_bps"] = round(self.throughput_bps, 1)
+        ratio = self.sent_per_changed
+        d["sent_per_changed"] = None if ratio is None else round(ratio, 4)
         d["exit_code"] = self.exit_code
         return d

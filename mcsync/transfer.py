@@ -18,22 +18,97 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-from . import checksums
+import xxhash
+
+from . import checksums, delta
+from .chunking import (
+    SAFETENSORS_PROBE,
+    SAFETENSORS_SUFFIX,
+    NotSafetensors,
+    SafetensorsHeader,
+    chunk_sizes_blob,
+    fixed_chunks,
+    group_parts,
+    header_length,
+    parse_safetensors,
+    safetensors_chunks,
+)
 from .config import S3_MAX_PART_SIZE, SyncOptions
-from .errors import IntegrityError, Interrupted, NotFound, PreconditionFailed, first_error
-from .events import BytesMoved, Event
-from .hashing import block_digest_async, object_digest
+from .errors import (
+    IntegrityError,
+    Interrupted,
+    MCSyncError,
+    NotFound,
+    Permanent,
+    PreconditionFailed,
+    first_error,
+)
+from .events import BytesMoved, DeltaPlanned, Event
+from .hashing import block_digest_async, chunk_digests_async, object_digest
 from .limits import Limits
-from .manifest import JournalPart, Manifest, ManifestEntry, OpenUpload
+from .manifest import DIGEST_SIZE, JournalPart, Manifest, ManifestEntry, OpenUpload
 from .plan import Action
 from .report import ObjectResult
-from .stores.base import ServerCopyStore, Store, Upload
+from .scan import scan_chunks
+from .stores.base import ComposeStore, CopySource, ServerCopyStore, ServerCopyUpload, Store, Upload
 from .types import ByteRange, ObjectInfo, PartClaim, PartRef
 
 log = logging.getLogger(__name__)
 
 SERVER_COPY_CUTOFF = S3_MAX_PART_SIZE  # larger objects are copied server-side in parts
 SERVER_COPY_MIN_PART = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PartSpec:
+    """One part of an upload: bytes ``rng`` of the new object, read from the source, or, with
+    ``old_start``, copied by the target from its current version (or the copy source)."""
+
+    number: int
+    rng: ByteRange
+    old_start: int | None = None
+    chunks: tuple[ByteRange, ...] = ()  # the chunks the part is hashed in; (): rng, whole
+    first_chunk: int | None = None  # index of its first chunk in the object's chunk list
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How an object is cut into chunks (see ``chunking``); ``block`` is the chunk size."""
+
+    block: int
+    chunks: list[ByteRange]
+    header: SafetensorsHeader | None  # set when cut by tensor
+
+    def chunk_sizes(self) -> bytes:
+        return chunk_sizes_blob(self.chunks) if self.header is not None else b""
+
+    def fingerprint(self, part_size: int) -> str | None:
+        """Identifies the parts' cut for the journal; None: fixed parts of part_size."""
+        if self.header is None:
+            return None
+        return f"chunks:{self.block}:{part_size}:" + xxhash.xxh3_64_hexdigest(
+            self.chunk_sizes())
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaFound:
+    """A delta worth sending: the target's version it composes from, the new version's
+    chunks and digests, and the parts."""
+
+    current: ObjectInfo
+    layout: Layout
+    digests: list[bytes]
+    plan: delta.DeltaPlan
+    changed_tensors: tuple[str, ...]
+
+    def event(self, key: str) -> DeltaPlanned:
+        p = self.plan
+        return DeltaPlanned(key, p.size, p.bytes_changed, p.bytes_sent, p.bytes_reused,
+                            len(p.parts), self.changed_tensors)
+
+
+class ComposeRefused(MCSyncError):
+    """The target does not take ranged part copies: send changed objects whole."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +131,7 @@ class Transfer:
     journal: Manifest | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     open_uploads: dict[str, OpenUpload] = field(default_factory=dict)
+    _compose_refused: bool = False
 
     async def run(self, action: Action) -> Done:
         if action.kind == "delete":
@@ -71,7 +147,9 @@ class Transfer:
             async with self.limits.requests:
                 fresh = await self.src.head(action.key)
             log.info("%s changed while it was copied; copying the new version", action.key)
-            return await self._write(dataclasses.replace(action, src=fresh))
+            # The target is looked at again too: a delta must never compose from a target
+            # version other than the one mcsync recorded.
+            return await self._write(dataclasses.replace(action, src=fresh, dst=None))
 
     async def _write(self, action: Action) -> Done:
         src = action.src
@@ -80,6 +158,8 @@ class Transfer:
             return await self._server_copy(action, src)
         if src.size <= self.options.multipart_threshold or not self.dst.caps.multipart:
             return await self._copy_whole(action, src)
+        if self.may_delta(action):
+            return await self._delta(action, src)
         return await self._copy_parts(action, src)
 
     # -- through the client --------------------------------------------------------------------
@@ -97,65 +177,187 @@ class Transfer:
             written = await self.dst.put(action.key, data, mtime=src.mtime)
             del data
         self.emit(BytesMoved(action.key, src.size))
-        return self._done(action, src, written, src.size, [digest], src.size)
+        whole = Layout(src.size, [ByteRange(0, src.size)], None)
+        return self._done(action, src, written, src.size, [digest], whole)
 
     async def _copy_parts(self, action: Action, src: ObjectInfo) -> Done:
-        key = action.key
         part_size = self.options.part_size_for(src.size)
-        ranges = [ByteRange(off, min(off + part_size, src.size))
-                  for off in range(0, src.size, part_size)]
+        layout = await self._layout(action.key, src, part_size, self.options.chunker)
+        chunks = layout.chunks
+        specs = [PartSpec(n, ByteRange(chunks[a].start, chunks[b - 1].end),
+                          chunks=tuple(chunks[a:b]), first_chunk=a)
+                 for n, (a, b) in enumerate(group_parts(chunks, part_size), start=1)]
+        return await self._multipart(action, src, part_size, layout, specs,
+                                     layout.fingerprint(part_size))
+
+    def may_delta(self, action: Action) -> bool:
+        """Could this action go as a block delta (before looking at any byte)?"""
+        src = action.src
+        return (action.kind == "copy" and action.known is not None and src is not None
+                and src.size > self.options.multipart_threshold and self.dst.caps.multipart
+                and self.dst.caps.compose)
+
+    async def _delta(self, action: Action, src: ObjectInfo) -> Done:
+        """Send only what changed since mcsync wrote the target's version, and have the
+        target copy the rest from that version (see ``delta``)."""
+        found = await self.plan_delta(action, src)
+        if isinstance(found, str) or self._compose_refused:
+            why = found if isinstance(found, str) else "the target refused ranged part copies"
+            log.info("%s: %s; sending it whole", action.key, why)
+            return await self._copy_parts(action, src)
+        self.emit(found.event(action.key))
+        part_size = self.options.part_size_for(src.size)
+        specs = [PartSpec(p.number, p.rng, old_start=p.old_start) for p in found.plan.parts]
+        source = cast(ComposeStore, self.dst).compose_source(found.current)
+        try:
+            return await self._multipart(action, src, part_size, found.layout, specs,
+                                         found.plan.fingerprint(), delta=found, source=source)
+        except ComposeRefused as exc:
+            self._compose_refused = True
+            log.warning("%s; sending changed objects whole from now on", exc)
+            return await self._copy_parts(action, src)
+
+    async def plan_delta(self, action: Action, src: ObjectInfo) -> DeltaFound | str:
+        """The delta for a changed object mcsync wrote before, or why there is none. Reads
+        (and hashes) the whole source; sends nothing."""
+        known = action.known
+        if known is None or not self.options.delta:
+            return "no delta asked for"
+        old = known.chunks()
+        if not old:
+            return "no block hashes recorded for the target's version"
+        if not self.dst.caps.compose:
+            return f"{self.dst.url} cannot build objects from ranges"
+        current = action.dst
+        if current is None:
+            try:
+                async with self.limits.requests:
+                    current = await self.dst.head(action.key)
+            except NotFound:
+                return "not at the target any more"
+        if not known.matches_target(current):
+            return "the target changed behind mcsync's back"
+        part_size = self.options.part_size_for(src.size)
+        chunker = "fixed" if self.options.chunker == "fixed" else known.chunker
+        layout = await self._layout(action.key, src, known.block_size, chunker)
+        digests = await scan_chunks(self.src, src, layout.chunks, part_size, self.limits)
+        segments = delta.match(list(zip(layout.chunks, digests, strict=True)), old)
+        plan = delta.pack(segments, src.size, part_size=part_size,
+                          min_part=self.dst.caps.min_part_size, max_parts=self.dst.caps.max_parts)
+        if plan is None:
+            return "too many changed regions for one upload"
+        if plan.bytes_reused == 0:
+            return "nothing of the target's version can be reused"
+        tensors = () if layout.header is None else tuple(delta.changed_tensors(
+            segments, [(t.name, t.start, t.end) for t in layout.header.tensors]))
+        return DeltaFound(current, layout, digests, plan, tensors)
+
+    async def _layout(self, key: str, src: ObjectInfo, block: int, chunker: str) -> Layout:
+        """How ``key`` is cut into chunks: by tensor for a safetensors file (unless the
+        fixed chunker is asked for), else in fixed blocks."""
+        if chunker != "fixed" and key.endswith(SAFETENSORS_SUFFIX):
+            try:
+                header = await self._safetensors_header(key, src)
+            except NotSafetensors as exc:
+                log.info("%s: not cut by tensor: %s; fixed blocks instead", key, exc)
+            else:
+                return Layout(block, safetensors_chunks(header, block), header)
+        return Layout(block, fixed_chunks(src.size, block), None)
+
+    async def _safetensors_header(self, key: str, src: ObjectInfo) -> SafetensorsHeader:
+        probe = ByteRange(0, min(SAFETENSORS_PROBE, src.size))
+        async with self.limits.requests:
+            head = await self.src.get(key, probe, expect=src)
+        length = header_length(bytes(head[:8]), src.size)
+        if length > len(head):
+            async with self.limits.memory.hold(length), self.limits.requests:
+                head = await self.src.get(key, ByteRange(0, length), expect=src)
+        return parse_safetensors(bytes(head[:length]), src.size)
+
+    async def _multipart(self, action: Action, src: ObjectInfo, part_size: int,
+                         layout: Layout, specs: list[PartSpec], layout_id: str | None, *,
+                         delta: DeltaFound | None = None,
+                         source: CopySource | None = None) -> Done:
+        """One multipart upload of ``specs`` (new or resumed from the journal), completed only
+        when every part is there, so the new version appears whole or not at all."""
+        key = action.key
         upload: Upload | None = None
         kept: dict[int, JournalPart] = {}
+        n_chunks = len(layout.chunks)
+        # Each chunk's digest: from the delta's scan, or filled as the parts are read.
+        digests: list[bytes] = list(delta.digests) if delta else [b""] * n_chunks
         prior = self.open_uploads.pop(key, None)
         if prior is not None:
-            if prior.matches_source(src) and prior.part_size == part_size:
+            if (prior.matches_source(src) and prior.part_size == part_size
+                    and prior.layout == layout_id):
                 async with self.limits.requests:
                     upload = await self.dst.resume_upload(key, prior.upload_id, src.size,
                                                           mtime=src.mtime)
                 if upload is None:
-                    finished = await self._finished_before(action, src, prior, ranges)
+                    finished = await self._finished_before(action, src, prior, specs, layout,
+                                                           delta)
                     if finished is not None:
                         return finished
                     # Some stores answer NoSuchUpload for an upload that has no part yet:
                     # abort it by id all the same, or it would be orphaned.
                     await self.abort_stale(prior)
                 else:
-                    kept = await self._confirmed_parts(upload, prior, ranges)
+                    kept = await self._confirmed_parts(upload, prior, specs)
             else:
                 await self.abort_stale(prior)
         if upload is None:
             async with self.limits.requests:
                 upload = await self.dst.open_upload(key, src.size, mtime=src.mtime)
             if self.journal is not None:
-                self.journal.begin_upload(key, upload.upload_id, src, part_size)
+                self.journal.begin_upload(key, upload.upload_id, src, part_size, layout_id)
 
-        digests: list[bytes] = [b""] * len(ranges)
         refs: dict[int, PartRef] = {}
+        by_number = {spec.number: spec for spec in specs}
         for n, jp in kept.items():
-            digests[n - 1] = jp.digest
             refs[n] = PartRef(n, jp.etag, jp.size)
+            spec = by_number[n]
+            if spec.first_chunk is not None:
+                pieces = _split_digests(jp.digest)
+                digests[spec.first_chunk:spec.first_chunk + len(pieces)] = pieces
         journal = self.journal
         live = upload
-        check_crc = src.crc32c is not None and not kept  # resumed parts have no CRC recorded
-        crcs: list[tuple[int, int]] = [(0, 0)] * len(ranges)
+        copies = any(spec.old_start is not None for spec in specs)
+        check_crc = src.crc32c is not None and not kept and not copies
+        crcs: list[tuple[int, int]] = [(0, 0)] * len(specs)
 
-        async def move(number: int, rng: ByteRange) -> PartRef:
-            # One request slot from read to acknowledgement: a part read ahead of a free slot
-            # to send it would only hold memory.
-            async with self.limits.requests:
-                data = await self.src.get(key, rng, expect=src)
-                digest = await block_digest_async(data)
-                if check_crc:
-                    crcs[number - 1] = (await checksums.crc32c_async(data), len(data))
-                part = await live.put_part(number, rng.start, data)
-            del data
-            digests[number - 1] = digest
+        async def move(spec: PartSpec) -> PartRef:
+            number, rng = spec.number, spec.rng
+            if spec.old_start is not None:
+                assert source is not None
+                old = ByteRange(spec.old_start, spec.old_start + rng.length)
+                async with self.limits.requests:
+                    try:
+                        part = await cast(ServerCopyUpload, live).copy_part(
+                            number, rng.start, source, old)
+                    except Permanent as exc:
+                        raise ComposeRefused(f"{self.dst.url}: a ranged part copy of {key} "
+                                             f"was refused: {exc}") from exc
+                chunk_hashes = b""  # no byte passed through us
+            else:
+                # One request slot from read to acknowledgement: a part read ahead of a free
+                # slot to send it would only hold memory.
+                async with self.limits.requests:
+                    data = await self.src.get(key, rng, expect=src)
+                    pieces = await chunk_digests_async(data, rng.start,
+                                                       list(spec.chunks or (rng,)))
+                    if check_crc:
+                        crcs[number - 1] = (await checksums.crc32c_async(data), len(data))
+                    part = await live.put_part(number, rng.start, data)
+                del data
+                if spec.first_chunk is not None:
+                    digests[spec.first_chunk:spec.first_chunk + len(pieces)] = pieces
+                chunk_hashes = b"".join(pieces)
             if journal is not None:
-                journal.record_part(key, JournalPart(number, part.etag, part.size, digest))
+                journal.record_part(key, JournalPart(number, part.etag, part.size, chunk_hashes))
             self.emit(BytesMoved(key, rng.length))
             return part
 
-        todo = [(n, rng) for n, rng in enumerate(ranges, start=1) if n not in kept]
+        todo = [spec for spec in specs if spec.number not in kept]
         for part in await self._run_parts(key, upload, todo, move, budgeted=True):
             refs[part.number] = part
         if check_crc:  # before Complete: a mismatch must never become visible
@@ -169,29 +371,39 @@ class Transfer:
                 raise
         async with self.limits.requests:
             written = await _complete(upload, [refs[n] for n in sorted(refs)])
-        sent = sum(rng.length for _, rng in todo)
-        return self._done(action, src, written, sent, digests, part_size)
+        sent = sum(spec.rng.length for spec in todo if spec.old_start is None)
+        reused = sum(spec.rng.length for spec in specs if spec.old_start is not None)
+        return self._done(action, src, written, sent, digests, layout, reused=reused,
+                          changed=delta.plan.bytes_changed if delta else src.size)
 
     async def _confirmed_parts(self, upload: Upload, prior: OpenUpload,
-                               ranges: list[ByteRange]) -> dict[int, JournalPart]:
-        claims = [PartClaim(PartRef(p.number, p.etag, p.size), ranges[p.number - 1].start,
-                            p.digest)
-                  for p in prior.parts.values()
-                  if p.number <= len(ranges) and p.size == ranges[p.number - 1].length]
+                               specs: list[PartSpec]) -> dict[int, JournalPart]:
+        by_number = {spec.number: spec for spec in specs}
+        claims = []
+        for p in prior.parts.values():
+            spec = by_number.get(p.number)
+            if spec is None or p.size != spec.rng.length:
+                continue
+            if spec.old_start is None and len(p.digest) != DIGEST_SIZE * len(
+                    spec.chunks or (spec.rng,)):
+                continue  # recorded with another cut: send again
+            claims.append(PartClaim(PartRef(p.number, p.etag, p.size), spec.rng.start, p.digest,
+                                    tuple(c.length for c in spec.chunks)))
         async with self.limits.requests:
             good = await upload.confirm_parts(claims)
         log.info("%s: resuming upload, %d of %d parts already there", prior.key, len(good),
-                 len(ranges))
+                 len(specs))
         return {n: prior.parts[n] for n in good}
 
     async def _finished_before(self, action: Action, src: ObjectInfo, prior: OpenUpload,
-                               ranges: list[ByteRange]) -> Done | None:
+                               specs: list[PartSpec], layout: Layout,
+                               delta: DeltaFound | None) -> Done | None:
         """The journalled upload is gone: a previous run may have been killed between completing
         it and recording it. If the target holds exactly that object, record it; otherwise
         start over (a fresh upload is always correct)."""
         if self.journal is not None:
             self.journal.drop_upload(action.key)
-        if len(prior.parts) != len(ranges):
+        if len(prior.parts) != len(specs):
             return None
         try:
             async with self.limits.requests:
@@ -206,7 +418,15 @@ class Transfer:
                 return None
         elif there.mtime != src.mtime:
             return None
-        return self._done(action, src, there, 0, [p.digest for p in parts], prior.part_size)
+        if delta is not None:
+            digests = list(delta.digests)
+        else:
+            digests = [d for p in parts for d in _split_digests(p.digest)]
+            if len(digests) != len(layout.chunks):
+                return None
+        return self._done(action, src, there, 0, digests, layout,
+                          reused=delta.plan.bytes_reused if delta else 0,
+                          changed=delta.plan.bytes_changed if delta else src.size)
 
     async def abort_stale(self, prior: OpenUpload) -> None:
         """Abort an upload a previous run left open that this run will not finish."""
@@ -231,7 +451,7 @@ class Transfer:
         if src.size <= SERVER_COPY_CUTOFF:
             async with self.limits.requests:
                 written = await dst.copy_object(source, action.key)
-            return self._done(action, src, written, 0, [], 0)
+            return self._done(action, src, written, 0, [], None)
         part_size = min(max(self.options.part_size_for(src.size), SERVER_COPY_MIN_PART),
                         S3_MAX_PART_SIZE)
         ranges = [ByteRange(off, min(off + part_size, src.size))
@@ -239,35 +459,42 @@ class Transfer:
         async with self.limits.requests:
             upload = await dst.open_upload(action.key, src.size)
 
-        async def move(number: int, rng: ByteRange) -> PartRef:
+        async def move(spec: PartSpec) -> PartRef:
             async with self.limits.requests:
-                part = await upload.copy_part(number, source, rng)
-            self.emit(BytesMoved(action.key, rng.length))
+                part = await upload.copy_part(spec.number, spec.rng.start, source, spec.rng)
+            self.emit(BytesMoved(action.key, spec.rng.length))
             return part
 
-        parts = await self._run_parts(action.key, upload, list(enumerate(ranges, start=1)),
-                                      move, budgeted=False)
+        specs = [PartSpec(n, rng, old_start=rng.start) for n, rng in enumerate(ranges, start=1)]
+        parts = await self._run_parts(action.key, upload, specs, move, budgeted=False)
         async with self.limits.requests:
             written = await _complete(upload, sorted(parts, key=lambda p: p.number))
-        return self._done(action, src, written, 0, [], 0)
+        return self._done(action, src, written, 0, [], None)
 
     # -- shared --------------------------------------------------------------------------------
 
     def _done(self, action: Action, src: ObjectInfo, written: ObjectInfo, sent: int,
-              digests: list[bytes], block_size: int) -> Done:
-        server = action.kind == "server_copy"
+              digests: list[bytes], layout: Layout | None, *, reused: int = 0,
+              changed: int | None = None) -> Done:
+        """``layout`` None: a server-side copy, no byte of which passed through us."""
+        server = layout is None
         xxh3 = None if server else object_digest(digests)
+        block = layout.block if layout is not None else 0
         result = ObjectResult(action.key, "server_copy" if server else "copy", src.size, sent,
-                              xxh3, None if server else block_size, written.etag)
+                              xxh3, None if server else block, written.etag,
+                              bytes_reused=reused,
+                              bytes_changed=None if server else (
+                                  src.size if changed is None else changed))
         entry = ManifestEntry(
             key=action.key, src_size=src.size, src_etag=src.etag, src_mtime=src.mtime,
             src_version=src.version, dst_size=src.size, dst_etag=written.etag,
-            dst_mtime=written.mtime, block_size=block_size, block_hashes=b"".join(digests),
-            xxh3=xxh3, crc32c=src.crc32c, written_at=time.time())
+            dst_mtime=written.mtime, block_size=block, block_hashes=b"".join(digests),
+            xxh3=xxh3, crc32c=src.crc32c, written_at=time.time(),
+            chunk_sizes=layout.chunk_sizes() if layout is not None else b"")
         return Done(result, entry)
 
-    async def _run_parts(self, key: str, upload: Upload, parts: list[tuple[int, ByteRange]],
-                         move: Callable[[int, ByteRange], Awaitable[PartRef]],
+    async def _run_parts(self, key: str, upload: Upload, parts: list[PartSpec],
+                         move: Callable[[PartSpec], Awaitable[PartRef]],
                          *, budgeted: bool) -> list[PartRef]:
         """Move parts concurrently. A failure aborts the upload (nothing half-written is ever
         completed) and re-raises the first error. A stop request lets the parts in flight
@@ -279,31 +506,31 @@ class Transfer:
         memory = self.limits.memory
         charge = 1 + self.dst.caps.send_copies  # the part read, plus the client's copies
 
-        async def run_one(number: int, rng: ByteRange) -> PartRef:
+        async def run_one(spec: PartSpec) -> PartRef:
             try:
-                return await move(number, rng)
+                return await move(spec)
             finally:
-                memory.release(held.pop(number, 0))
+                memory.release(held.pop(spec.number, 0))
 
         tasks: list[asyncio.Task[PartRef]] = []
         window = asyncio.Semaphore(self.options.part_concurrency)
 
-        async def windowed(number: int, rng: ByteRange) -> PartRef:
+        async def windowed(spec: PartSpec) -> PartRef:
             try:
-                return await run_one(number, rng)
+                return await run_one(spec)
             finally:
                 window.release()
 
         try:
             async with asyncio.TaskGroup() as tg:
-                for number, rng in parts:
+                for spec in parts:
                     await window.acquire()
                     if self.stop.is_set():
                         window.release()
                         break
-                    if budgeted:
-                        held[number] = await memory.acquire(rng.length * charge)
-                    tasks.append(tg.create_task(windowed(number, rng)))
+                    if budgeted and spec.old_start is None:  # a copied part holds no bytes
+                        held[spec.number] = await memory.acquire(spec.rng.length * charge)
+                    tasks.append(tg.create_task(windowed(spec)))
         except asyncio.CancelledError:
             raise  # the upload stays open and journalled: the next run resumes it
         except BaseException as exc:
@@ -337,3 +564,7 @@ def _multipart_etag(part_etags: list[str]) -> str | None:
     except ValueError:
         return None
     return f"{hashlib.md5(joined).hexdigest()}-{len(part_etags)}"
+
+
+def _split_digests(joined: bytes) -> list[bytes]:
+    return [joined[i:i + DIGEST_SIZE] for i in range(0, len(joined), DIGEST_SIZE)]

@@ -44,7 +44,8 @@ class PartClaim:
 
     ref: PartRef
     offset: int
-    digest: bytes  # xxh3-128 of the part's bytes
+    digest: bytes  # xxh3-128 of each chunk of the part, concatenated (b"": not known)
+    chunks: tuple[int, ...] = ()  # the chunks' lengths when the part has more than one
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +61,6 @@ class Capabilities:
     # part body once more on its way to the socket); parts are charged this many times their
     # size against the memory budget, so the budget bounds real memory.
     send_copies: int = 1
+    # Can build a new version of an object from ranges of its current version (S3
+    # UploadPartCopy with a range; copy_file_range for files): the block delta's target side.
+    compose: bool = False

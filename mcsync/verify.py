@@ -11,11 +11,10 @@ import asyncio
 from collections.abc import Callable, Iterator
 
 from .errors import MCSyncError, NotFound
-from .hashing import block_digest_async
 from .limits import Limits
-from .manifest import DIGEST_SIZE, ManifestEntry
+from .manifest import ManifestEntry
+from .scan import scan_chunks
 from .stores.base import Store
-from .types import ByteRange
 
 
 async def verify_entries(dst: Store, entries: Iterator[ManifestEntry], limits: Limits,
@@ -61,24 +60,16 @@ async def verify_one(dst: Store, entry: ManifestEntry, limits: Limits) -> str | 
         if entry.dst_etag is not None and there.etag != entry.dst_etag:
             return f"etag {there.etag}, manifest says {entry.dst_etag}"
         return None
-    bad: list[int] = []
-
-    async def block(i: int, rng: ByteRange) -> None:
-        async with limits.memory.hold(rng.length):
-            async with limits.requests:
-                data = await dst.get(entry.key, rng if rng.length != entry.dst_size else None)
-            digest = await block_digest_async(data)
-        if digest != entry.block_hashes[i * DIGEST_SIZE:(i + 1) * DIGEST_SIZE]:
-            bad.append(i)
-
-    size, bs = entry.dst_size, entry.block_size
-    ranges = [ByteRange(off, min(off + bs, size)) for off in range(0, size, bs)] or [
-        ByteRange(0, 0)]
-    async with asyncio.TaskGroup() as tg:
-        for i, rng in enumerate(ranges):
-            tg.create_task(block(i, rng))
+    recorded = entry.chunks()
+    if not recorded:
+        return "the manifest's block hashes do not fit the object's size"
+    ranges = [rng for rng, _ in recorded]
+    # Read in reads of at least a block (small tensor chunks are grouped), unpinned: the
+    # target's bytes are what is being checked.
+    found = await scan_chunks(dst, there, ranges, max(entry.block_size, 8 << 20), limits,
+                              pinned=False)
+    bad = [rng for (rng, want), got in zip(recorded, found, strict=True) if want != got]
     if bad:
-        first = sorted(bad)[0]
         return (f"content differs from what mcsync wrote in {len(bad)} of {len(ranges)} "
-                f"blocks (first at byte {first * bs})")
+                f"chunks (first at byte {bad[0].start})")
     return None

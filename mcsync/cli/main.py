@@ -17,6 +17,7 @@ import click
 
 from .. import run_blocking
 from ..config import (
+    CHUNKERS,
     DEFAULT_CONCURRENCY,
     DEFAULT_PART_CONCURRENCY,
     SyncOptions,
@@ -25,7 +26,7 @@ from ..config import (
 )
 from ..engine import run_sync
 from ..errors import MCSyncError, UsageError
-from ..events import Event, FanOut, ObjectPlanned
+from ..events import DeltaPlanned, Event, FanOut, ObjectPlanned
 from ..limits import Limits
 from ..lock import Locked
 from ..manifest import Manifest, last_run_status, manifest_dir, pair_of
@@ -100,6 +101,12 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Decide whether an object changed by its content, not by size and "
                           "modification time: list the target, skip on equal ETags or recorded "
                           "xxh3-128 hashes, otherwise read and hash both sides (costs reads)."),
+        click.option("--no-delta", "no_delta", is_flag=True,
+                     help="Send changed objects whole instead of only their changed chunks."),
+        click.option("--chunker", type=click.Choice(CHUNKERS), default="auto", show_default=True,
+                     help="How objects are cut for the block delta: auto cuts .safetensors "
+                          "files by tensor (a tensor keeps its chunks when the header grows), "
+                          "everything else in fixed blocks of the part size."),
         click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
                      show_default=True, metavar="SECONDS",
                      help="On SIGINT/SIGTERM, how long work in flight may take to finish."),
@@ -273,14 +280,14 @@ def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: boo
 
 
 def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, quiet: bool,
-         verbose: bool, no_server_side_copy: bool, no_manifest: bool,
+         verbose: bool, no_server_side_copy: bool, no_manifest: bool, no_delta: bool,
          report_path: str | None, long: bool = False, **kw: Any) -> int:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr,
                         force=True)
     try:
         options = SyncOptions(dry_run=dry_run, server_side_copy=not no_server_side_copy,
-                              use_manifest=not no_manifest,
+                              use_manifest=not no_manifest, delta=not no_delta,
                               include=tuple(kw.pop("include")), exclude=tuple(kw.pop("exclude")),
                               **kw)
     except UsageError as exc:
@@ -364,9 +371,22 @@ class _PlanPrinter:
         if isinstance(event, ObjectPlanned) and event.action != "skip":
             click.echo(f"{event.action:<12} {format_size(event.size):>10}  {event.key}"
                        f"  ({event.reason})")
+        elif isinstance(event, DeltaPlanned):
+            click.echo(_delta_line(event))
 
     def close(self) -> None:
         pass
+
+
+def _delta_line(e: DeltaPlanned) -> str:
+    line = (f"{'  delta':<12} {format_size(e.size):>10}  {e.key}: "
+            f"{format_size(e.bytes_changed)} changed, {format_size(e.bytes_to_send)} to send, "
+            f"{format_size(e.bytes_reused)} composed at the target ({e.parts} parts)")
+    if e.changed_tensors:
+        names = ", ".join(e.changed_tensors[:8])
+        more = len(e.changed_tensors) - 8
+        line += f"\n{'':<25}changed tensors: {names}" + (f" and {more} more" if more > 0 else "")
+    return line
 
 
 class _PlanSummary:
@@ -375,8 +395,11 @@ class _PlanSummary:
     def __init__(self) -> None:
         self.by_action: dict[str, list[int]] = {}
         self.by_dir: dict[str, dict[str, list[int]]] = {}
+        self.deltas: list[DeltaPlanned] = []
 
     def emit(self, event: Event) -> None:
+        if isinstance(event, DeltaPlanned):
+            self.deltas.append(event)
         if not isinstance(event, ObjectPlanned):
             return
         tally = self.by_action.setdefault(event.action, [0, 0])
@@ -402,6 +425,11 @@ class _PlanSummary:
                 size = sum(v[1] for v in moving)
                 skipped = actions.get("skip", [0, 0])[0]
                 click.echo(f"{top[:28]:<28} {n:>10} {format_size(size):>14} {skipped:>9}")
+        if self.deltas:
+            click.echo("")
+            click.echo(f"block delta for {len(self.deltas)} changed objects:")
+            for d in sorted(self.deltas, key=lambda d: d.key)[:50]:
+                click.echo(_delta_line(d))
 
 
 def _guarded(fn: Callable[[], Any]) -> Any:

@@ -139,4 +139,9 @@ def summary(report: SyncReport) -> str:
     ]
     if not report.dry_run:
         parts.append(f"{format_size(report.throughput_bps)}/s")
+    if report.bytes_reused:
+        sent = "to send" if report.dry_run else "sent"
+        parts.append(f"delta: {format_size(report.bytes_changed)} changed, "
+                     f"{format_size(report.bytes_sent)} {sent}, "
+                     f"{format_size(report.bytes_reused)} reused at the target")
     return " · ".join(parts)

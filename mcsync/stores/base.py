@@ -34,9 +34,14 @@ class Upload(Protocol):
 
 
 class ServerCopyUpload(Upload, Protocol):
-    """An upload that can take parts from an object on the same endpoint (UploadPartCopy)."""
+    """An upload that can take parts from an object the target can read itself (S3
+    UploadPartCopy; for files, copy_file_range from the current version)."""
 
-    async def copy_part(self, number: int, source: CopySource, rng: ByteRange) -> PartRef: ...
+    async def copy_part(self, number: int, offset: int, source: CopySource,
+                        rng: ByteRange) -> PartRef:
+        """Part ``number``, written at ``offset`` of the new object, is bytes ``rng`` of
+        ``source``; raises PreconditionFailed when the source is not the version named."""
+        ...
 
 
 @runtime_checkable
@@ -94,11 +99,10 @@ class Store(Protocol):
 
 
 class CopySource(Protocol):
-    """Where a server-side copy reads from: an object on an endpoint the target can reach."""
+    """Where a server-side copy reads from: an object the target can reach. Each store
+    knows its own kind of source (S3: bucket, key and ETag; files: a path, size and mtime)."""
 
-    bucket: str
     key: str
-    etag: str | None
 
 
 class ServerCopyStore(Store, Protocol):
@@ -108,6 +112,19 @@ class ServerCopyStore(Store, Protocol):
     def copy_source(self, key: str, etag: str | None) -> CopySource: ...
 
     async def copy_object(self, source: CopySource, key: str) -> ObjectInfo: ...
+
+    async def open_upload(
+        self, key: str, size: int, *, mtime: float | None = None
+    ) -> ServerCopyUpload: ...
+
+
+class ComposeStore(Store, Protocol):
+    """A target that builds a new version of an object from ranges of its current one."""
+
+    def compose_source(self, current: ObjectInfo) -> CopySource:
+        """The current version of ``current.key``, pinned: a copy from it fails with
+        PreconditionFailed once the object is no longer ``current`` (ETag; size + mtime)."""
+        ...
 
     async def open_upload(
         self, key: str, size: int, *, mtime: float | None = None

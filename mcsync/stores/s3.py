@@ -100,7 +100,8 @@ class S3CopySource:
 
 class S3Store:
     caps = Capabilities(multipart=True, server_side_copy=True, min_part_size=S3_MIN_PART_SIZE,
-                        max_part_size=S3_MAX_PART_SIZE, max_parts=10_000, send_copies=2)
+                        max_part_size=S3_MAX_PART_SIZE, max_parts=10_000, send_copies=2,
+                        compose=True)
 
     def __init__(
         self,
@@ -241,6 +242,9 @@ class S3Store:
 
     def copy_source(self, key: str, etag: str | None) -> S3CopySource:
         return S3CopySource(self.bucket, self._full(key), etag)
+
+    def compose_source(self, current: ObjectInfo) -> S3CopySource:
+        return self.copy_source(current.key, current.etag)
 
     # -- operations -----------------------------------------------------------------------------
 
@@ -559,7 +563,8 @@ class S3Upload:
         held = {(p.number, p.etag, p.size) for p in await self.list_parts()}
         return {c.ref.number for c in claims if (c.ref.number, c.ref.etag, c.ref.size) in held}
 
-    async def copy_part(self, number: int, source: S3CopySource, rng: ByteRange) -> PartRef:
+    async def copy_part(self, number: int, offset: int, source: S3CopySource,
+                        rng: ByteRange) -> PartRef:
         s = self.store
         client = await s._c()
         kwargs: dict[str, Any] = {

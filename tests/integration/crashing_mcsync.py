@@ -6,6 +6,7 @@ CRASH_AT=point:n kills the process the n-th time it reaches ``point``:
   put          before the n-th whole-object PUT        put-done       after it was acknowledged
   begin        after the n-th multipart upload was created (before it is journalled)
   part         before the n-th part is sent            part-done      after it was acknowledged
+  copy         before the n-th part is copied at the target (UploadPartCopy, block delta)
   complete     before the n-th CompleteMultipartUpload complete-done  after it returned
   commit       at the n-th manifest commit (before it)
 
@@ -58,6 +59,10 @@ class CrashingUpload:
         acked(len(data))
         reach("part-done")
         return ref
+
+    async def copy_part(self, *args: Any) -> Any:
+        reach("copy")
+        return await self._inner.copy_part(*args)
 
     async def complete(self, parts: Any) -> Any:
         reach("complete")

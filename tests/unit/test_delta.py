@@ -17,7 +17,7 @@ from mcsync.chunking import (
     parse_safetensors,
     safetensors_chunks,
 )
-from mcsync.delta import changed_tensors, match, pack
+from mcsync.delta import Segment, changed_tensors, match, pack
 
 # Small numbers stand in for S3's: a 64-byte "minimum part" exercises the same rules as 5 MiB.
 MIN_PART = 64
@@ -212,3 +212,11 @@ def test_parts_group_whole_chunks():
     assert groups[0] == (0, 4)  # 4 x 30 = 120 >= 100
     assert groups[-1][1] == len(chunks)
     assert all(a[1] == b[0] for a, b in itertools.pairwise(groups))
+
+
+def test_the_fingerprint_names_the_part_layout():
+    data = random.Random(6).randbytes(1000)
+    chunks = digests(data, fixed_chunks(1000, 100))
+    same = pack(match(chunks, chunks), 1000, part_size=128, min_part=MIN_PART, max_parts=100)
+    other = pack([Segment(0, 1000, None)], 1000, part_size=128, min_part=MIN_PART, max_parts=100)
+    assert same.fingerprint() == same.fingerprint() != other.fingerprint()
