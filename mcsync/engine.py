@@ -202,7 +202,10 @@ class _Run:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
                                      ("failed" if report.objects_failed else "ok"),
                                      report.to_dict())
-            await self._upload_manifest()
+            if self.manifest.records_changed or not self.manifest.established:
+                # A run that changed nothing leaves the target's copy as it is: a no-op run
+                # writes nothing at the target but its lock.
+                await self._upload_manifest()
         self.sink.emit(RunFinished(report))
         return report
 

@@ -227,6 +227,9 @@ class Manifest:
         self.dst_url = dst_url
         self.rebuilt: str | None = None  # why a damaged manifest was replaced, if it was
         self.existed = path.exists()
+        # Set when this process changed an object record or the journal: then the copy kept at
+        # the target is out of date.
+        self.records_changed = False
         self._journalled: set[str] = set()  # keys with upload rows, so others skip the DELETEs
         self._last_commit = time.monotonic()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -317,12 +320,14 @@ class Manifest:
             (e.key, e.src_size, e.src_etag, e.src_mtime, e.src_version, e.dst_size, e.dst_etag,
              e.dst_mtime, e.block_size, e.block_hashes, e.xxh3, e.crc32c, e.written_at,
              e.chunk_sizes))
+        self.records_changed = True
         if e.key in self._journalled:
             self._drop_upload_rows(e.key)
         if durable:
             self._changed()
 
     def forget(self, key: str) -> None:
+        self.records_changed = True
         self._db.execute("DELETE FROM objects WHERE key = ?", (key,))
         self._changed()
 
@@ -347,6 +352,7 @@ class Manifest:
             "created_at, layout) VALUES (?,?,?,?,?,?,?,?)",
             (key, upload_id, src.size, src.etag, src.mtime, part_size, time.time(), layout))
         self._journalled.add(key)
+        self.records_changed = True
         self.commit()
 
     def record_part(self, key: str, part: JournalPart) -> None:
