@@ -243,3 +243,19 @@ def test_gs_as_a_target_is_refused(gcs_env, gcs_bucket, tmp_path):
         assert result.exit_code == 2, result.output
         (line,) = error_lines(result.output)
         assert "source only" in line
+
+
+def test_a_changed_gcs_object_goes_as_a_block_delta(gcs_env, gcs_bucket, target):
+    old = payload(16 * MiB, 5)
+    seed(gcs_env, gcs_bucket, {"opt/optimizer.bin": old})
+    src = f"gs://{gcs_bucket}/opt/"
+    first = sync(src, target.url, env=target.env)
+    assert first["bytes_sent"] == len(old)
+
+    new = old[:7 * MiB] + payload(1000, 6) + old[7 * MiB + 1000:]
+    seed(gcs_env, gcs_bucket, {"opt/optimizer.bin": new})  # a new generation
+    report = sync(src, target.url, env=target.env)
+    assert target.read() == {"optimizer.bin": new}
+    assert report["bytes_changed"] == 5 * MiB  # the one fixed block the change fell in
+    assert report["bytes_reused"] == len(new) - report["bytes_sent"] > 0
+    assert not target.leftovers()
