@@ -8,6 +8,10 @@ new version the same way, finds every unchanged chunk by its digest (see ``delta
 - ``safetensors``: the header (8-byte little-endian length + JSON) is one chunk, and each
   tensor's bytes are cut into pieces of at most ``block`` bytes *from the tensor's start*, so a
   tensor keeps its chunks, and their digests, when a grown header shifts it.
+- ``cdc``: content-defined boundaries (FastCDC 2020, from pyfastcdc: Cython, ~2 GB/s here),
+  2 MiB on average, 512 KiB to 8 MiB, for formats where inserts shift everything after them.
+  Boundaries depend only on the bytes since the previous one, so cutting can restart at any
+  boundary: a stream is cut window by window (``cdc_cut``).
 
 Upload parts are whole chunks grouped to at least the part size, so a part's bytes can be
 hashed chunk by chunk wherever the parts arrive from.
@@ -19,7 +23,13 @@ import json
 import struct
 from dataclasses import dataclass
 
+import pyfastcdc
+
 from .types import ByteRange
+
+CDC_AVG = 2 * 1024 * 1024
+_CDC = pyfastcdc.FastCDC(avg_size=CDC_AVG)  # min = avg / 4, max = avg * 4
+CDC_MAX = _CDC.max_size
 
 SAFETENSORS_SUFFIX = ".safetensors"
 # A header larger than this is not a safetensors header (the reference implementation caps it
@@ -136,3 +146,11 @@ def chunks_from_sizes(blob: bytes) -> list[ByteRange]:
         chunks.append(ByteRange(pos, pos + n))
         pos += n
     return chunks
+
+
+def cdc_cut(buf: bytes | memoryview, *, eof: bool) -> list[int]:
+    """Content-defined chunk lengths of ``buf``. Unless ``buf`` ends the object, the last chunk
+    (cut by the buffer's end, not by content) is left out: cutting resumes there with more
+    bytes, and finds the boundaries one pass over the whole object would."""
+    lengths = [c.length for c in _CDC.cut_buf(buf)]
+    return lengths if eof else lengths[:-1]

@@ -35,6 +35,7 @@ class Verdict:
     block_size: int
     block_hashes: bytes  # the source's, in ``block_size`` blocks (for the manifest)
     chunk_sizes: bytes = b""  # as ManifestEntry.chunk_sizes: set when not fixed blocks
+    chunker: str = "fixed"
 
 
 def block_size_for(size: int, options: SyncOptions) -> int:
@@ -53,7 +54,8 @@ async def compare(src: Store, dst: Store, src_info: ObjectInfo, dst_info: Object
         same = ours == known.block_hashes
         reason = ("same content as recorded for the target (xxh3-128)" if same else
                   "content differs from what the target holds (xxh3-128)")
-        return Verdict(same, reason, src_info.size, known.block_size, ours, known.chunk_sizes)
+        return Verdict(same, reason, src_info.size, known.block_size, ours, known.chunk_sizes,
+                       known.chunker)
     bs = block_size_for(src_info.size, options)
     ours, theirs = await asyncio.gather(hash_blocks(src, src_info, bs, limits),
                                         hash_blocks(dst, dst_info, bs, limits))

@@ -24,7 +24,7 @@ MIN_PART_SIZE = 8 * MiB  # S3's floor is 5 MiB; 8 MiB keeps request overhead neg
 S3_MIN_PART_SIZE = 5 * MiB
 S3_MAX_PART_SIZE = 5 * GiB
 MAX_PARTS = 10_000
-CHUNKERS = ("auto", "fixed")
+CHUNKERS = ("auto", "fixed", "safetensors", "cdc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,9 @@ class SyncOptions:
     lock: bool = True
     # The block delta: a changed object mcsync wrote before sends only its changed chunks.
     delta: bool = True
-    chunker: str = "auto"  # auto: by tensor for .safetensors files, else fixed blocks; fixed
+    # auto: as the recorded version was cut; new objects by tensor for .safetensors files,
+    # else fixed blocks. fixed, safetensors, cdc (content-defined): see mcsync.chunking.
+    chunker: str = "auto"
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

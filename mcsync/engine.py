@@ -345,6 +345,7 @@ class _Run:
             src_version=src.version, dst_size=dst.size, dst_etag=dst.etag,
             dst_mtime=dst.mtime, block_size=content.block_size if content else 0,
             block_hashes=hashes, chunk_sizes=content.chunk_sizes if content else b"",
+            chunker=content.chunker if content else "fixed",
             xxh3=object_digest(_split(hashes)) if hashes else None,
             crc32c=src.crc32c, written_at=time.time()), durable=False)
         self._adopted += 1

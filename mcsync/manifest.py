@@ -50,7 +50,8 @@ CREATE TABLE IF NOT EXISTS objects (
     xxh3 TEXT,
     crc32c TEXT,
     written_at REAL NOT NULL,
-    chunk_sizes BLOB NOT NULL DEFAULT x''
+    chunk_sizes BLOB NOT NULL DEFAULT x'',
+    chunker TEXT NOT NULL DEFAULT 'fixed'
 );
 CREATE TABLE IF NOT EXISTS uploads (
     key TEXT PRIMARY KEY,
@@ -81,12 +82,14 @@ CREATE TABLE IF NOT EXISTS runs (
 
 
 _OBJECT_COLUMNS = ("key, src_size, src_etag, src_mtime, src_version, dst_size, dst_etag, "
-                   "dst_mtime, block_size, block_hashes, xxh3, crc32c, written_at, chunk_sizes")
+                   "dst_mtime, block_size, block_hashes, xxh3, crc32c, written_at, chunk_sizes, "
+                   "chunker")
 
 
 def _migrate_from_v1(db: sqlite3.Connection) -> None:
     """Version 2 added chunk maps cut by content and the layout of open uploads."""
     db.execute("ALTER TABLE objects ADD COLUMN chunk_sizes BLOB NOT NULL DEFAULT x''")
+    db.execute("ALTER TABLE objects ADD COLUMN chunker TEXT NOT NULL DEFAULT 'fixed'")
     db.execute("ALTER TABLE uploads ADD COLUMN layout TEXT")
     db.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION),))
 
@@ -116,9 +119,10 @@ class ManifestEntry:
     xxh3: str | None
     crc32c: str | None
     written_at: float
-    # Chunk lengths (little-endian u64 each) when the object was cut by content (a safetensors
-    # file: by tensor); empty when it was cut in fixed blocks of ``block_size``.
+    # Chunk lengths (little-endian u64 each) when the object was cut by content (by tensor, or
+    # content-defined); empty when it was cut in fixed blocks of ``block_size``.
     chunk_sizes: bytes = b""
+    chunker: str = "fixed"  # how the chunks were cut: fixed, safetensors or cdc (chunking)
 
     def matches_source(self, src: ObjectInfo) -> bool:
         return same_source(src, self.src_size, self.src_etag, self.src_mtime)
@@ -133,10 +137,6 @@ class ManifestEntry:
 
     def as_target(self) -> ObjectInfo:
         return ObjectInfo(self.key, self.dst_size, self.dst_etag, self.dst_mtime)
-
-    @property
-    def chunker(self) -> str:
-        return "safetensors" if self.chunk_sizes else "fixed"
 
     def chunks(self) -> list[tuple[ByteRange, bytes]]:
         """The recorded chunks of the target object with their digests; empty when none were
@@ -316,10 +316,10 @@ class Manifest:
         ``durable=False`` leaves even that to a later commit (adopted records)."""
         self._db.execute(
             f"INSERT OR REPLACE INTO objects ({_OBJECT_COLUMNS}) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (e.key, e.src_size, e.src_etag, e.src_mtime, e.src_version, e.dst_size, e.dst_etag,
              e.dst_mtime, e.block_size, e.block_hashes, e.xxh3, e.crc32c, e.written_at,
-             e.chunk_sizes))
+             e.chunk_sizes, e.chunker))
         self.records_changed = True
         if e.key in self._journalled:
             self._drop_upload_rows(e.key)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from .chunking import group_parts
+from .chunking import CDC_MAX, cdc_cut, group_parts
 from .errors import IntegrityError
-from .hashing import chunk_digests_async
+from .hashing import chunk_digests, chunk_digests_async
 from .limits import Limits
 from .stores.base import Store
 from .types import ByteRange, ObjectInfo
@@ -44,3 +44,56 @@ async def scan_chunks(store: Store, info: ObjectInfo, chunks: list[ByteRange], r
             await window.acquire()
             tg.create_task(one(first, last))
     return digests
+
+
+CDC_WINDOW = 32 * 1024 * 1024  # bytes read per request while cutting by content
+
+
+async def scan_cdc(store: Store, info: ObjectInfo, limits: Limits,
+                   window: int = CDC_WINDOW) -> tuple[list[ByteRange], list[bytes]]:
+    """Cut ``info`` by content and hash each chunk, reading it front to back in windows (the
+    next window is fetched while this one is cut), each read pinned to the listed version."""
+    size = info.size
+    window = max(window, 2 * CDC_MAX)
+    chunks: list[ByteRange] = []
+    digests: list[bytes] = []
+
+    async def read(start: int) -> bytes:
+        rng = ByteRange(start, min(start + window, size))
+        async with limits.requests:
+            data = await store.get(info.key, None if rng.length == size else rng, expect=info)
+        if len(data) != rng.length:
+            raise IntegrityError(f"{store.url}{info.key}: read {len(data)} bytes of "
+                                 f"{rng.length} at {rng.start}")
+        return bytes(data)
+
+    async with limits.memory.hold(3 * window):  # the window, the next one, and the carry
+        carry = b""
+        base = 0  # object offset of carry[0]
+        read_pos = 0
+        ahead: asyncio.Task[bytes] | None = None
+        if size:
+            ahead = asyncio.create_task(read(0))
+        try:
+            while ahead is not None:
+                data = await ahead
+                read_pos += len(data)
+                ahead = asyncio.create_task(read(read_pos)) if read_pos < size else None
+                buf = carry + data
+                eof = read_pos >= size
+                lengths = await asyncio.to_thread(cdc_cut, buf, eof=eof)
+                cut = []
+                pos = base
+                for n in lengths:
+                    cut.append(ByteRange(pos, pos + n))
+                    pos += n
+                digests.extend(await asyncio.to_thread(chunk_digests, buf, base, cut))
+                chunks.extend(cut)
+                carry = buf[pos - base:]
+                base = pos
+        finally:
+            if ahead is not None:
+                ahead.cancel()
+    if not chunks:
+        chunks, digests = [ByteRange(0, 0)], [chunk_digests(b"", 0, [ByteRange(0, 0)])[0]]
+    return chunks, digests

@@ -22,6 +22,7 @@ import xxhash
 
 from . import checksums, delta
 from .chunking import (
+    CDC_AVG,
     SAFETENSORS_PROBE,
     SAFETENSORS_SUFFIX,
     NotSafetensors,
@@ -49,7 +50,7 @@ from .limits import Limits
 from .manifest import DIGEST_SIZE, JournalPart, Manifest, ManifestEntry, OpenUpload
 from .plan import Action
 from .report import ObjectResult
-from .scan import scan_chunks
+from .scan import scan_cdc, scan_chunks
 from .stores.base import ComposeStore, CopySource, ServerCopyStore, ServerCopyUpload, Store, Upload
 from .types import ByteRange, ObjectInfo, PartClaim, PartRef
 
@@ -77,16 +78,18 @@ class Layout:
 
     block: int
     chunks: list[ByteRange]
-    header: SafetensorsHeader | None  # set when cut by tensor
+    chunker: str = "fixed"  # fixed, safetensors or cdc
+    header: SafetensorsHeader | None = None  # set when cut by tensor
+    digests: list[bytes] | None = None  # known already when cutting read the bytes (cdc)
 
     def chunk_sizes(self) -> bytes:
-        return chunk_sizes_blob(self.chunks) if self.header is not None else b""
+        return chunk_sizes_blob(self.chunks) if self.chunker != "fixed" else b""
 
     def fingerprint(self, part_size: int) -> str | None:
         """Identifies the parts' cut for the journal; None: fixed parts of part_size."""
-        if self.header is None:
+        if self.chunker == "fixed":
             return None
-        return f"chunks:{self.block}:{part_size}:" + xxhash.xxh3_64_hexdigest(
+        return f"{self.chunker}:{self.block}:{part_size}:" + xxhash.xxh3_64_hexdigest(
             self.chunk_sizes())
 
 
@@ -177,7 +180,7 @@ class Transfer:
             written = await self.dst.put(action.key, data, mtime=src.mtime)
             del data
         self.emit(BytesMoved(action.key, src.size))
-        whole = Layout(src.size, [ByteRange(0, src.size)], None)
+        whole = Layout(src.size, [ByteRange(0, src.size)])
         return self._done(action, src, written, src.size, [digest], whole)
 
     async def _copy_parts(self, action: Action, src: ObjectInfo) -> Done:
@@ -238,9 +241,11 @@ class Transfer:
         if not known.matches_target(current):
             return "the target changed behind mcsync's back"
         part_size = self.options.part_size_for(src.size)
-        chunker = "fixed" if self.options.chunker == "fixed" else known.chunker
+        # Cut the new version the way the recorded one was cut, unless told otherwise.
+        chunker = known.chunker if self.options.chunker == "auto" else self.options.chunker
         layout = await self._layout(action.key, src, known.block_size, chunker)
-        digests = await scan_chunks(self.src, src, layout.chunks, part_size, self.limits)
+        digests = layout.digests or await scan_chunks(self.src, src, layout.chunks, part_size,
+                                                      self.limits)
         segments = delta.match(list(zip(layout.chunks, digests, strict=True)), old)
         plan = delta.pack(segments, src.size, part_size=part_size,
                           min_part=self.dst.caps.min_part_size, max_parts=self.dst.caps.max_parts)
@@ -253,16 +258,20 @@ class Transfer:
         return DeltaFound(current, layout, digests, plan, tensors)
 
     async def _layout(self, key: str, src: ObjectInfo, block: int, chunker: str) -> Layout:
-        """How ``key`` is cut into chunks: by tensor for a safetensors file (unless the
-        fixed chunker is asked for), else in fixed blocks."""
-        if chunker != "fixed" and key.endswith(SAFETENSORS_SUFFIX):
+        """How ``key`` is cut into chunks: content-defined with ``cdc`` (reads the source
+        once to find the boundaries), by tensor for a safetensors file (``auto``,
+        ``safetensors``), else in fixed blocks."""
+        if chunker == "cdc":
+            chunks, digests = await scan_cdc(self.src, src, self.limits)
+            return Layout(CDC_AVG, chunks, "cdc", digests=digests)
+        if chunker in ("auto", "safetensors") and key.endswith(SAFETENSORS_SUFFIX):
             try:
                 header = await self._safetensors_header(key, src)
             except NotSafetensors as exc:
                 log.info("%s: not cut by tensor: %s; fixed blocks instead", key, exc)
             else:
-                return Layout(block, safetensors_chunks(header, block), header)
-        return Layout(block, fixed_chunks(src.size, block), None)
+                return Layout(block, safetensors_chunks(header, block), "safetensors", header)
+        return Layout(block, fixed_chunks(src.size, block))
 
     async def _safetensors_header(self, key: str, src: ObjectInfo) -> SafetensorsHeader:
         probe = ByteRange(0, min(SAFETENSORS_PROBE, src.size))
@@ -490,7 +499,8 @@ class Transfer:
             src_version=src.version, dst_size=src.size, dst_etag=written.etag,
             dst_mtime=written.mtime, block_size=block, block_hashes=b"".join(digests),
             xxh3=xxh3, crc32c=src.crc32c, written_at=time.time(),
-            chunk_sizes=layout.chunk_sizes() if layout is not None else b"")
+            chunk_sizes=layout.chunk_sizes() if layout is not None else b"",
+            chunker=layout.chunker if layout is not None else "fixed")
         return Done(result, entry)
 
     async def _run_parts(self, key: str, upload: Upload, parts: list[PartSpec],

@@ -104,9 +104,11 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--no-delta", "no_delta", is_flag=True,
                      help="Send changed objects whole instead of only their changed chunks."),
         click.option("--chunker", type=click.Choice(CHUNKERS), default="auto", show_default=True,
-                     help="How objects are cut for the block delta: auto cuts .safetensors "
-                          "files by tensor (a tensor keeps its chunks when the header grows), "
-                          "everything else in fixed blocks of the part size."),
+                     help="How objects are cut for the block delta. auto: as the target's "
+                          "version was cut; new .safetensors files by tensor (a tensor keeps "
+                          "its chunks when the header grows), others in fixed blocks of the part "
+                          "size. cdc: content-defined chunks (FastCDC, ~2 MiB), for formats "
+                          "where inserts shift the rest; costs one more read of new objects."),
         click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
                      show_default=True, metavar="SECONDS",
                      help="On SIGINT/SIGTERM, how long work in flight may take to finish."),
