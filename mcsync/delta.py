@@ -7,6 +7,13 @@ old offset). ``pack`` turns the resulting segments into upload parts that S3 acc
 but the last at least 5 MiB, at most 10,000 parts. Copy runs shorter than that are sent as new
 bytes, and a short run of new bytes borrows bytes from the copy run after it; the overhead is
 at most one minimum part per changed region and is reported as ``bytes_sent - bytes_changed``.
+
+With ``stage`` (S3 targets, which copy server-side), a short run of new bytes is not padded
+with unchanged bytes sent again. The target builds a small staging object instead: a copy of
+the minimum part's worth of unchanged bytes just before the run, then the new bytes as its
+last part (S3 lets the last part be short); that object, copied whole, is one legal part of
+the new version. Only the new bytes cross the network; the padding is copied twice at the
+target. A short run at the very start (no unchanged bytes before it) is still padded.
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ class Segment:
     start: int
     end: int
     old_start: int | None = None
+    # A staged run: its first ``stage`` bytes are the old version's from ``old_start``, the
+    # rest are new bytes (see the module's docstring).
+    stage: int = 0
 
     @property
     def length(self) -> int:
@@ -40,10 +50,18 @@ class PlannedPart:
     number: int
     rng: ByteRange  # in the new version
     old_start: int | None  # a copy of the old version's bytes from here; None: upload rng
+    stage: int = 0  # > 0: staged; the first ``stage`` bytes copied, the rest new bytes
 
     @property
     def is_copy(self) -> bool:
-        return self.old_start is not None
+        return self.old_start is not None and not self.stage
+
+    @property
+    def sent(self) -> int:
+        """Bytes of this part that cross the network."""
+        if self.old_start is None:
+            return self.rng.length
+        return self.rng.length - self.stage if self.stage else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,15 +72,15 @@ class DeltaPlan:
 
     @property
     def bytes_sent(self) -> int:
-        return sum(p.rng.length for p in self.parts if not p.is_copy)
+        return sum(p.sent for p in self.parts)
 
     @property
     def bytes_reused(self) -> int:
-        return sum(p.rng.length for p in self.parts if p.is_copy)
+        return self.size - self.bytes_sent
 
     def fingerprint(self) -> str:
         """Identifies the part layout, so a resumed upload is only continued with the same one."""
-        text = ";".join(f"{p.rng.start},{p.rng.end},{p.old_start}" for p in self.parts)
+        text = ";".join(f"{p.rng.start},{p.rng.end},{p.old_start},{p.stage}" for p in self.parts)
         return "delta:" + xxhash.xxh3_64_hexdigest(text.encode())
 
 
@@ -87,9 +105,10 @@ def _append(segments: list[Segment], s: Segment) -> None:
         return
     if segments:
         last = segments[-1]
-        continues = (last.old_start is None and s.old_start is None) or (
-            last.old_start is not None and s.old_start is not None
-            and last.old_start + last.length == s.old_start)
+        continues = not (last.stage or s.stage) and (
+            (last.old_start is None and s.old_start is None) or (
+                last.old_start is not None and s.old_start is not None
+                and last.old_start + last.length == s.old_start))
         if continues and last.end == s.start:
             segments[-1] = Segment(last.start, s.end, last.old_start)
             return
@@ -97,11 +116,11 @@ def _append(segments: list[Segment], s: Segment) -> None:
 
 
 def pack(segments: Sequence[Segment], size: int, *, part_size: int, min_part: int,
-         max_parts: int) -> DeltaPlan | None:
+         max_parts: int, stage: bool = False) -> DeltaPlan | None:
     """Parts for one multipart upload that rebuilds the new version from ``segments``, or None
     when no layout fits in ``max_parts`` (so many changed regions that a full upload is due)."""
     changed = sum(s.length for s in segments if s.old_start is None)
-    runs = _with_min_parts(segments, min_part)
+    runs = _with_min_parts(segments, min_part, stage)
     while True:
         parts = _split(runs, part_size, min_part)
         if len(parts) <= max_parts:
@@ -111,7 +130,7 @@ def pack(segments: Sequence[Segment], size: int, *, part_size: int, min_part: in
         part_size *= 2  # only for objects of tens of GiB with thousands of changed regions
 
 
-def _with_min_parts(segments: Sequence[Segment], min_part: int) -> list[Segment]:
+def _with_min_parts(segments: Sequence[Segment], min_part: int, stage: bool) -> list[Segment]:
     # Copy runs too short to be a part are sent as new bytes.
     runs: list[Segment] = []
     for s in segments:
@@ -123,7 +142,19 @@ def _with_min_parts(segments: Sequence[Segment], min_part: int) -> list[Segment]
     i = 0
     while i < len(runs):
         s = runs[i]
-        if s.old_start is None and s.length < min_part and i + 1 < len(runs):
+        short = s.old_start is None and s.length < min_part and i + 1 < len(runs)
+        if short and stage and out and out[-1].old_start is not None and not out[-1].stage:
+            # Stage it behind the unchanged bytes before it (a copy run, >= min_part).
+            prev = out.pop()
+            take = min_part if prev.length - min_part >= min_part else prev.length
+            if take < prev.length:
+                out.append(Segment(prev.start, prev.end - take, prev.old_start))
+            assert prev.old_start is not None
+            out.append(Segment(prev.end - take, s.end, prev.old_start + prev.length - take,
+                               stage=take))
+            i += 1
+            continue
+        if short:
             nxt = runs[i + 1]  # a copy run: runs alternate after merging
             assert nxt.old_start is not None
             need = min_part - s.length
@@ -148,6 +179,10 @@ def _with_min_parts(segments: Sequence[Segment], min_part: int) -> list[Segment]
 def _split(runs: list[Segment], part_size: int, min_part: int) -> list[PlannedPart]:
     parts: list[PlannedPart] = []
     for s in runs:
+        if s.stage:  # one part: a staging object copied whole
+            parts.append(PlannedPart(len(parts) + 1, ByteRange(s.start, s.end), s.old_start,
+                                     s.stage))
+            continue
         piece = part_size if s.old_start is None else COPY_PIECE
         pos = s.start
         while pos < s.end:

@@ -10,6 +10,7 @@ requests semaphore while it is on the wire.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -48,7 +49,7 @@ from .events import BytesMoved, DeltaPlanned, Event
 from .hashing import block_digest_async, chunk_digests_async, object_digest
 from .limits import Limits
 from .manifest import DIGEST_SIZE, JournalPart, Manifest, ManifestEntry, OpenUpload
-from .plan import Action
+from .plan import RESERVED_PREFIX, Action
 from .report import ObjectResult
 from .scan import scan_cdc, scan_chunks
 from .stores.base import ComposeStore, CopySource, ServerCopyStore, ServerCopyUpload, Store, Upload
@@ -70,6 +71,14 @@ class PartSpec:
     old_start: int | None = None
     chunks: tuple[ByteRange, ...] = ()  # the chunks the part is hashed in; (): rng, whole
     first_chunk: int | None = None  # index of its first chunk in the object's chunk list
+    stage: int = 0  # > 0: a staged part (delta.py): ``stage`` bytes copied, then new bytes
+
+    @property
+    def sent(self) -> int:
+        """Bytes of this part read from the source and sent."""
+        if self.old_start is None:
+            return self.rng.length
+        return self.rng.length - self.stage if self.stage else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +212,12 @@ class Transfer:
     async def _delta(self, action: Action, src: ObjectInfo) -> Done:
         """Send only what changed since mcsync wrote the target's version, and have the
         target copy the rest from that version (see ``delta``)."""
+        prior = self.open_uploads.get(action.key)
+        if (prior is not None and (prior.layout or "").startswith("delta:")
+                and prior.matches_source(src)):
+            finished = await self._delta_finished_before(action, src, prior)
+            if finished is not None:
+                return finished
         found = await self.plan_delta(action, src)
         if isinstance(found, str) or self._compose_refused:
             why = found if isinstance(found, str) else "the target refused ranged part copies"
@@ -210,8 +225,14 @@ class Transfer:
             return await self._copy_parts(action, src)
         self.emit(found.event(action.key))
         part_size = self.options.part_size_for(src.size)
-        specs = [PartSpec(p.number, p.rng, old_start=p.old_start) for p in found.plan.parts]
+        specs = [PartSpec(p.number, p.rng, old_start=p.old_start, stage=p.stage)
+                 for p in found.plan.parts]
         source = cast(ComposeStore, self.dst).compose_source(found.current)
+        if any(p.stage for p in found.plan.parts):
+            # Staging objects a killed run of this key left behind (a lock keeps other runs
+            # of the pair away).
+            async with self.limits.requests:
+                await cast(ServerCopyStore, self.dst).clear(_staging_prefix(action.key))
         try:
             return await self._multipart(action, src, part_size, found.layout, specs,
                                          found.plan.fingerprint(), delta=found, source=source)
@@ -219,6 +240,48 @@ class Transfer:
             self._compose_refused = True
             log.warning("%s; sending changed objects whole from now on", exc)
             return await self._copy_parts(action, src)
+
+    async def _delta_finished_before(self, action: Action, src: ObjectInfo,
+                                     prior: OpenUpload) -> Done | None:
+        """A composed upload the journal holds may have completed just before a kill: then
+        the target no longer is the recorded version (so no new delta can be planned), but it
+        is exactly the upload's result. Recognise it by its multipart ETag and record it."""
+        async with self.limits.requests:
+            still_open = await self.dst.resume_upload(action.key, prior.upload_id, src.size)
+        if still_open is not None:
+            return None  # not completed: resumed from its parts below
+        try:
+            async with self.limits.requests:
+                there = await self.dst.head(action.key)
+        except NotFound:
+            return None
+        etags = [prior.parts[n].etag for n in sorted(prior.parts)]
+        if there.size != src.size or not etags or not (there.etag or "").endswith(
+                f"-{len(etags)}"):
+            return None
+        assert action.known is not None
+        chunker = (action.known.chunker if self.options.chunker == "auto"
+                   else self.options.chunker)
+        layout = await self._layout(action.key, src, action.known.block_size, chunker)
+        read_size = self.options.part_size_for(src.size)
+        digests = layout.digests or await scan_chunks(self.src, src, layout.chunks, read_size,
+                                                      self.limits)
+        expected = _multipart_etag(etags)
+        if expected is None:
+            # Part copies of multipart sources carry ETags like "…-3" (SeaweedFS), so the
+            # object's ETag cannot be derived: read the target back and compare instead.
+            there_digests = await scan_chunks(self.dst, there, layout.chunks, read_size,
+                                              self.limits)
+            if there_digests != digests:
+                return None
+        elif there.etag != expected:
+            return None
+        self.open_uploads.pop(action.key, None)
+        if self.journal is not None:
+            self.journal.drop_upload(action.key)
+        log.info("%s: the composed upload had completed before the last run stopped",
+                 action.key)
+        return self._done(action, src, there, 0, digests, layout, changed=0)
 
     async def plan_delta(self, action: Action, src: ObjectInfo) -> DeltaFound | str:
         """The delta for a changed object mcsync wrote before, or why there is none. Reads
@@ -248,7 +311,8 @@ class Transfer:
                                                       self.limits)
         segments = delta.match(list(zip(layout.chunks, digests, strict=True)), old)
         plan = delta.pack(segments, src.size, part_size=part_size,
-                          min_part=self.dst.caps.min_part_size, max_parts=self.dst.caps.max_parts)
+                          min_part=self.dst.caps.min_part_size, max_parts=self.dst.caps.max_parts,
+                          stage=self.dst.caps.server_side_copy)
         if plan is None:
             return "too many changed regions for one upload"
         if plan.bytes_reused == 0:
@@ -336,7 +400,11 @@ class Transfer:
 
         async def move(spec: PartSpec) -> PartRef:
             number, rng = spec.number, spec.rng
-            if spec.old_start is not None:
+            if spec.stage:
+                assert source is not None
+                part = await self._staged_part(key, src, live, spec, source)
+                chunk_hashes = b""
+            elif spec.old_start is not None:
                 assert source is not None
                 old = ByteRange(spec.old_start, spec.old_start + rng.length)
                 async with self.limits.requests:
@@ -380,10 +448,45 @@ class Transfer:
                 raise
         async with self.limits.requests:
             written = await _complete(upload, [refs[n] for n in sorted(refs)])
-        sent = sum(spec.rng.length for spec in todo if spec.old_start is None)
-        reused = sum(spec.rng.length for spec in specs if spec.old_start is not None)
+        sent = sum(spec.sent for spec in todo)
+        reused = sum(spec.rng.length - spec.sent for spec in specs)
         return self._done(action, src, written, sent, digests, layout, reused=reused,
                           changed=delta.plan.bytes_changed if delta else src.size)
+
+    async def _staged_part(self, key: str, src: ObjectInfo, upload: Upload, spec: PartSpec,
+                           source: CopySource) -> PartRef:
+        """A part of unchanged bytes followed by a few new ones, built at the target: a staging
+        object under .mcsync/ gets the unchanged bytes by copy and the new bytes as its short
+        last part, and is then copied whole into the upload and deleted."""
+        assert spec.old_start is not None
+        dst = cast(ServerCopyStore, self.dst)
+        stage_key = (f"{_staging_prefix(key)}"
+                     f"{xxhash.xxh3_64_hexdigest(upload.upload_id.encode())}-{spec.number}")
+        new = ByteRange(spec.rng.start + spec.stage, spec.rng.end)
+        async with self.limits.requests:
+            staging = await dst.open_upload(stage_key, spec.rng.length)
+        try:
+            async with self.limits.requests:
+                first = await staging.copy_part(
+                    1, 0, source, ByteRange(spec.old_start, spec.old_start + spec.stage))
+            async with self.limits.requests:
+                data = await self.src.get(key, new, expect=src)
+                second = await staging.put_part(2, spec.stage, data)
+            del data
+            async with self.limits.requests:
+                staged = await staging.complete([first, second])
+        except BaseException:
+            await asyncio.shield(staging.abort())
+            raise
+        try:
+            async with self.limits.requests:
+                return await cast(ServerCopyUpload, upload).copy_part(
+                    spec.number, spec.rng.start, dst.copy_source(stage_key, staged.etag),
+                    ByteRange(0, spec.rng.length))
+        finally:
+            with contextlib.suppress(MCSyncError, OSError):
+                async with self.limits.requests:
+                    await asyncio.shield(dst.delete(stage_key))
 
     async def _confirmed_parts(self, upload: Upload, prior: OpenUpload,
                                specs: list[PartSpec]) -> dict[int, JournalPart]:
@@ -538,8 +641,8 @@ class Transfer:
                     if self.stop.is_set():
                         window.release()
                         break
-                    if budgeted and spec.old_start is None:  # a copied part holds no bytes
-                        held[spec.number] = await memory.acquire(spec.rng.length * charge)
+                    if budgeted and spec.sent:  # a copied part holds no bytes
+                        held[spec.number] = await memory.acquire(spec.sent * charge)
                     tasks.append(tg.create_task(windowed(spec)))
         except asyncio.CancelledError:
             raise  # the upload stays open and journalled: the next run resumes it
@@ -578,3 +681,8 @@ def _multipart_etag(part_etags: list[str]) -> str | None:
 
 def _split_digests(joined: bytes) -> list[bytes]:
     return [joined[i:i + DIGEST_SIZE] for i in range(0, len(joined), DIGEST_SIZE)]
+
+
+def _staging_prefix(key: str) -> str:
+    """Where the staging objects of ``key``'s delta live (see ``delta``)."""
+    return f"{RESERVED_PREFIX}stage/{xxhash.xxh3_64_hexdigest(key.encode())}-"

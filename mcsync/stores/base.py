@@ -111,6 +111,10 @@ class ServerCopyStore(Store, Protocol):
 
     def copy_source(self, key: str, etag: str | None) -> CopySource: ...
 
+    async def clear(self, prefix: str) -> None:
+        """Abort the open uploads and delete the objects under ``prefix``."""
+        ...
+
     async def copy_object(self, source: CopySource, key: str) -> ObjectInfo: ...
 
     async def open_upload(

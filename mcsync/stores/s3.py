@@ -437,6 +437,21 @@ class S3Store:
     async def abort_upload(self, key: str, upload_id: str) -> None:
         await S3Upload(self, key, upload_id, 0).abort()
 
+    async def clear(self, prefix: str) -> None:
+        """Abort every open upload and delete every object under ``prefix`` (mcsync's own
+        scratch space, e.g. the staging objects a killed delta left)."""
+        client = await self._c()
+        full = self._full(prefix)
+        with self._translate(prefix):
+            uploads = await client.list_multipart_uploads(Bucket=self.bucket, Prefix=full)
+            for u in uploads.get("Uploads", ()):
+                with contextlib.suppress(ClientError):
+                    await client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"],
+                                                        UploadId=u["UploadId"])
+            page = await client.list_objects_v2(Bucket=self.bucket, Prefix=full)
+            for obj in page.get("Contents", ()):
+                await client.delete_object(Bucket=self.bucket, Key=obj["Key"])
+
     async def delete(self, key: str) -> None:
         client = await self._c()
         with self._translate(key):

@@ -7,6 +7,8 @@ CRASH_AT=point:n kills the process the n-th time it reaches ``point``:
   begin        after the n-th multipart upload was created (before it is journalled)
   part         before the n-th part is sent            part-done      after it was acknowledged
   copy         before the n-th part is copied at the target (UploadPartCopy, block delta)
+  stage-part, stage-part-done, stage-complete, stage-complete-done
+               the same for the staging objects of a block delta (under .mcsync/stage/)
   complete     before the n-th CompleteMultipartUpload complete-done  after it returned
   commit       at the n-th manifest commit (before it)
 
@@ -46,18 +48,19 @@ def acked(n: int) -> None:
 
 
 class CrashingUpload:
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, points: str = "") -> None:
         self._inner = inner
+        self._points = points  # "stage-" for a delta's staging objects
         self.upload_id = inner.upload_id
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     async def put_part(self, number: int, offset: int, data: Any) -> Any:
-        reach("part")
+        reach(self._points + "part")
         ref = await self._inner.put_part(number, offset, data)
         acked(len(data))
-        reach("part-done")
+        reach(self._points + "part-done")
         return ref
 
     async def copy_part(self, *args: Any) -> Any:
@@ -65,9 +68,9 @@ class CrashingUpload:
         return await self._inner.copy_part(*args)
 
     async def complete(self, parts: Any) -> Any:
-        reach("complete")
+        reach(self._points + "complete")
         info = await self._inner.complete(parts)
-        reach("complete-done")
+        reach(self._points + "complete-done")
         return info
 
 
@@ -90,6 +93,8 @@ class CrashingStore:
         return info
 
     async def open_upload(self, key: str, size: int, **kw: Any) -> Any:
+        if key.startswith(".mcsync/stage/"):
+            return CrashingUpload(await self._inner.open_upload(key, size, **kw), "stage-")
         upload = CrashingUpload(await self._inner.open_upload(key, size, **kw))
         reach("begin")
         return upload

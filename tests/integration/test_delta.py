@@ -211,7 +211,9 @@ def test_no_delta_sends_whole(target, tmp_path):
     assert report.bytes_sent == len(new) and report.bytes_reused == 0
 
 
-@pytest.mark.parametrize("point", ["part:1", "part-done:2", "copy:3", "complete:1"])
+@pytest.mark.parametrize("point", ["part:1", "part-done:1", "copy:3", "complete:1",
+                                   "complete-done:1", "stage-part:1", "stage-part-done:2",
+                                   "stage-complete-done:1"])
 def test_killed_delta_resumes_like_any_upload(point, seaweed, bucket_factory, tmp_path):
     src = tmp_path / "src"
     tensors = checkpoint_tensors()
@@ -221,7 +223,10 @@ def test_killed_delta_resumes_like_any_upload(point, seaweed, bucket_factory, tm
     env = seaweed.meta_env()
     assert run_cli("sync", str(src), dst, "--part-size", "5MiB", "-q", env=env).exit_code == 0
 
-    changed = ["layers.1.attn.qkv.weight", "layers.5.mlp.up.weight", "layers.10.norm.weight"]
+    # layers 1 and 2's qkv with the 2 MiB between them: one 8 MiB region sent as an upload
+    # part; the other two regions are short and staged.
+    changed = ["layers.1.attn.qkv.weight", "layers.2.attn.qkv.weight", "layers.5.mlp.up.weight",
+               "layers.10.norm.weight"]
     new = safetensors(rewrite(tensors, changed))
     write_tree(src, {"model.safetensors": new})
     acked = tmp_path / "acked"
@@ -230,18 +235,22 @@ def test_killed_delta_resumes_like_any_upload(point, seaweed, bucket_factory, tm
         env=dict(os.environ) | env | {"CRASH_AT": point, "CRASH_ACKED": str(acked)},
         capture_output=True, text=True, timeout=120, check=False, cwd=Path(__file__).parents[2])
     assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr)
-    # Killed mid-compose: the old version is still what readers see.
-    assert read_bucket(seaweed, bucket, "ckpt/") == {"model.safetensors": safetensors(tensors)}
+    # Killed mid-compose, the old version is what readers see; after Complete, the new one.
+    visible = new if point == "complete-done:1" else safetensors(tensors)
+    assert read_bucket(seaweed, bucket, "ckpt/") == {"model.safetensors": visible}
 
     result = run_cli("sync", str(src), dst, "--part-size", "5MiB", "-q", "--json", env=env)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert read_bucket(seaweed, bucket, "ckpt/") == {"model.safetensors": new}
-    changed_bytes = sum(len(tensors[n]) for n in changed)
+    changed_bytes = sum(len(tensors[n]) for n in changed) + 2 * MiB + 8 * 1024  # + the gap
     sent_before = int(acked.read_text()) if acked.exists() else 0
     # Both runs together send the delta once, plus at most what was in flight at the kill.
     assert sent_before + report["bytes_sent"] <= changed_bytes + 3 * PART + 8 * PART
-    assert report["bytes_reused"] > 0
+    if point == "complete-done:1":  # completed before the kill: recognised, nothing re-sent
+        assert report["bytes_sent"] == 0
+    else:
+        assert report["bytes_reused"] > 0
     assert not seaweed.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
 
 

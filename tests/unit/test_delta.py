@@ -31,7 +31,11 @@ def rebuild(old: bytes, new: bytes, plan) -> bytes:
     """What the target does: copy parts from the old object, upload parts from the new."""
     out = bytearray()
     for p in plan.parts:
-        if p.is_copy:
+        if p.stage:  # a staging object: old bytes, then new bytes as its (short) last part
+            assert p.stage >= MIN_PART
+            out += old[p.old_start:p.old_start + p.stage]
+            out += new[p.rng.start + p.stage:p.rng.end]
+        elif p.is_copy:
             out += old[p.old_start:p.old_start + p.rng.length]
         else:
             out += new[p.rng.start:p.rng.end]
@@ -47,7 +51,9 @@ def check_parts(plan, size: int, max_parts: int) -> None:
         assert p.rng.length >= MIN_PART, p
     assert [p.number for p in plan.parts] == list(range(1, len(plan.parts) + 1))
     assert len(plan.parts) <= max_parts
-    assert plan.bytes_sent + plan.bytes_reused == size
+    assert plan.bytes_sent == sum(
+        p.rng.length - p.stage if p.stage else (0 if p.is_copy else p.rng.length)
+        for p in plan.parts)
 
 
 @st.composite
@@ -220,3 +226,35 @@ def test_the_fingerprint_names_the_part_layout():
     same = pack(match(chunks, chunks), 1000, part_size=128, min_part=MIN_PART, max_parts=100)
     other = pack([Segment(0, 1000, None)], 1000, part_size=128, min_part=MIN_PART, max_parts=100)
     assert same.fingerprint() == same.fingerprint() != other.fingerprint()
+
+
+@settings(max_examples=300, deadline=None)
+@given(versions(), st.sampled_from([16, 32, 64]), st.sampled_from([64, 128, 300]))
+def test_staged_packing_rebuilds_exactly_and_sends_only_new_bytes(pair, block, part_size):
+    old, new = pair
+    segs = match(digests(new, fixed_chunks(len(new), block)),
+                 digests(old, fixed_chunks(len(old), block)))
+    plan = pack(segs, len(new), part_size=part_size, min_part=MIN_PART, max_parts=10_000,
+                stage=True)
+    check_parts(plan, len(new), 10_000)
+    assert rebuild(old, new, plan) == new
+    # Padding is sent only for a short change at the very start (nothing before it to stage
+    # behind), and for copy runs too short to be a part.
+    short_copies = sum(s.length for s in segs if s.old_start is not None and s.length < MIN_PART)
+    assert plan.bytes_sent <= plan.bytes_changed + short_copies + MIN_PART
+
+
+def test_scattered_small_changes_are_staged_not_padded():
+    rnd = random.Random(8)
+    old = rnd.randbytes(4000)
+    new = bytearray(old)
+    for pos in (704, 1600, 2496, 3392):  # 16-byte blocks far apart
+        new[pos:pos + 16] = rnd.randbytes(16)
+    new = bytes(new)
+    segs = match(digests(new, fixed_chunks(4000, 16)), digests(old, fixed_chunks(4000, 16)))
+    padded = pack(segs, 4000, part_size=128, min_part=MIN_PART, max_parts=100)
+    staged = pack(segs, 4000, part_size=128, min_part=MIN_PART, max_parts=100, stage=True)
+    assert rebuild(old, new, staged) == new == rebuild(old, new, padded)
+    assert staged.bytes_changed == staged.bytes_sent == 64
+    assert padded.bytes_sent == 4 * MIN_PART
+    assert sum(1 for p in staged.parts if p.stage) == 4
