@@ -13,28 +13,9 @@ is computed as it arrives; ``combine`` joins ``crc(A)`` and ``crc(B)`` into ``cr
 ``len(B)`` alone (zlib's ``crc32_combine``, for the CRC32C polynomial), so the whole object's
 CRC is known without a second pass over its bytes and compared with the one GCS keeps.
 
-Wiring the end-to-end check into ``transfer.py`` (for any source whose ObjectInfo carries
-``crc32c``; today only ``gs://``)::
-
-    from . import checksums
-
-    # _copy_whole: nothing here; GCSStore.get checks a whole-object read against
-    # ``expect.crc32c`` itself, so the CRC is computed once.
-
-    # _copy_parts, in move(), next to block_digest_async(data):
-    crcs[number - 1] = (await checksums.crc32c_async(data), len(data))
-    # after _run_parts() and BEFORE _complete(), so a mismatch is never committed:
-    try:
-        checksums.verify(src.crc32c, checksums.combine_parts(crcs), f"{self.src.url}{key}")
-    except IntegrityError:
-        await asyncio.shield(upload.abort())   # and journal.drop_upload(key)
-        raise
-
-A resumed upload reuses parts written by an earlier run, whose CRCs exist only if the journal
-kept them: store each part's CRC beside its xxh3 digest (``JournalPart``), or skip the check
-when any part lacks one (and record no CRC for that object). ``tests/gcs/test_sync.py`` holds a
-strict xfail (``test_corrupted_crc32c_of_a_multipart_object_commits_nothing``) that starts
-failing, as a reminder to drop its mark, once the part check is in.
+Where it is checked: a whole-object read by the GCS store itself; parts in ``transfer`` (each
+part's CRC combined before Complete, so a mismatch is never committed); a block delta's full
+read of the source in ``scan``.
 
 Record ``checksums.to_base64(crc)`` beside the xxh3 digest (report / manifest): it is the value
 GCS shows for the object, so a GCS object and its copy can be compared without re-reading

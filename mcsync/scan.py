@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from . import checksums
 from .chunking import CDC_MAX, cdc_cut, group_parts
 from .errors import IntegrityError
 from .hashing import chunk_digests, chunk_digests_async
@@ -22,8 +23,13 @@ async def scan_chunks(store: Store, info: ObjectInfo, chunks: list[ByteRange], r
     change raises PreconditionFailed instead of mixing two versions' hashes."""
     digests: list[bytes] = [b""] * len(chunks)
     window = asyncio.Semaphore(SCAN_WINDOW)
+    groups = group_parts(chunks, read_size)
+    # A source that keeps a CRC32C (GCS) is checked against it on the way: the delta records
+    # these digests and sends some of these bytes without reading them again whole.
+    check_crc = pinned and info.crc32c is not None
+    crcs: list[tuple[int, int]] = [(0, 0)] * len(groups)
 
-    async def one(first: int, last: int) -> None:
+    async def one(index: int, first: int, last: int) -> None:
         try:
             rng = ByteRange(chunks[first].start, chunks[last - 1].end)
             whole = rng.length == info.size
@@ -35,14 +41,18 @@ async def scan_chunks(store: Store, info: ObjectInfo, chunks: list[ByteRange], r
                                          f"{rng.length} at {rng.start}")
                 digests[first:last] = await chunk_digests_async(data, rng.start,
                                                                 chunks[first:last])
+                if check_crc:
+                    crcs[index] = (await checksums.crc32c_async(data), len(data))
                 del data
         finally:
             window.release()
 
     async with asyncio.TaskGroup() as tg:
-        for first, last in group_parts(chunks, read_size):
+        for index, (first, last) in enumerate(groups):
             await window.acquire()
-            tg.create_task(one(first, last))
+            tg.create_task(one(index, first, last))
+    if check_crc:
+        checksums.verify(info.crc32c, checksums.combine_parts(crcs), f"{store.url}{info.key}")
     return digests
 
 
@@ -57,6 +67,7 @@ async def scan_cdc(store: Store, info: ObjectInfo, limits: Limits,
     window = max(window, 2 * CDC_MAX)
     chunks: list[ByteRange] = []
     digests: list[bytes] = []
+    crc = 0
 
     async def read(start: int) -> bytes:
         rng = ByteRange(start, min(start + window, size))
@@ -77,6 +88,8 @@ async def scan_cdc(store: Store, info: ObjectInfo, limits: Limits,
         try:
             while ahead is not None:
                 data = await ahead
+                if info.crc32c is not None:
+                    crc = checksums.combine(crc, await checksums.crc32c_async(data), len(data))
                 read_pos += len(data)
                 ahead = asyncio.create_task(read(read_pos)) if read_pos < size else None
                 buf = carry + data
@@ -94,6 +107,7 @@ async def scan_cdc(store: Store, info: ObjectInfo, limits: Limits,
         finally:
             if ahead is not None:
                 ahead.cancel()
+    checksums.verify(info.crc32c, crc, f"{store.url}{info.key}")
     if not chunks:
         chunks, digests = [ByteRange(0, 0)], [chunk_digests(b"", 0, [ByteRange(0, 0)])[0]]
     return chunks, digests

@@ -259,3 +259,20 @@ def test_a_changed_gcs_object_goes_as_a_block_delta(gcs_env, gcs_bucket, target)
     assert report["bytes_changed"] == 5 * MiB  # the one fixed block the change fell in
     assert report["bytes_reused"] == len(new) - report["bytes_sent"] > 0
     assert not target.leftovers()
+
+
+def test_a_delta_from_a_corrupted_gcs_object_keeps_the_old_version(gcs_env, gcs_bucket, target):
+    """A delta reads the whole source once (to find what changed) and checks its CRC32C there:
+    the bytes it sends and the digests it records are the object GCS vouches for."""
+    old = payload(16 * MiB, 8)
+    seed(gcs_env, gcs_bucket, {"opt/optimizer.bin": old})
+    src = f"gs://{gcs_bucket}/opt/"
+    sync(src, target.url, env=target.env)
+    new = old[:3 * MiB] + payload(500, 9) + old[3 * MiB + 500:]
+    seed(gcs_env, gcs_bucket, {"opt/optimizer.bin": new})
+    patch_object(gcs_env, gcs_bucket, "opt/optimizer.bin",
+                 {"crc32c": checksums.to_base64(checksums.crc32c(new) ^ 4)})
+    report = sync(src, target.url, env=target.env, code=1)
+    assert "CRC32C mismatch" in report["failures"][0]["error"]
+    assert target.read() == {"optimizer.bin": old}
+    assert not target.leftovers()
