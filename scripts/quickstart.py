@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mcsync.chunking import header_length, parse_safetensors
 from mcsync.testing.servers import seaweedfs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +56,25 @@ def main() -> int:
                                         if len(listing) > 10 else [])), flush=True)
         print("\nA second run finds nothing to do:", flush=True)
         run(mcsync, "sync", str(sample), dst, env=env)
+        names = fine_tune(sample / "model.safetensors")
+        print(f"\nA fine-tuning step rewrites {', '.join(names)}; the plan shows what changed, "
+              "and the sync sends only that (the target copies the rest from the version it "
+              "holds):", flush=True)
+        run(mcsync, "plan", str(sample), dst, env=env)
+        run(mcsync, "sync", str(sample), dst, env=env)
     return 0
+
+
+def fine_tune(checkpoint: Path) -> list[str]:
+    """Overwrite two tensors of the sample checkpoint in place with new bytes."""
+    data = checkpoint.read_bytes()
+    header = parse_safetensors(data[:header_length(data[:8], len(data))], len(data))
+    chosen = [header.tensors[1], header.tensors[len(header.tensors) // 2]]
+    with checkpoint.open("r+b") as f:
+        for t in chosen:
+            f.seek(t.start)
+            f.write(os.urandom(t.end - t.start))
+    return [t.name for t in chosen]
 
 
 if __name__ == "__main__":
