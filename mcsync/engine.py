@@ -47,7 +47,7 @@ from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
 from .report import SyncReport
 from .stores.base import Store
 from .stores.registry import open_store
-from .transfer import Transfer
+from .transfer import STAGING_PREFIX, Transfer
 from .types import ObjectInfo
 from .verify import verify_entries
 
@@ -149,6 +149,9 @@ class _Run:
         self.objects = asyncio.Semaphore(options.concurrency)
         self.interrupted = False
         self._adopted = 0
+        # A previous run left uploads open: it was stopped, and may have left staging objects
+        # of a block delta behind too.
+        self._after_stop = bool(self.transfer.open_uploads)
         self.compared = 0  # objects whose content was read and hashed (--checksum)
         self.bytes_compared = 0
 
@@ -386,6 +389,13 @@ class _Run:
         for prior in list(self.transfer.open_uploads.values()):
             self.transfer.open_uploads.pop(prior.key, None)
             await self.transfer.abort_stale(prior)
+        clear = getattr(self.dst, "clear", None)
+        if self._after_stop and clear is not None:
+            try:
+                async with self.limits.requests:
+                    await clear(STAGING_PREFIX)
+            except (MCSyncError, OSError) as exc:
+                log.warning("could not clear %s at the target: %s", STAGING_PREFIX, exc)
 
     async def _verify(self) -> None:
         assert self.manifest is not None

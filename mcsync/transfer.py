@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 SERVER_COPY_CUTOFF = S3_MAX_PART_SIZE  # larger objects are copied server-side in parts
 SERVER_COPY_MIN_PART = 512 * 1024 * 1024
+STAGING_PREFIX = f"{RESERVED_PREFIX}stage/"  # a block delta's staging objects at the target
 
 
 @dataclass(frozen=True, slots=True)
@@ -685,4 +686,4 @@ def _split_digests(joined: bytes) -> list[bytes]:
 
 def _staging_prefix(key: str) -> str:
     """Where the staging objects of ``key``'s delta live (see ``delta``)."""
-    return f"{RESERVED_PREFIX}stage/{xxhash.xxh3_64_hexdigest(key.encode())}-"
+    return f"{STAGING_PREFIX}{xxhash.xxh3_64_hexdigest(key.encode())}-"

@@ -271,3 +271,33 @@ def test_cdc_finds_what_an_insert_shifted(target, tmp_path):
     assert report.bytes_changed < 10 * MiB  # the chunks around the insert
     assert report.bytes_sent <= report.bytes_changed + 2 * min_part(target)
     assert report.bytes_reused >= len(new) - 10 * MiB - 2 * min_part(target)
+
+
+def test_staging_left_by_a_killed_delta_is_swept_by_the_next_run(seaweed, bucket_factory,
+                                                                  tmp_path):
+    """Killed while staging, then finished without a delta (--no-delta): the staging upload
+    the kill left is cleared at the end of the run that follows the interruption."""
+    src = tmp_path / "src"
+    tensors = checkpoint_tensors()
+    write_tree(src, {"model.safetensors": safetensors(tensors)})
+    bucket = bucket_factory(seaweed)
+    dst = f"meta://{bucket}/ckpt/"
+    env = seaweed.meta_env()
+    assert run_cli("sync", str(src), dst, "--part-size", "5MiB", "-q", env=env).exit_code == 0
+    new = safetensors(rewrite(tensors, ["layers.5.mlp.up.weight"]))
+    write_tree(src, {"model.safetensors": new})
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), "sync", str(src), dst, "--part-size", "5MiB", "-q"],
+        env=dict(os.environ) | env | {"CRASH_AT": "stage-part-done:1"},
+        capture_output=True, text=True, timeout=120, check=False, cwd=Path(__file__).parents[2])
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    client = seaweed.client()
+    staged = [u["Key"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+    assert any("/.mcsync/stage/" in key for key in staged), staged  # the kill left one
+
+    result = run_cli("sync", str(src), dst, "--part-size", "5MiB", "-q", "--no-delta", env=env)
+    assert result.exit_code == 0, result.output
+    assert read_bucket(seaweed, bucket, "ckpt/") == {"model.safetensors": new}
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    listed = client.list_objects_v2(Bucket=bucket, Prefix="ckpt/.mcsync/stage/")
+    assert not listed.get("Contents")
