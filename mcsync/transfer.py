@@ -1,6 +1,8 @@
 """Carry out one planned action: a whole-object copy, a multipart copy (new or resumed), a
-server-side copy or a delete. Every byte that passes through the client is hashed (xxh3-128) as
-it moves, and multipart progress is journalled so a killed run resumes from its missing parts.
+block delta (a changed object rebuilt at the target from its previous version plus the new
+bytes, see ``delta``), a server-side copy or a delete. Every byte that passes through the
+client is hashed (xxh3-128) as it moves, chunk by chunk (see ``chunking``), and multipart
+progress is journalled so a killed run resumes from its missing parts.
 
 Memory: a buffer's size is taken from the run's ByteBudget *before* it is read and given back
 once the target has acknowledged it. Requests: each GET / PUT / part holds one slot of the
