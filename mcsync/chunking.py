@@ -24,6 +24,7 @@ import struct
 from dataclasses import dataclass
 
 import pyfastcdc
+import xxhash
 
 from .types import ByteRange
 
@@ -154,3 +155,24 @@ def cdc_cut(buf: bytes | memoryview, *, eof: bool) -> list[int]:
     bytes, and finds the boundaries one pass over the whole object would."""
     lengths = [c.length for c in _CDC.cut_buf(buf)]
     return lengths if eof else lengths[:-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How an object is cut into chunks (see ``chunking``); ``block`` is the chunk size."""
+
+    block: int
+    chunks: list[ByteRange]
+    chunker: str = "fixed"  # fixed, safetensors or cdc
+    header: SafetensorsHeader | None = None  # set when cut by tensor
+    digests: list[bytes] | None = None  # known already when cutting read the bytes (cdc)
+
+    def chunk_sizes(self) -> bytes:
+        return chunk_sizes_blob(self.chunks) if self.chunker != "fixed" else b""
+
+    def fingerprint(self, part_size: int) -> str | None:
+        """Identifies the parts' cut for the journal; None: fixed parts of part_size."""
+        if self.chunker == "fixed":
+            return None
+        return f"{self.chunker}:{self.block}:{part_size}:" + xxhash.xxh3_64_hexdigest(
+            self.chunk_sizes())

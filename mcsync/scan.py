@@ -1,17 +1,34 @@
-"""Read an object and hash it chunk by chunk: what the delta, ``--checksum`` and ``verify``
-know of an object's bytes without keeping them."""
+"""Read an object to cut it into chunks and hash them: what the delta, ``--checksum`` and
+``verify`` know of an object's bytes without keeping them."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from . import checksums
-from .chunking import CDC_MAX, cdc_cut, group_parts
+from .chunking import (
+    CDC_AVG,
+    CDC_MAX,
+    SAFETENSORS_PROBE,
+    SAFETENSORS_SUFFIX,
+    Layout,
+    NotSafetensors,
+    SafetensorsHeader,
+    cdc_cut,
+    fixed_chunks,
+    group_parts,
+    header_length,
+    parse_safetensors,
+    safetensors_chunks,
+)
 from .errors import IntegrityError
 from .hashing import chunk_digests, chunk_digests_async
 from .limits import Limits
 from .stores.base import Store
 from .types import ByteRange, ObjectInfo
+
+log = logging.getLogger(__name__)
 
 SCAN_WINDOW = 8  # reads of one object in flight, as for the parts of one upload
 
@@ -111,3 +128,33 @@ async def scan_cdc(store: Store, info: ObjectInfo, limits: Limits,
     if not chunks:
         chunks, digests = [ByteRange(0, 0)], [chunk_digests(b"", 0, [ByteRange(0, 0)])[0]]
     return chunks, digests
+
+
+async def cut(store: Store, info: ObjectInfo, block: int, chunker: str,
+              limits: Limits) -> Layout:
+    """How ``info`` is cut into chunks: content-defined with ``cdc`` (reads the object once to
+    find the boundaries, hashing it on the way), by tensor for a safetensors file (``auto``,
+    ``safetensors``: one small read of the header), else in fixed blocks of ``block``."""
+    if chunker == "cdc":
+        chunks, digests = await scan_cdc(store, info, limits)
+        return Layout(CDC_AVG, chunks, "cdc", digests=digests)
+    if chunker in ("auto", "safetensors") and info.key.endswith(SAFETENSORS_SUFFIX):
+        try:
+            header = await read_safetensors_header(store, info, limits)
+        except NotSafetensors as exc:
+            log.info("%s: not cut by tensor: %s; fixed blocks instead", info.key, exc)
+        else:
+            return Layout(block, safetensors_chunks(header, block), "safetensors", header)
+    return Layout(block, fixed_chunks(info.size, block))
+
+
+async def read_safetensors_header(store: Store, info: ObjectInfo,
+                                  limits: Limits) -> SafetensorsHeader:
+    probe = ByteRange(0, min(SAFETENSORS_PROBE, info.size))
+    async with limits.requests:
+        head = await store.get(info.key, probe, expect=info)
+    length = header_length(bytes(head[:8]), info.size)
+    if length > len(head):
+        async with limits.memory.hold(length), limits.requests:
+            head = await store.get(info.key, ByteRange(0, length), expect=info)
+    return parse_safetensors(bytes(head[:length]), info.size)

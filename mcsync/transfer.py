@@ -24,19 +24,7 @@ from typing import cast
 import xxhash
 
 from . import checksums, delta
-from .chunking import (
-    CDC_AVG,
-    SAFETENSORS_PROBE,
-    SAFETENSORS_SUFFIX,
-    NotSafetensors,
-    SafetensorsHeader,
-    chunk_sizes_blob,
-    fixed_chunks,
-    group_parts,
-    header_length,
-    parse_safetensors,
-    safetensors_chunks,
-)
+from .chunking import Layout, group_parts
 from .config import S3_MAX_PART_SIZE, SyncOptions
 from .errors import (
     IntegrityError,
@@ -53,7 +41,7 @@ from .limits import Limits
 from .manifest import DIGEST_SIZE, JournalPart, Manifest, ManifestEntry, OpenUpload
 from .plan import RESERVED_PREFIX, Action
 from .report import ObjectResult
-from .scan import scan_cdc, scan_chunks
+from .scan import cut, scan_chunks
 from .stores.base import ComposeStore, CopySource, ServerCopyStore, ServerCopyUpload, Store, Upload
 from .types import ByteRange, ObjectInfo, PartClaim, PartRef
 
@@ -82,27 +70,6 @@ class PartSpec:
         if self.old_start is None:
             return self.rng.length
         return self.rng.length - self.stage if self.stage else 0
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """How an object is cut into chunks (see ``chunking``); ``block`` is the chunk size."""
-
-    block: int
-    chunks: list[ByteRange]
-    chunker: str = "fixed"  # fixed, safetensors or cdc
-    header: SafetensorsHeader | None = None  # set when cut by tensor
-    digests: list[bytes] | None = None  # known already when cutting read the bytes (cdc)
-
-    def chunk_sizes(self) -> bytes:
-        return chunk_sizes_blob(self.chunks) if self.chunker != "fixed" else b""
-
-    def fingerprint(self, part_size: int) -> str | None:
-        """Identifies the parts' cut for the journal; None: fixed parts of part_size."""
-        if self.chunker == "fixed":
-            return None
-        return f"{self.chunker}:{self.block}:{part_size}:" + xxhash.xxh3_64_hexdigest(
-            self.chunk_sizes())
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +164,7 @@ class Transfer:
 
     async def _copy_parts(self, action: Action, src: ObjectInfo) -> Done:
         part_size = self.options.part_size_for(src.size)
-        layout = await self._layout(action.key, src, part_size, self.options.chunker)
+        layout = await cut(self.src, src, part_size, self.options.chunker, self.limits)
         chunks = layout.chunks
         specs = [PartSpec(n, ByteRange(chunks[a].start, chunks[b - 1].end),
                           chunks=tuple(chunks[a:b]), first_chunk=a)
@@ -265,7 +232,7 @@ class Transfer:
         assert action.known is not None
         chunker = (action.known.chunker if self.options.chunker == "auto"
                    else self.options.chunker)
-        layout = await self._layout(action.key, src, action.known.block_size, chunker)
+        layout = await cut(self.src, src, action.known.block_size, chunker, self.limits)
         read_size = self.options.part_size_for(src.size)
         digests = layout.digests or await scan_chunks(self.src, src, layout.chunks, read_size,
                                                       self.limits)
@@ -309,7 +276,7 @@ class Transfer:
         part_size = self.options.part_size_for(src.size)
         # Cut the new version the way the recorded one was cut, unless told otherwise.
         chunker = known.chunker if self.options.chunker == "auto" else self.options.chunker
-        layout = await self._layout(action.key, src, known.block_size, chunker)
+        layout = await cut(self.src, src, known.block_size, chunker, self.limits)
         digests = layout.digests or await scan_chunks(self.src, src, layout.chunks, part_size,
                                                       self.limits)
         segments = delta.match(list(zip(layout.chunks, digests, strict=True)), old)
@@ -323,32 +290,6 @@ class Transfer:
         tensors = () if layout.header is None else tuple(delta.changed_tensors(
             segments, [(t.name, t.start, t.end) for t in layout.header.tensors]))
         return DeltaFound(current, layout, digests, plan, tensors)
-
-    async def _layout(self, key: str, src: ObjectInfo, block: int, chunker: str) -> Layout:
-        """How ``key`` is cut into chunks: content-defined with ``cdc`` (reads the source
-        once to find the boundaries), by tensor for a safetensors file (``auto``,
-        ``safetensors``), else in fixed blocks."""
-        if chunker == "cdc":
-            chunks, digests = await scan_cdc(self.src, src, self.limits)
-            return Layout(CDC_AVG, chunks, "cdc", digests=digests)
-        if chunker in ("auto", "safetensors") and key.endswith(SAFETENSORS_SUFFIX):
-            try:
-                header = await self._safetensors_header(key, src)
-            except NotSafetensors as exc:
-                log.info("%s: not cut by tensor: %s; fixed blocks instead", key, exc)
-            else:
-                return Layout(block, safetensors_chunks(header, block), "safetensors", header)
-        return Layout(block, fixed_chunks(src.size, block))
-
-    async def _safetensors_header(self, key: str, src: ObjectInfo) -> SafetensorsHeader:
-        probe = ByteRange(0, min(SAFETENSORS_PROBE, src.size))
-        async with self.limits.requests:
-            head = await self.src.get(key, probe, expect=src)
-        length = header_length(bytes(head[:8]), src.size)
-        if length > len(head):
-            async with self.limits.memory.hold(length), self.limits.requests:
-                head = await self.src.get(key, ByteRange(0, length), expect=src)
-        return parse_safetensors(bytes(head[:length]), src.size)
 
     async def _multipart(self, action: Action, src: ObjectInfo, part_size: int,
                          layout: Layout, specs: list[PartSpec], layout_id: str | None, *,
