@@ -17,7 +17,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -114,6 +114,7 @@ class Transfer:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     open_uploads: dict[str, OpenUpload] = field(default_factory=dict)
     _compose_refused: bool = False
+    _stage_creates: set[asyncio.Future[Upload]] = field(default_factory=set)
 
     async def run(self, action: Action) -> Done:
         if action.kind == "delete":
@@ -198,18 +199,30 @@ class Transfer:
         specs = [PartSpec(p.number, p.rng, old_start=p.old_start, stage=p.stage)
                  for p in found.plan.parts]
         source = cast(ComposeStore, self.dst).compose_source(found.current)
-        if any(p.stage for p in found.plan.parts):
-            # Staging objects a killed run of this key left behind (a lock keeps other runs
-            # of the pair away).
-            async with self.limits.requests:
-                await cast(ServerCopyStore, self.dst).clear(_staging_prefix(action.key))
+        staged = any(p.stage for p in found.plan.parts)
+        if staged:  # what a killed run of this key left (a lock keeps other runs away)
+            await self._clear_staging(action.key)
         try:
             return await self._multipart(action, src, part_size, found.layout, specs,
                                          found.plan.fingerprint(), delta=found, source=source)
         except ComposeRefused as exc:
             self._compose_refused = True
             log.warning("%s; sending changed objects whole from now on", exc)
+            await self._clear_staging(action.key)
             return await self._copy_parts(action, src)
+        except (MCSyncError, OSError):
+            if staged:  # a part cancelled while its staging upload was being created
+                await self._clear_staging(action.key)
+            raise
+
+    async def _clear_staging(self, key: str) -> None:
+        if self._stage_creates:  # let creates in flight land, so the listing below sees them
+            await asyncio.gather(*self._stage_creates, return_exceptions=True)
+        try:
+            async with self.limits.requests:
+                await asyncio.shield(cast(ServerCopyStore, self.dst).clear(_staging_prefix(key)))
+        except (MCSyncError, OSError) as exc:
+            log.warning("could not clear the staging objects of %s: %s", key, exc)
 
     async def _delta_finished_before(self, action: Action, src: ObjectInfo,
                                      prior: OpenUpload) -> Done | None:
@@ -352,12 +365,9 @@ class Transfer:
                 assert source is not None
                 old = ByteRange(spec.old_start, spec.old_start + rng.length)
                 async with self.limits.requests:
-                    try:
+                    with _refusal_means_no_compose(self.dst.url, key):
                         part = await cast(ServerCopyUpload, live).copy_part(
                             number, rng.start, source, old)
-                    except Permanent as exc:
-                        raise ComposeRefused(f"{self.dst.url}: a ranged part copy of {key} "
-                                             f"was refused: {exc}") from exc
                 chunk_hashes = b""  # no byte passed through us
             else:
                 # One request slot from read to acknowledgement: a part read ahead of a free
@@ -407,12 +417,18 @@ class Transfer:
         stage_key = (f"{_staging_prefix(key)}"
                      f"{xxhash.xxh3_64_hexdigest(upload.upload_id.encode())}-{spec.number}")
         new = ByteRange(spec.rng.start + spec.stage, spec.rng.end)
+        # Shielded: a part cancelled while its staging upload is being created must not leave
+        # an upload the server creates after we stopped listening; _clear_staging waits for it.
+        create = asyncio.ensure_future(dst.open_upload(stage_key, spec.rng.length))
+        self._stage_creates.add(create)
+        create.add_done_callback(self._stage_creates.discard)
         async with self.limits.requests:
-            staging = await dst.open_upload(stage_key, spec.rng.length)
+            staging = await asyncio.shield(create)
         try:
             async with self.limits.requests:
-                first = await staging.copy_part(
-                    1, 0, source, ByteRange(spec.old_start, spec.old_start + spec.stage))
+                with _refusal_means_no_compose(self.dst.url, key):
+                    first = await staging.copy_part(
+                        1, 0, source, ByteRange(spec.old_start, spec.old_start + spec.stage))
             async with self.limits.requests:
                 data = await self.src.get(key, new, expect=src)
                 second = await staging.put_part(2, spec.stage, data)
@@ -424,9 +440,10 @@ class Transfer:
             raise
         try:
             async with self.limits.requests:
-                return await cast(ServerCopyUpload, upload).copy_part(
-                    spec.number, spec.rng.start, dst.copy_source(stage_key, staged.etag),
-                    ByteRange(0, spec.rng.length))
+                with _refusal_means_no_compose(self.dst.url, key):
+                    return await cast(ServerCopyUpload, upload).copy_part(
+                        spec.number, spec.rng.start, dst.copy_source(stage_key, staged.etag),
+                        ByteRange(0, spec.rng.length))
         finally:
             with contextlib.suppress(MCSyncError, OSError):
                 async with self.limits.requests:
@@ -630,3 +647,14 @@ def _split_digests(joined: bytes) -> list[bytes]:
 def _staging_prefix(key: str) -> str:
     """Where the staging objects of ``key``'s delta live (see ``delta``)."""
     return f"{STAGING_PREFIX}{xxhash.xxh3_64_hexdigest(key.encode())}-"
+
+
+@contextlib.contextmanager
+def _refusal_means_no_compose(target: str, key: str) -> Iterator[None]:
+    """A ranged part copy the target answers with a permanent error (not implemented, not
+    allowed): this target does not compose; the delta falls back to a full upload."""
+    try:
+        yield
+    except Permanent as exc:
+        raise ComposeRefused(f"{target}: a ranged part copy for {key} was refused: "
+                             f"{exc}") from exc

@@ -301,3 +301,37 @@ def test_staging_left_by_a_killed_delta_is_swept_by_the_next_run(seaweed, bucket
     assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
     listed = client.list_objects_v2(Bucket=bucket, Prefix="ckpt/.mcsync/stage/")
     assert not listed.get("Contents")
+
+
+def test_a_target_refusing_ranged_part_copies_gets_the_object_whole(seaweed, bucket_factory,
+                                                                     tmp_path, monkeypatch,
+                                                                     caplog):
+    """An S3 implementation without UploadPartCopy ranges (a proxy answers them 400 before
+    SeaweedFS sees them): the delta falls back to a full upload, once noted, target exact."""
+    from mcsync.testing.servers import S3Endpoint
+
+    from .proxy import CorruptingProxy
+
+    src = tmp_path / "src"
+    tensors = checkpoint_tensors()
+    write_tree(src, {"a.safetensors": safetensors(tensors), "b.safetensors": safetensors(tensors)})
+    bucket = bucket_factory(seaweed)
+    for k, v in seaweed.meta_env().items():
+        monkeypatch.setenv(k, v)
+    assert mcsync.sync(str(src), f"meta://{bucket}/ckpt/", part_size=PART).ok
+    new = safetensors(rewrite(tensors, ["layers.3.attn.qkv.weight", "layers.8.norm.weight"]))
+    write_tree(src, {"a.safetensors": new, "b.safetensors": new})
+
+    proxy = CorruptingProxy(seaweed.url, refuse_header="x-amz-copy-source-range")
+    with proxy.running():
+        via = S3Endpoint(proxy.url, seaweed.access_key, seaweed.secret_key)
+        for k, v in via.meta_env().items():
+            monkeypatch.setenv(k, v)
+        report = mcsync.sync(str(src), f"meta://{bucket}/ckpt/", part_size=PART)
+    assert report.ok, report.failures
+    assert proxy.refused  # a ranged part copy was tried and refused
+    assert report.bytes_reused == 0 and report.bytes_sent == 2 * len(new)
+    assert read_bucket(seaweed, bucket, "ckpt/") == {"a.safetensors": new, "b.safetensors": new}
+    assert any("was refused" in r.message for r in caplog.records)
+    assert seaweed.secret_key not in caplog.text
+    assert not seaweed.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
