@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from .chunking import fixed_chunks
 from .config import SyncOptions
-from .errors import IntegrityError
-from .hashing import block_digest_async
 from .limits import Limits
-from .manifest import DIGEST_SIZE, ManifestEntry
+from .manifest import ManifestEntry
 from .scan import scan_chunks
 from .stores.base import Store
-from .types import ByteRange, ObjectInfo
+from .types import ObjectInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,34 +56,11 @@ async def compare(src: Store, dst: Store, src_info: ObjectInfo, dst_info: Object
         return Verdict(same, reason, src_info.size, known.block_size, ours, known.chunk_sizes,
                        known.chunker)
     bs = block_size_for(src_info.size, options)
-    ours, theirs = await asyncio.gather(hash_blocks(src, src_info, bs, limits),
-                                        hash_blocks(dst, dst_info, bs, limits))
+    blocks = fixed_chunks(src_info.size, bs)
+    ours, theirs = (b"".join(d) for d in await asyncio.gather(
+        scan_chunks(src, src_info, blocks, bs, limits),
+        scan_chunks(dst, dst_info, blocks, bs, limits)))
     same = ours == theirs
     reason = ("same content at source and target (xxh3-128)" if same else
               "content differs at source and target (xxh3-128)")
     return Verdict(same, reason, 2 * src_info.size, bs, ours)
-
-
-async def hash_blocks(store: Store, info: ObjectInfo, block_size: int, limits: Limits) -> bytes:
-    """The concatenated xxh3-128 digests of ``info``'s blocks, read pinned to the listed
-    version (a concurrent change raises PreconditionFailed rather than mixing versions)."""
-    size = info.size
-    ranges = ([ByteRange(off, min(off + block_size, size))
-               for off in range(0, size, block_size)] if size else [ByteRange(0, 0)])
-    digests: list[bytes] = [b""] * len(ranges)
-
-    async def one(i: int, rng: ByteRange) -> None:
-        async with limits.memory.hold(rng.length), limits.requests:
-            data = await store.get(info.key, rng if rng.length != size else None, expect=info)
-            if len(data) != rng.length:
-                raise IntegrityError(f"{store.url}{info.key}: read {len(data)} bytes of "
-                                     f"{rng.length}")
-            digests[i] = await block_digest_async(data)
-            del data
-
-    async with asyncio.TaskGroup() as tg:
-        for i, rng in enumerate(ranges):
-            tg.create_task(one(i, rng))
-    out = b"".join(digests)
-    assert len(out) == DIGEST_SIZE * len(ranges)
-    return out
