@@ -58,10 +58,15 @@ class PlannedPart:
 
     @property
     def sent(self) -> int:
-        """Bytes of this part that cross the network."""
-        if self.old_start is None:
-            return self.rng.length
-        return self.rng.length - self.stage if self.stage else 0
+        return sent_bytes(self.rng.length, self.old_start, self.stage)
+
+
+def sent_bytes(length: int, old_start: int | None, stage: int) -> int:
+    """Bytes of a part that cross the network: all of an uploaded part, none of a copied one,
+    the new bytes after the copied ``stage`` of a staged one."""
+    if old_start is None:
+        return length
+    return length - stage if stage else 0
 
 
 @dataclass(frozen=True, slots=True)

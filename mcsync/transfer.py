@@ -66,10 +66,7 @@ class PartSpec:
 
     @property
     def sent(self) -> int:
-        """Bytes of this part read from the source and sent."""
-        if self.old_start is None:
-            return self.rng.length
-        return self.rng.length - self.stage if self.stage else 0
+        return delta.sent_bytes(self.rng.length, self.old_start, self.stage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +313,7 @@ class Transfer:
         n_chunks = len(layout.chunks)
         # Each chunk's digest: from the delta's scan, or filled as the parts are read.
         digests: list[bytes] = list(delta.digests) if delta else [b""] * n_chunks
+        cut_digests = layout.digests if delta is None else None
         prior = self.open_uploads.pop(key, None)
         if prior is not None:
             if (prior.matches_source(src) and prior.part_size == part_size
@@ -376,6 +374,12 @@ class Transfer:
                     data = await self.src.get(key, rng, expect=src)
                     pieces = await chunk_digests_async(data, rng.start,
                                                        list(spec.chunks or (rng,)))
+                    if cut_digests is not None and spec.first_chunk is not None and pieces != (
+                            cut_digests[spec.first_chunk:spec.first_chunk + len(pieces)]):
+                        # Cutting by content read these bytes once already: a second read
+                        # that hashes differently is never sent.
+                        raise IntegrityError(f"{self.src.url}{key}: bytes {rng.start}-{rng.end}"
+                                             " read differently twice")
                     if check_crc:
                         crcs[number - 1] = (await checksums.crc32c_async(data), len(data))
                     part = await live.put_part(number, rng.start, data)

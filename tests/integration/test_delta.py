@@ -91,6 +91,18 @@ def sync(src: Path, target: Target) -> mcsync.SyncReport:
     return report
 
 
+def synced_then_rewritten(src: Path, target: Target,
+                          names: list[str]) -> tuple[dict[str, bytes], bytes]:
+    """The checkpoint synced once, then ``names`` rewritten at the source: the old tensors
+    and the new file."""
+    tensors = checkpoint_tensors()
+    write_tree(src, {"model.safetensors": safetensors(tensors)})
+    sync(src, target)
+    new = safetensors(rewrite(tensors, names))
+    write_tree(src, {"model.safetensors": new})
+    return tensors, new
+
+
 def min_part(target: Target) -> int:
     return 1 if target.kind == "local" else PART
 
@@ -186,11 +198,7 @@ def test_target_changed_out_of_band_is_never_composed_from(target, tmp_path):
 
 def test_plan_names_the_changed_tensors(target, tmp_path):
     src = tmp_path / "src"
-    tensors = checkpoint_tensors()
-    write_tree(src, {"model.safetensors": safetensors(tensors)})
-    sync(src, target)
-    new = safetensors(rewrite(tensors, ["layers.4.attn.qkv.weight"]))
-    write_tree(src, {"model.safetensors": new})
+    tensors, _ = synced_then_rewritten(src, target, ["layers.4.attn.qkv.weight"])
 
     result = run_cli("plan", str(src), target.url, "--part-size", "5MiB", env=target.env)
     assert result.exit_code == 0, result.output
@@ -201,11 +209,7 @@ def test_plan_names_the_changed_tensors(target, tmp_path):
 
 def test_no_delta_sends_whole(target, tmp_path):
     src = tmp_path / "src"
-    tensors = checkpoint_tensors()
-    write_tree(src, {"model.safetensors": safetensors(tensors)})
-    sync(src, target)
-    new = safetensors(rewrite(tensors, ["layers.1.norm.weight"]))
-    write_tree(src, {"model.safetensors": new})
+    _, new = synced_then_rewritten(src, target, ["layers.1.norm.weight"])
     report = mcsync.sync(str(src), target.url, part_size=PART, delta=False)
     assert target.read() == {"model.safetensors": new}
     assert report.bytes_sent == len(new) and report.bytes_reused == 0
