@@ -25,7 +25,7 @@ from .chunking import (
 from .errors import IntegrityError
 from .hashing import chunk_digests, chunk_digests_async
 from .limits import Limits
-from .stores.base import Store
+from .stores.base import Buffer, Store
 from .types import ByteRange, ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -86,17 +86,17 @@ async def scan_cdc(store: Store, info: ObjectInfo, limits: Limits,
     digests: list[bytes] = []
     crc = 0
 
-    async def read(start: int) -> bytes:
+    async def read(start: int) -> Buffer:
         rng = ByteRange(start, min(start + window, size))
         async with limits.requests:
             data = await store.get(info.key, None if rng.length == size else rng, expect=info)
         if len(data) != rng.length:
             raise IntegrityError(f"{store.url}{info.key}: read {len(data)} bytes of "
                                  f"{rng.length} at {rng.start}")
-        return bytes(data)
+        return data
 
     async with limits.memory.hold(3 * window):  # the window, the next one, and the carry
-        carry = b""
+        carry = b""  # the bytes after the last boundary found, cut again with the next window
         base = 0  # object offset of carry[0]
         read_pos = 0
         ahead: asyncio.Task[bytes] | None = None
@@ -109,7 +109,8 @@ async def scan_cdc(store: Store, info: ObjectInfo, limits: Limits,
                     crc = checksums.combine(crc, await checksums.crc32c_async(data), len(data))
                 read_pos += len(data)
                 ahead = asyncio.create_task(read(read_pos)) if read_pos < size else None
-                buf = carry + data
+                # One copy of the window, only when a carry must precede it.
+                buf: Buffer = memoryview(data) if not carry else b"".join((carry, data))
                 eof = read_pos >= size
                 lengths = await asyncio.to_thread(cdc_cut, buf, eof=eof)
                 cut = []
@@ -119,7 +120,7 @@ async def scan_cdc(store: Store, info: ObjectInfo, limits: Limits,
                     pos += n
                 digests.extend(await asyncio.to_thread(chunk_digests, buf, base, cut))
                 chunks.extend(cut)
-                carry = buf[pos - base:]
+                carry = bytes(buf[pos - base:])  # < one chunk
                 base = pos
         finally:
             if ahead is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 
+from .config import MIN_PART_SIZE
 from .errors import MCSyncError, NotFound
 from .limits import Limits
 from .manifest import ManifestEntry
@@ -66,7 +67,7 @@ async def verify_one(dst: Store, entry: ManifestEntry, limits: Limits) -> str | 
     ranges = [rng for rng, _ in recorded]
     # Read in reads of at least a block (small tensor chunks are grouped), unpinned: the
     # target's bytes are what is being checked.
-    found = await scan_chunks(dst, there, ranges, max(entry.block_size, 8 << 20), limits,
+    found = await scan_chunks(dst, there, ranges, max(entry.block_size, MIN_PART_SIZE), limits,
                               pinned=False)
     bad = [rng for (rng, want), got in zip(recorded, found, strict=True) if want != got]
     if bad:
