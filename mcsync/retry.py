@@ -30,10 +30,11 @@ class RetryPolicy:
     def botocore(self) -> dict[str, Any]:
         return {"mode": self.mode, "max_attempts": self.max_attempts}
 
-    def obstore(self) -> dict[str, Any]:
+    def obstore(self, *, preflight: bool = False) -> dict[str, Any]:
         """The same policy for obstore's client (exponential backoff with full jitter)."""
+        attempts = self.preflight_attempts if preflight else self.max_attempts
         return {
-            "max_retries": self.max_attempts - 1,
+            "max_retries": attempts - 1,
             "retry_timeout": timedelta(seconds=self.deadline_s),
             "backoff": {"init_backoff": timedelta(seconds=self.init_backoff_s),
                         "max_backoff": timedelta(seconds=self.max_backoff_s), "base": 2},

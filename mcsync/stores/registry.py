@@ -71,7 +71,7 @@ def open_store(url: str, options: SyncOptions) -> Store:
     meta = meta_settings()
     return S3Store(
         scheme="meta", bucket=loc.bucket, prefix=loc.prefix,
-        endpoint_url=meta.get("endpoint_url"), region=meta.get("region"),
+        endpoint_url=meta.get("endpoint_url"), region=meta.get("region") or "us-east-1",
         credentials=S3Credentials(meta.get("access_key_id"), meta.get("secret_access_key"),
                                   meta.get("session_token")),
         path_style=meta.get("path_style", "true").lower() not in ("0", "false", "no"),

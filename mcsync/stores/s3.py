@@ -27,25 +27,13 @@ import itertools
 import logging
 import os
 import re
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import obstore
 import obstore.exceptions as obstore_exc
-from aiobotocore.config import AioConfig
-from aiobotocore.session import AioSession, get_session
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    HTTPClientError,
-    NoCredentialsError,
-    PartialCredentialsError,
-    ProfileNotFound,
-)
-from botocore.exceptions import (
-    ConnectionError as BotoConnectionError,
-)
 
 from .. import checksums
 from ..config import S3_MAX_PART_SIZE, S3_MIN_PART_SIZE
@@ -63,6 +51,9 @@ from ..errors import (
 from ..retry import RetryPolicy
 from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
 from .base import Buffer, CheckMode, Store
+
+if TYPE_CHECKING:
+    from botocore.exceptions import ClientError
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +117,61 @@ class S3Store:
         self._profile = profile
         if path_style is None:
             path_style = endpoint_url is not None  # custom endpoints rarely do virtual hosts
-        self._config = AioConfig(
-            max_pool_connections=max_connections,
-            retries=(retry or RetryPolicy()).botocore(),
-            s3={"addressing_style": "path" if path_style else "auto"},
+        self._retry = retry or RetryPolicy()
+        self._max_connections = max_connections
+        self._client_lock = asyncio.Lock()
+        self._client_cm: Any = None
+        self._client: Any = None
+        self._fast_client: Any = None
+        self._path_style = path_style
+        self._access_key_seen: str | None = None
+        self._creds_used = S3Credentials()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def _c(self) -> Any:
+        """The botocore client (multipart uploads, copies, HEAD), opened on first use."""
+        if self._client is None:
+            async with self._client_lock:
+                if self._client is None:
+                    await self._open_clients()
+        return self._client
+
+    async def _fast(self) -> Any:
+        """The obstore client. Built without botocore when the keys and the region are given
+        (meta://, or AWS keys in the environment): importing and starting botocore costs
+        ~0.2 s, most of what a no-op scheduled run would otherwise take."""
+        if self._fast_client is None:
+            creds = self._given_credentials()
+            if creds is not None and self._region:
+                self._access_key_seen = creds.access_key_id
+                self._fast_client = self._make_fast_client(creds)
+            else:
+                await self._c()
+        return self._fast_client
+
+    def _given_credentials(self) -> S3Credentials | None:
+        """Keys known without botocore's chain: explicit ones, else the environment's (the
+        chain's first step) when no profile is named, since a named profile skips that step."""
+        if self._credentials.access_key_id:
+            return self._credentials
+        env = os.environ
+        if self._profile or env.get("AWS_PROFILE") or not env.get("AWS_ACCESS_KEY_ID"):
+            return None
+        if not env.get("AWS_SECRET_ACCESS_KEY"):
+            return None
+        return S3Credentials(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"],
+                             env.get("AWS_SESSION_TOKEN"))
+
+    async def _open_clients(self) -> None:
+        from aiobotocore.config import AioConfig
+        from aiobotocore.session import AioSession, get_session
+        from botocore.exceptions import ProfileNotFound
+
+        config = AioConfig(
+            max_pool_connections=self._max_connections,
+            retries=self._retry.botocore(),
+            s3={"addressing_style": "path" if self._path_style else "auto"},
             connect_timeout=10,
             read_timeout=120,
             tcp_keepalive=True,
@@ -139,25 +181,6 @@ class S3Store:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        self._retry = retry or RetryPolicy()
-        self._max_connections = max_connections
-        self._client_lock = asyncio.Lock()
-        self._client_cm: Any = None
-        self._client: Any = None
-        self._fast_client: Any = None
-        self._path_style = path_style
-        self._access_key_seen: str | None = None
-
-    # -- lifecycle ----------------------------------------------------------------------------
-
-    async def _c(self) -> Any:
-        if self._client is None:
-            async with self._client_lock:
-                if self._client is None:
-                    await self._open_clients()
-        return self._client
-
-    async def _open_clients(self) -> None:
         session: AioSession = get_session()
         if self._profile:
             try:
@@ -173,22 +196,25 @@ class S3Store:
             aws_access_key_id=creds.access_key_id,
             aws_secret_access_key=creds.secret_access_key,
             aws_session_token=creds.session_token,
-            config=self._config,
+            config=config,
         )
         client = await cm.__aenter__()
-        if not creds.access_key_id:  # the standard chain: env, profile, IMDS...
-            resolved = await session.get_credentials()
-            if resolved is not None:
-                frozen = await resolved.get_frozen_credentials()
-                creds = S3Credentials(frozen.access_key, frozen.secret_key, frozen.token)
-        region = client.meta.region_name
-        self._region = "us-east-1" if region in (None, "aws-global") else region
-        self._access_key_seen = creds.access_key_id
-        self._fast_client = self._make_fast_client(creds)
+        if self._fast_client is None:
+            if not creds.access_key_id:  # the standard chain: env, profile, IMDS...
+                resolved = await session.get_credentials()
+                if resolved is not None:
+                    frozen = await resolved.get_frozen_credentials()
+                    creds = S3Credentials(frozen.access_key, frozen.secret_key, frozen.token)
+            region = client.meta.region_name
+            self._region = "us-east-1" if region in (None, "aws-global") else region
+            self._access_key_seen = creds.access_key_id
+            self._fast_client = self._make_fast_client(creds)
         self._client_cm, self._client = cm, client
 
-    def _make_fast_client(self, creds: S3Credentials) -> Any:
+    def _make_fast_client(self, creds: S3Credentials, *, preflight: bool = False) -> Any:
         from obstore.store import S3Store as ObStore
+
+        self._creds_used = creds
 
         # Credentials are resolved once per run: a temporary role credential that expires
         # mid-run fails the remaining reads, which are then reported, never half-written.
@@ -213,7 +239,7 @@ class S3Store:
                     "timeout": "300s",
                     "connect_timeout": "10s",
                 },
-                retry_config=self._retry.obstore(),
+                retry_config=self._retry.obstore(preflight=preflight),
                 # x-amz-checksum-sha256 on every PUT: the target verifies the body against it.
                 checksum_algorithm="sha256",
                 **kwargs,
@@ -231,13 +257,13 @@ class S3Store:
 
     def endpoint_identity(self) -> tuple[str | None, str | None]:
         """Two stores with the same endpoint and access key can copy server-side. Known once
-        the client exists (``check`` creates it)."""
+        a client exists (``check`` creates one)."""
         return (self.endpoint_url.rstrip("/") if self.endpoint_url else None,
                 self._access_key_seen)
 
     def can_copy_from(self, other: Store) -> bool:
-        return (isinstance(other, S3Store) and self._client is not None
-                and other._client is not None
+        return (isinstance(other, S3Store) and self._fast_client is not None
+                and other._fast_client is not None
                 and other.endpoint_identity() == self.endpoint_identity())
 
     def copy_source(self, key: str, etag: str | None) -> S3CopySource:
@@ -249,10 +275,20 @@ class S3Store:
     # -- operations -----------------------------------------------------------------------------
 
     async def check(self, *, mode: CheckMode) -> None:
-        client = await self._c()
+        """One listing request, tried only ``preflight_attempts`` times: a wrong address, key
+        or bucket is a one-line error in seconds. Its page also shows whether the endpoint
+        lists in byte order (see ``list``)."""
+        await self._fast()
+        probe = self._make_fast_client(self._creds_used, preflight=True)
         with self._translate(None, preflight=True):
-            page = await client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix)
-        keys = [c["Key"] for c in page.get("Contents", ())]
+            try:
+                stream = obstore.list(probe, self.prefix.rstrip("/") or None, chunk_size=1000)
+                page = await anext(aiter(stream), [])
+                keys = [meta["path"] for meta in page]
+            except obstore_exc.InvalidPathError:  # a key obstore cannot spell: plain S3 API
+                client = await self._c()
+                listed = await client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix)
+                keys = [c["Key"] for c in listed.get("Contents", ())]
         if any(a >= b for a, b in itertools.pairwise(keys)):
             self._use_tree_listing()
 
@@ -264,7 +300,7 @@ class S3Store:
         is listed directory by directory (``tree``), which is ordered by construction. Which
         one an endpoint needs is found out by ``check`` and, failing that, by the first
         out-of-order key, and remembered for the endpoint in this process."""
-        await self._c()
+        await self._fast()
         walk = self._walk(self.prefix) if self._tree_listing() else self._flat(self.prefix)
         cut = len(self.prefix)
         last = ""
@@ -300,7 +336,7 @@ class S3Store:
             return
         except obstore_exc.InvalidPathError:
             log.debug("%s: a key obstore cannot represent; listing on with the S3 API", self.url)
-        paginator = self._client.get_paginator("list_objects_v2")
+        paginator = (await self._c()).get_paginator("list_objects_v2")
         async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix,
                                              StartAfter=last or prefix):
             for c in page.get("Contents", ()):
@@ -311,7 +347,7 @@ class S3Store:
         only their names), then its files are streamed with each subdirectory walked at its
         byte-order place. Within one level file names hold no '/', so any server's name order
         is byte order. A level that fits one page is listed once."""
-        paginator = self._client.get_paginator("list_objects_v2")
+        paginator = (await self._c()).get_paginator("list_objects_v2")
         dirs: list[str] = []
         first_files: list[dict[str, Any]] = []
         pages = 0
@@ -334,7 +370,7 @@ class S3Store:
                 yield sub
 
     async def _level_files(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
-        paginator = self._client.get_paginator("list_objects_v2")
+        paginator = (await self._c()).get_paginator("list_objects_v2")
         async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
             for c in page.get("Contents", ()):
                 yield c
@@ -355,7 +391,7 @@ class S3Store:
     async def get(
         self, key: str, rng: ByteRange | None = None, *, expect: ObjectInfo | None = None
     ) -> Buffer:
-        client = await self._c()
+        fast = await self._fast()
         if_match = expect.etag if expect is not None else None
         options: dict[str, Any] = {}
         if rng is not None:
@@ -364,10 +400,9 @@ class S3Store:
             options["if_match"] = f'"{if_match}"'
         with self._translate(key):
             try:
-                resp = await obstore.get_async(self._fast_client, self._full(key),
-                                               options=options)
+                resp = await obstore.get_async(fast, self._full(key), options=options)
             except ValueError:  # a key obstore cannot spell ("a//b", "x/../y"): plain S3 API
-                return await self._get_boto(client, key, rng, if_match)
+                return await self._get_boto(await self._c(), key, rng, if_match)
             data = await resp.bytes_async()
         expected = rng.length if rng is not None else resp.meta["size"]
         if len(data) != expected:
@@ -390,13 +425,13 @@ class S3Store:
         return data
 
     async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
-        client = await self._c()
+        fast = await self._fast()
         with self._translate(key):
             try:
-                r = await obstore.put_async(self._fast_client, self._full(key), data,
-                                            use_multipart=False)
+                r = await obstore.put_async(fast, self._full(key), data, use_multipart=False)
                 etag = r.get("e_tag")
             except ValueError:  # a key obstore cannot spell: plain S3 API
+                client = await self._c()
                 resp = await self._send_body(key, client.put_object, data, Bucket=self.bucket,
                                              Key=self._full(key))
                 etag = resp.get("ETag")
@@ -445,7 +480,7 @@ class S3Store:
         with self._translate(prefix):
             uploads = await client.list_multipart_uploads(Bucket=self.bucket, Prefix=full)
             for u in uploads.get("Uploads", ()):
-                with contextlib.suppress(ClientError):
+                with contextlib.suppress(NotFound):
                     await client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"],
                                                         UploadId=u["UploadId"])
             page = await client.list_objects_v2(Bucket=self.bucket, Prefix=full)
@@ -453,9 +488,13 @@ class S3Store:
                 await client.delete_object(Bucket=self.bucket, Key=obj["Key"])
 
     async def delete(self, key: str) -> None:
-        client = await self._c()
+        fast = await self._fast()
         with self._translate(key):
-            await client.delete_object(Bucket=self.bucket, Key=self._full(key))
+            try:
+                await obstore.delete_async(fast, self._full(key))
+            except ValueError:  # a key obstore cannot spell: plain S3 API
+                client = await self._c()
+                await client.delete_object(Bucket=self.bucket, Key=self._full(key))
 
     async def _send_body(self, key: str, call: Callable[..., Awaitable[dict[str, Any]]],
                          data: Buffer, **kwargs: Any) -> dict[str, Any]:
@@ -464,6 +503,8 @@ class S3Store:
         once (some S3 implementations want the algorithm declared at CreateMultipartUpload).
         What an endpoint takes, per operation, is remembered for the process, and a fallback is
         logged once."""
+        from botocore.exceptions import ClientError  # loaded already: ``call`` is botocore's
+
         endpoint = (_endpoint_key(self), getattr(call, "__name__", ""))
         body = _as_bytes(data)
         if _BODY_CHECKSUM.get(endpoint) != "md5":
@@ -506,45 +547,69 @@ class S3Store:
             raise cls(f"{what}: access denied: check credentials") from exc
         except obstore_exc.BaseError as exc:  # already retried by obstore's RetryConfig
             code = _s3_error_code(exc)
+            if code in _NO_BUCKET:
+                cls = ConfigError if preflight else Permanent
+                raise cls(f"{what}: bucket {self.bucket!r} does not exist") from exc
+            if code in _DENIED:
+                cls = ConfigError if preflight else Permanent
+                raise cls(f"{what}: access denied ({code}): check credentials") from exc
             if code in _BAD_DIGEST:
                 raise IntegrityError(f"{what}: the target refused the bytes: they do not match "
                                      f"the checksum sent with them ({code})") from exc
+            if preflight and code is None:  # no S3 error document: no S3 answered
+                raise ConfigError(f"{what}: cannot reach {self.endpoint_url or 'S3'} "
+                                  f"({_first_line(exc).rsplit(' - ', 1)[-1].strip()})") from exc
             detail = f" ({code})" if code else ""
-            raise Transient(f"{what}: {type(exc).__name__}: {_first_line(exc)}{detail}") from exc
-        except ClientError as exc:
+            cls = ConfigError if preflight else Transient
+            raise cls(f"{what}: {type(exc).__name__}: {_first_line(exc)}{detail}") from exc
+        except Exception as exc:
+            # botocore's first: some of its timeouts are OSErrors too
+            translated = self._botocore_error(exc, what, preflight)
+            if translated is not None:
+                raise translated from exc
+            if isinstance(exc, OSError):  # aiohttp payload / socket errors past the retries
+                raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
+            raise
+
+    def _botocore_error(self, exc: Exception, what: str, preflight: bool) -> MCSyncError | None:
+        """The mcsync error for a botocore exception; None for any other exception. botocore
+        is imported only once a request needs it, and no botocore error exists before."""
+        boto = sys.modules.get("botocore.exceptions")
+        if boto is None:
+            return None
+        if isinstance(exc, boto.ClientError):
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
             status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
             msg = err.get("Message") or code or status
             if code in _NO_BUCKET or (preflight and status == "404"):
-                raise ConfigError(f"{what}: bucket {self.bucket!r} does not exist") from exc
+                return ConfigError(f"{what}: bucket {self.bucket!r} does not exist")
             if code in _NOT_FOUND or status == "404":
-                raise NotFound(f"{what}: no such object") from exc
+                return NotFound(f"{what}: no such object")
             if code in _PRECONDITION or status == "412":
-                raise PreconditionFailed(f"{what}: changed since it was listed") from exc
+                return PreconditionFailed(f"{what}: changed since it was listed")
             if code in _BAD_DIGEST:
-                raise IntegrityError(f"{what}: the target refused the bytes: they do not match "
-                                     f"the checksum sent with them ({code})") from exc
+                return IntegrityError(f"{what}: the target refused the bytes: they do not match "
+                                      f"the checksum sent with them ({code})")
             if code in _DENIED or status == "403":
-                cls = ConfigError if preflight else Permanent
-                raise cls(f"{what}: access denied ({code or status}): check credentials") from exc
+                cls: type[MCSyncError] = ConfigError if preflight else Permanent
+                return cls(f"{what}: access denied ({code or status}): check credentials")
             if code in _THROTTLED or status.startswith("5"):
                 if preflight:
-                    raise ConfigError(f"{what}: server error {code or status}: {msg}") from exc
-                raise Transient(f"{what}: {code or status}: {msg}") from exc
+                    return ConfigError(f"{what}: server error {code or status}: {msg}")
+                return Transient(f"{what}: {code or status}: {msg}")
             cls = ConfigError if preflight else Permanent
-            raise cls(f"{what}: {code or status}: {msg}") from exc
-        except (NoCredentialsError, PartialCredentialsError) as exc:
-            raise ConfigError(f"{what}: no usable credentials ({type(exc).__name__})") from exc
-        except (BotoConnectionError, HTTPClientError) as exc:
+            return cls(f"{what}: {code or status}: {msg}")
+        if isinstance(exc, boto.NoCredentialsError | boto.PartialCredentialsError):
+            return ConfigError(f"{what}: no usable credentials ({type(exc).__name__})")
+        if isinstance(exc, boto.ConnectionError | boto.HTTPClientError):
             if preflight:
-                raise ConfigError(f"{what}: cannot connect to {self.endpoint_url or 'S3'}") from exc
-            raise Transient(f"{what}: connection failed: {type(exc).__name__}") from exc
-        except BotoCoreError as exc:
+                return ConfigError(f"{what}: cannot connect to {self.endpoint_url or 'S3'}")
+            return Transient(f"{what}: connection failed: {type(exc).__name__}")
+        if isinstance(exc, boto.BotoCoreError):
             cls = ConfigError if preflight else Permanent
-            raise cls(f"{what}: {exc}") from exc
-        except OSError as exc:  # aiohttp payload / socket errors that escaped botocore's retries
-            raise Transient(f"{what}: {type(exc).__name__}: {exc}") from exc
+            return cls(f"{what}: {exc}")
+        return None
 
 
 class S3Upload:

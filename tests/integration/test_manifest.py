@@ -7,6 +7,8 @@ import fcntl
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -238,3 +240,28 @@ def test_source_overwritten_mid_copy_is_never_stitched(seaweed, tmp_path, monkey
                          part_concurrency=1)
     assert overwritten and report.ok
     assert (tmp_path / "dst" / "big.bin").read_bytes() == new
+
+
+NOOP_PROBE = """
+import sys
+from mcsync.cli.main import main
+try:
+    main()
+except SystemExit as exc:
+    print("exit", exc.code, "botocore" in sys.modules)
+"""
+
+
+def test_noop_resync_to_meta_never_starts_botocore(seaweed, tmp_path):
+    """A scheduled no-op run is mostly start-up; importing and starting botocore would be
+    ~0.2 s of it. With meta:// keys given, the lock, the check and the listing go by obstore."""
+    write_tree(tmp_path / "src", OBJECTS)
+    bucket = new_bucket(seaweed)
+    env = dict(os.environ) | seaweed.meta_env() | {"XDG_STATE_HOME": str(tmp_path / "state")}
+    argv = ["sync", str(tmp_path / "src"), f"meta://{bucket}/", "--part-size", "5MiB", "-q"]
+    runs = [subprocess.run([sys.executable, "-c", NOOP_PROBE, *argv], env=env, text=True,
+                           capture_output=True, timeout=120, check=False) for _ in range(2)]
+    # The first run uploads multipart objects, which needs botocore; the second has nothing to do.
+    assert [r.stdout.split() for r in runs] == [["exit", "0", "True"], ["exit", "0", "False"]], \
+        [r.stderr for r in runs]
+    assert read_bucket(seaweed, bucket) == OBJECTS
