@@ -11,16 +11,20 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import re
 import secrets
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import xxhash
 
 from ..errors import ConfigError, NotFound, PreconditionFailed, UnsafeKey
 from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
 from .base import Buffer, CheckMode, Store
+
+T = TypeVar("T")
 
 TMP_MARK = ".mcsync-tmp-"
 _LIST_BATCH = 256  # entries handed from the walker thread to the event loop at a time
@@ -31,6 +35,16 @@ _LIST_BATCH = 256  # entries handed from the walker thread to the event loop at 
 # kernel CPU copying into such folios; in 32 KiB writes (what s5cmd issues), whose folios come
 # from the per-CPU free lists, ~0.3 s. The 65,536 writes of 2 GiB cost ~0.05 s of user CPU.
 _WRITE_SLICE = 32 * 1024
+# Files up to this size are read and written on the event loop's thread when the root is on a
+# local filesystem: there open + write + rename take tens of microseconds, less than handing
+# the work to a worker thread and back. Measured on the 2-core benchmark VM, 10,000 x 16 KiB
+# downloaded: 10.9 s of CPU with a thread per file, 7.0 s inline (the difference is futex
+# wake-ups, context switches and GIL hand-offs). A network or FUSE mount (a Meta Storage
+# Direct mount among them) can block for milliseconds per call, so there every file goes to
+# a thread.
+_INLINE_MAX = 256 * 1024
+_LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs",
+                                "zfs", "bcachefs", "overlay", "ramfs", "jfs", "reiserfs"})
 
 
 def _is_tmp(name: str) -> bool:
@@ -44,6 +58,13 @@ class LocalStore:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(os.path.abspath(root))
         self.url = str(self.root)
+        self._inline_max = 0  # set by check() once the root's filesystem is known
+
+    async def _off_loop(self, size: int, work: Callable[[], T]) -> T:
+        """``work()`` in a worker thread, or right here for a small file on a local disk."""
+        if size <= self._inline_max:
+            return work()
+        return await asyncio.to_thread(work)
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -155,7 +176,8 @@ class LocalStore:
             finally:
                 os.close(fd)
 
-        return await asyncio.to_thread(read)
+        size = rng.length if rng is not None else expect.size if expect is not None else -1
+        return await self._off_loop(size if size >= 0 else _INLINE_MAX + 1, read)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -175,7 +197,7 @@ class LocalStore:
             os.close(fd)
             return _publish(tmp, path, key, mtime)
 
-        return await asyncio.to_thread(write)
+        return await self._off_loop(len(data), write)
 
     async def open_upload(
         self, key: str, size: int, *, mtime: float | None = None
@@ -277,6 +299,8 @@ class LocalStore:
                     f"{self.url}: directory is not writable: {exc.strerror}") from None
 
         await asyncio.to_thread(probe)
+        fs = await asyncio.to_thread(filesystem_type, self.root)
+        self._inline_max = _INLINE_MAX if fs in _LOCAL_FILESYSTEMS else 0
 
     async def aclose(self) -> None:
         pass
@@ -369,6 +393,36 @@ class LocalUpload:
             self._tmp.unlink(missing_ok=True)
 
         await asyncio.to_thread(drop)
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem holding ``path`` (or its nearest existing ancestor); None
+    where /proc/self/mountinfo cannot be read (not Linux)."""
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return None
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return mount_fstype(mountinfo, os.path.realpath(existing))
+
+
+def mount_fstype(mountinfo: str, real: str) -> str | None:
+    """The filesystem type of the mount (a line of ``mountinfo``) that holds the resolved path
+    ``real``: the one with the longest mount point above it, the last listed among equals."""
+    best, fstype = -1, None
+    for line in mountinfo.splitlines():
+        fields, _, after = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not after:
+            continue
+        # mount points escape space, tab, newline and backslash as octal (\040)
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= best:
+            best, fstype = len(mount), after.split()[0]
+    return fstype
 
 
 def _publish(tmp: Path, path: Path, key: str, mtime: float | None) -> ObjectInfo:
