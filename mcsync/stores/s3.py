@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import email.utils
 import hashlib
 import itertools
 import logging
@@ -30,12 +31,13 @@ import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import obstore
 import obstore.exceptions as obstore_exc
 
-from .. import checksums
+from .. import __version__, checksums
 from ..config import S3_MAX_PART_SIZE, S3_MIN_PART_SIZE
 from ..errors import (
     ConfigError,
@@ -169,6 +171,9 @@ class S3Store:
         from botocore.exceptions import ProfileNotFound
 
         config = AioConfig(
+            # A fixed User-Agent: botocore otherwise rebuilds its own from a dozen components
+            # twice per request (~10% of the client CPU of a small-object server-side copy).
+            user_agent=f"mcsync/{__version__}",
             max_pool_connections=self._max_connections,
             retries=self._retry.botocore(),
             s3={"addressing_style": "path" if self._path_style else "auto"},
@@ -188,6 +193,8 @@ class S3Store:
                 await session.get_credentials()
             except ProfileNotFound:
                 raise ConfigError(f"AWS profile {self._profile!r} not found") from None
+        session.get_component("response_parser_factory").set_parser_defaults(
+            timestamp_parser=_parse_timestamp)
         creds = self._credentials
         cm = session.create_client(
             "s3",
@@ -741,6 +748,25 @@ async def _crc32c_header(data: Buffer) -> str:
 def _as_bytes(data: Buffer) -> bytes | bytearray:
     # botocore signs and sends bytes; other buffers (obstore.Bytes, memoryview) are copied once.
     return data if isinstance(data, bytes | bytearray) else bytes(data)
+
+
+def _parse_timestamp(value: Any) -> datetime:
+    """Timestamps of S3 responses: ISO 8601 in XML bodies, RFC 1123 in headers. botocore's
+    default parser (dateutil) takes ~0.15 ms a value, a tenth of the client CPU of a small
+    CopyObject; the standard library parses both forms in microseconds. Anything else goes to
+    botocore's parser. Naive times are UTC, as botocore has them."""
+    parsed: datetime | None = None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            parsed = datetime.fromisoformat(value)
+        if parsed is None:
+            with contextlib.suppress(TypeError, ValueError):
+                parsed = email.utils.parsedate_to_datetime(value)
+    if parsed is None:
+        from botocore.utils import parse_timestamp
+
+        parsed = parse_timestamp(value)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 def _etag(value: str | None) -> str | None:
