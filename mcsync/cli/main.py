@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 import signal
@@ -452,7 +453,26 @@ def _guarded(fn: Callable[[], Any]) -> Any:
         return EXIT_INTERRUPTED
 
 
+def _keep_freed_buffers() -> None:
+    """Let glibc's malloc reuse freed part buffers instead of returning them to the kernel.
+
+    By default a buffer of 8 MiB or more is its own mmap, unmapped when freed, so every part
+    received faults in fresh zeroed pages (on the 2-core benchmark VM, where freed memory goes
+    back to the host, that was ~15% of a 2 GiB download's CPU). Buffers up to 32 MiB now come
+    from malloc's heaps and stay there; memory held stays bounded by ``--memory-limit``. Done
+    for the command only: a library call leaves its host process's allocator alone."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mallopt(m_mmap_threshold, 32 << 20)
+    mallopt(m_trim_threshold, 1 << 30)
+
+
 def main() -> None:
+    _keep_freed_buffers()
     cli(prog_name="mcsync")
 
 
