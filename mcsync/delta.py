@@ -136,10 +136,12 @@ def pack(segments: Sequence[Segment], size: int, *, part_size: int, min_part: in
 
 
 def _with_min_parts(segments: Sequence[Segment], min_part: int, stage: bool) -> list[Segment]:
-    # Copy runs too short to be a part are sent as new bytes.
+    # Copy runs too short to be a part are sent as new bytes; at the object's end one can be
+    # the (short) last part.
+    end = segments[-1].end if segments else 0
     runs: list[Segment] = []
     for s in segments:
-        short = s.old_start is not None and s.length < min_part
+        short = s.old_start is not None and s.length < min_part and s.end < end
         _append(runs, Segment(s.start, s.end, None) if short else s)
     # A run of new bytes too short to be a part (and not the object's end) takes bytes from
     # the copy run after it; a copy run left too short is taken whole.
@@ -163,7 +165,8 @@ def _with_min_parts(segments: Sequence[Segment], min_part: int, stage: bool) -> 
             nxt = runs[i + 1]  # a copy run: runs alternate after merging
             assert nxt.old_start is not None
             need = min_part - s.length
-            if nxt.length - need >= min_part:
+            last = i + 2 == len(runs)  # what is left of the copy run may be a short last part
+            if nxt.length - need >= min_part or (last and nxt.length > need):
                 runs[i] = Segment(s.start, s.end + need, None)
                 runs[i + 1] = Segment(nxt.start + need, nxt.end, nxt.old_start + need)
                 _append(out, runs[i])

@@ -224,8 +224,10 @@ def test_the_fingerprint_names_the_part_layout():
     data = random.Random(6).randbytes(1000)
     chunks = digests(data, fixed_chunks(1000, 100))
     same = pack(match(chunks, chunks), 1000, part_size=128, min_part=MIN_PART, max_parts=100)
+    again = pack(match(chunks, chunks), 1000, part_size=128, min_part=MIN_PART, max_parts=100)
     other = pack([Segment(0, 1000, None)], 1000, part_size=128, min_part=MIN_PART, max_parts=100)
-    assert same.fingerprint() == same.fingerprint() != other.fingerprint()
+    assert same is not again and same.fingerprint() == again.fingerprint()
+    assert same.fingerprint() != other.fingerprint()
 
 
 @settings(max_examples=300, deadline=None)
@@ -238,10 +240,11 @@ def test_staged_packing_rebuilds_exactly_and_sends_only_new_bytes(pair, block, p
                 stage=True)
     check_parts(plan, len(new), 10_000)
     assert rebuild(old, new, plan) == new
-    # Padding is sent only for a short change at the very start (nothing before it to stage
-    # behind), and for copy runs too short to be a part.
-    short_copies = sum(s.length for s in segs if s.old_start is not None and s.length < MIN_PART)
-    assert plan.bytes_sent <= plan.bytes_changed + short_copies + MIN_PART
+    # The bound: changed bytes plus at most one minimum part per changed region.
+    # Staging does not promise less: a copy run shortened by the padding of the change before
+    # it can be left too short to stage the next change behind (hypothesis found such cases).
+    regions = sum(1 for s in segs if s.old_start is None)
+    assert plan.bytes_sent <= plan.bytes_changed + MIN_PART * regions
 
 
 def test_scattered_small_changes_are_staged_not_padded():
