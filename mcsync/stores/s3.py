@@ -484,15 +484,18 @@ class S3Store:
         scratch space, e.g. the staging objects a killed delta left)."""
         client = await self._c()
         full = self._full(prefix)
+        uploads = client.get_paginator("list_multipart_uploads")
+        objects = client.get_paginator("list_objects_v2")
         with self._translate(prefix):
-            uploads = await client.list_multipart_uploads(Bucket=self.bucket, Prefix=full)
-            for u in uploads.get("Uploads", ()):
-                with contextlib.suppress(NotFound):
-                    await client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"],
-                                                        UploadId=u["UploadId"])
-            page = await client.list_objects_v2(Bucket=self.bucket, Prefix=full)
-            for obj in page.get("Contents", ()):
-                await client.delete_object(Bucket=self.bucket, Key=obj["Key"])
+            async for page in uploads.paginate(Bucket=self.bucket, Prefix=full):
+                for u in page.get("Uploads", ()):
+                    # completed or aborted meanwhile (a per-key clear running alongside)
+                    with contextlib.suppress(NotFound), self._translate(u["Key"]):
+                        await client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"],
+                                                            UploadId=u["UploadId"])
+            async for page in objects.paginate(Bucket=self.bucket, Prefix=full):
+                for obj in page.get("Contents", ()):
+                    await client.delete_object(Bucket=self.bucket, Key=obj["Key"])
 
     async def delete(self, key: str) -> None:
         fast = await self._fast()
@@ -629,9 +632,10 @@ class S3Upload:
     async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
         s = self.store
         client = await s._c()
-        r = await s._send_body(self.key, client.upload_part, data, Bucket=s.bucket,
-                               Key=s._full(self.key), UploadId=self.upload_id,
-                               PartNumber=number)
+        with s._translate(self.key):  # what _send_body leaves untranslated (connection errors)
+            r = await s._send_body(self.key, client.upload_part, data, Bucket=s.bucket,
+                                   Key=s._full(self.key), UploadId=self.upload_id,
+                                   PartNumber=number)
         return PartRef(number, _etag(r["ETag"]) or "", len(data))
 
     async def list_parts(self) -> list[PartRef]:
