@@ -42,7 +42,7 @@ from .hashing import object_digest
 from .limits import Limits
 from .listing import merge_join, prefetched
 from .lock import run_lock
-from .manifest import DIGEST_SIZE, Manifest, ManifestEntry, default_path, pair_id
+from .manifest import Manifest, ManifestEntry, default_path, pair_id, split_digests
 from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
 from .report import SyncReport
 from .stores.base import Store
@@ -349,7 +349,7 @@ class _Run:
             dst_mtime=dst.mtime, block_size=content.block_size if content else 0,
             block_hashes=hashes, chunk_sizes=content.chunk_sizes if content else b"",
             chunker=content.chunker if content else "fixed",
-            xxh3=object_digest(_split(hashes)) if hashes else None,
+            xxh3=object_digest(split_digests(hashes)) if hashes else None,
             crc32c=src.crc32c, written_at=time.time()), durable=False)
         self._adopted += 1
         if self._adopted % 1000 == 0:
@@ -452,10 +452,6 @@ async def _aiter(items: Iterator[ManifestEntry]) -> AsyncIterator[ManifestEntry]
         yield item
         if i % 1000 == 999:
             await asyncio.sleep(0)  # a page of SQLite rows at a time; let transfers run
-
-
-def _split(hashes: bytes) -> list[bytes]:
-    return [hashes[i:i + DIGEST_SIZE] for i in range(0, len(hashes), DIGEST_SIZE)]
 
 
 def _describe(exc: BaseException) -> str:

@@ -31,6 +31,13 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 DIGEST_SIZE = 16  # xxh3-128
+
+
+def split_digests(joined: bytes) -> list[bytes]:
+    """Concatenated xxh3-128 digests (a journal part's, a record's block_hashes) one by one."""
+    return [joined[i:i + DIGEST_SIZE] for i in range(0, len(joined), DIGEST_SIZE)]
+
+
 _PAGE = 1000
 _COMMIT_EVERY_S = 0.2
 
@@ -145,8 +152,7 @@ class ManifestEntry:
             return []
         ranges = (chunks_from_sizes(self.chunk_sizes) if self.chunk_sizes
                   else fixed_chunks(self.dst_size, self.block_size))
-        digests = [self.block_hashes[i:i + DIGEST_SIZE]
-                   for i in range(0, len(self.block_hashes), DIGEST_SIZE)]
+        digests = split_digests(self.block_hashes)
         if len(digests) != len(ranges) or (ranges and ranges[-1].end != self.dst_size):
             return []  # inconsistent record: treat as none
         return list(zip(ranges, digests, strict=True))

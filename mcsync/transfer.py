@@ -38,7 +38,14 @@ from .errors import (
 from .events import BytesMoved, DeltaPlanned, Event
 from .hashing import block_digest_async, chunk_digests_async, object_digest
 from .limits import Limits
-from .manifest import DIGEST_SIZE, JournalPart, Manifest, ManifestEntry, OpenUpload
+from .manifest import (
+    DIGEST_SIZE,
+    JournalPart,
+    Manifest,
+    ManifestEntry,
+    OpenUpload,
+    split_digests,
+)
 from .plan import RESERVED_PREFIX, Action
 from .report import ObjectResult
 from .scan import cut, scan_chunks
@@ -112,6 +119,9 @@ class Transfer:
     open_uploads: dict[str, OpenUpload] = field(default_factory=dict)
     _compose_refused: bool = False
     _stage_creates: set[asyncio.Future[Upload]] = field(default_factory=set)
+    # Uploads reopened to learn whether they were still open, handed on to _multipart (a
+    # local one holds a file descriptor that must not be opened twice, nor leak).
+    _reopened: dict[str, Upload] = field(default_factory=dict)
 
     async def run(self, action: Action) -> Done:
         if action.kind == "delete":
@@ -175,7 +185,7 @@ class Transfer:
         src = action.src
         return (action.kind == "copy" and action.known is not None and src is not None
                 and src.size > self.options.multipart_threshold and self.dst.caps.multipart
-                and self.dst.caps.compose)
+                and self.dst.caps.compose and not self._compose_refused)
 
     async def _delta(self, action: Action, src: ObjectInfo) -> Done:
         """Send only what changed since mcsync wrote the target's version, and have the
@@ -229,6 +239,7 @@ class Transfer:
         async with self.limits.requests:
             still_open = await self.dst.resume_upload(action.key, prior.upload_id, src.size)
         if still_open is not None:
+            self._reopened[action.key] = still_open
             return None  # not completed: resumed from its parts below
         try:
             async with self.limits.requests:
@@ -315,12 +326,15 @@ class Transfer:
         digests: list[bytes] = list(delta.digests) if delta else [b""] * n_chunks
         cut_digests = layout.digests if delta is None else None
         prior = self.open_uploads.pop(key, None)
+        reopened = self._reopened.pop(key, None)
         if prior is not None:
             if (prior.matches_source(src) and prior.part_size == part_size
                     and prior.layout == layout_id):
-                async with self.limits.requests:
-                    upload = await self.dst.resume_upload(key, prior.upload_id, src.size,
-                                                          mtime=src.mtime)
+                upload = reopened
+                if upload is None:
+                    async with self.limits.requests:
+                        upload = await self.dst.resume_upload(key, prior.upload_id, src.size,
+                                                              mtime=src.mtime)
                 if upload is None:
                     finished = await self._finished_before(action, src, prior, specs, layout,
                                                            delta)
@@ -332,6 +346,9 @@ class Transfer:
                 else:
                     kept = await self._confirmed_parts(upload, prior, specs)
             else:
+                if reopened is not None:
+                    with contextlib.suppress(MCSyncError, OSError):
+                        await reopened.abort()
                 await self.abort_stale(prior)
         if upload is None:
             async with self.limits.requests:
@@ -345,7 +362,7 @@ class Transfer:
             refs[n] = PartRef(n, jp.etag, jp.size)
             spec = by_number[n]
             if spec.first_chunk is not None:
-                pieces = _split_digests(jp.digest)
+                pieces = split_digests(jp.digest)
                 digests[spec.first_chunk:spec.first_chunk + len(pieces)] = pieces
         journal = self.journal
         live = upload
@@ -498,7 +515,7 @@ class Transfer:
         if delta is not None:
             digests = list(delta.digests)
         else:
-            digests = [d for p in parts for d in _split_digests(p.digest)]
+            digests = [d for p in parts for d in split_digests(p.digest)]
             if len(digests) != len(layout.chunks):
                 return None
         return self._done(action, src, there, 0, digests, layout,
@@ -642,10 +659,6 @@ def _multipart_etag(part_etags: list[str]) -> str | None:
     except ValueError:
         return None
     return f"{hashlib.md5(joined).hexdigest()}-{len(part_etags)}"
-
-
-def _split_digests(joined: bytes) -> list[bytes]:
-    return [joined[i:i + DIGEST_SIZE] for i in range(0, len(joined), DIGEST_SIZE)]
 
 
 def _staging_prefix(key: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import os
 import re
 import secrets
@@ -18,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import xxhash
-
 from ..errors import ConfigError, NotFound, PreconditionFailed, UnsafeKey
+from ..hashing import chunk_digests
 from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
 from .base import Buffer, CheckMode, Store
 
@@ -364,13 +364,9 @@ class LocalUpload:
                 data = os.pread(self._fd, c.ref.size, c.offset)
                 if len(data) != c.ref.size:
                     continue
-                chunks = c.chunks or (c.ref.size,)
-                digests = []
-                pos = 0
-                for n in chunks:
-                    digests.append(xxhash.xxh3_128_digest(data[pos:pos + n]))
-                    pos += n
-                if b"".join(digests) == c.digest:
+                ends = list(itertools.accumulate(c.chunks or (c.ref.size,), initial=c.offset))
+                ranges = [ByteRange(a, b) for a, b in itertools.pairwise(ends)]
+                if b"".join(chunk_digests(data, c.offset, ranges)) == c.digest:
                     good.add(c.ref.number)
             return good
 
