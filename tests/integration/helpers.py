@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -64,6 +66,20 @@ def read_tree(root: Path, *, with_state: bool = False) -> dict[str, bytes]:
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> Result:
     return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+CRASHING_MCSYNC = Path(__file__).with_name("crashing_mcsync.py")
+
+
+def crashed_run(point: str, *args: str, env: dict[str, str],
+                acked: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``mcsync *args`` in a subprocess that kills itself with SIGKILL at ``point`` (see
+    crashing_mcsync.py); with ``acked``, it writes there the bytes the target acknowledged."""
+    crash = {"CRASH_AT": point} | ({"CRASH_ACKED": str(acked)} if acked else {})
+    return subprocess.run(
+        [sys.executable, str(CRASHING_MCSYNC), *args], env=dict(os.environ) | env | crash,
+        capture_output=True, text=True, timeout=120, check=False,
+        cwd=Path(__file__).parents[2])
 
 
 def payload(size: int, seed: int = 0) -> bytes:

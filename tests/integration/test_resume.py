@@ -9,16 +9,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from .helpers import new_bucket, payload, read_bucket, run_cli, write_tree
+from .helpers import crashed_run, new_bucket, payload, read_bucket, run_cli, write_tree
 
 MiB = 1 << 20
 PART = 5 * MiB
 CONCURRENCY = 4
-RUNNER = Path(__file__).with_name("crashing_mcsync.py")
 
 # 15 parts in 4 multipart objects, 12 small objects, and a checkpoint index written last.
 OBJECTS = {
@@ -42,17 +40,6 @@ KILL_POINTS = [
 ]
 
 
-def crashed_run(point: str, src: Path, dst: str, env: dict[str, str], acked: Path) -> int:
-    proc = subprocess.run(
-        [sys.executable, str(RUNNER), "sync", str(src), dst, "--part-size", "5MiB",
-         "-c", str(CONCURRENCY), "--quiet", "--json"],
-        env=env | {"CRASH_AT": point, "CRASH_ACKED": str(acked)},
-        capture_output=True, text=True, timeout=120, check=False,
-        cwd=Path(__file__).parents[2],
-    )
-    return proc.returncode
-
-
 @pytest.fixture(scope="module")
 def source_tree(tmp_path_factory):
     root = tmp_path_factory.mktemp("src")
@@ -66,7 +53,9 @@ def test_killed_sync_resumes_to_identical_target(point, source_tree, seaweed, tm
     dst = f"meta://{bucket}/run/"
     env = dict(os.environ) | seaweed.meta_env()
     acked = tmp_path / "acked"
-    code = crashed_run(point, source_tree, dst, env, acked)
+    code = crashed_run(point, "sync", str(source_tree), dst, "--part-size", "5MiB",
+                       "-c", str(CONCURRENCY), "--quiet", "--json", env=env,
+                       acked=acked).returncode
     assert code == -signal.SIGKILL, f"the run was meant to be killed at {point} (exit {code})"
 
     # Whatever is visible at the target after the kill is complete and correct.
