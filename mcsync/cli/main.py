@@ -43,7 +43,8 @@ EXIT_CODES_HELP = """\b
 Exit codes:
   0    everything done
   1    some objects failed (listed; the rest were committed)
-  2    usage or configuration error (bad URL, missing bucket, bad credentials); nothing moved
+  2    usage or configuration error (bad URL, missing bucket, bad credentials,
+       unwritable target); nothing moved
   3    another run holds the lock
   130  interrupted
 """
