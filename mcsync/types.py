@@ -64,3 +64,5 @@ class Capabilities:
     # Can build a new version of an object from ranges of its current version (S3
     # UploadPartCopy with a range; copy_file_range for files): the block delta's target side.
     compose: bool = False
+    # Uploads are files written at offsets (base.FileUpload): parts can stream into them.
+    writes_in_place: bool = False

@@ -14,6 +14,7 @@ import itertools
 import os
 import re
 import secrets
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,12 +56,19 @@ def _is_tmp(name: str) -> bool:
 
 class LocalStore:
     caps = Capabilities(multipart=True, server_side_copy=False, min_part_size=1,
-                        max_part_size=1 << 62, max_parts=1 << 31, send_copies=0, compose=True)
+                        max_part_size=1 << 62, max_parts=1 << 31, send_copies=0, compose=True,
+                        writes_in_place=True)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(os.path.abspath(root))
         self.url = str(self.root)
         self._inline_max = 0  # set by check() once the root's filesystem is known
+        # Threads copying parts into files at once, across all files. The copy into the page
+        # cache is CPU work, and concurrent writers contend on the kernel's page-cache and
+        # allocator locks: 64 files downloaded at once on 2 cores took ~3.2 s of system CPU
+        # with a writer per file and ~1.7 s with one (medians of 5). Half the cores are left
+        # to receive and hash.
+        self._writers = threading.BoundedSemaphore(max(1, (os.cpu_count() or 2) // 2))
 
     async def _off_loop(self, size: int, work: Callable[[], T]) -> T:
         """``work()`` in a worker thread, or right here for a small file on a local disk."""
@@ -216,7 +224,7 @@ class LocalStore:
                 os.close(fd)
                 tmp.unlink(missing_ok=True)
                 raise
-            return LocalUpload(key, path, tmp, fd, mtime)
+            return LocalUpload(key, path, tmp, fd, mtime, self._writers)
 
         return await asyncio.to_thread(create)
 
@@ -236,7 +244,7 @@ class LocalStore:
             if os.fstat(fd).st_size != size:
                 os.close(fd)
                 return None
-            return LocalUpload(key, path, tmp, fd, mtime)
+            return LocalUpload(key, path, tmp, fd, mtime, self._writers)
 
         return await asyncio.to_thread(reopen)
 
@@ -321,17 +329,36 @@ class LocalCopySource:
 class LocalUpload:
     """A temporary file that parts are written into at their offsets, renamed on complete."""
 
-    def __init__(self, key: str, path: Path, tmp: Path, fd: int, mtime: float | None) -> None:
+    def __init__(self, key: str, path: Path, tmp: Path, fd: int, mtime: float | None,
+                 writers: threading.BoundedSemaphore) -> None:
         self.key = key
         self._mtime = mtime
         self.upload_id = str(tmp)
         self._path = path
         self._tmp = tmp
         self._fd = fd
+        # Held by every write and by close. Writes to one file go one at a time: a buffered
+        # write holds the file's inode lock anyway (ext4, xfs), and writers queued in the
+        # kernel spin on that lock's owner; queued here they sleep (a 2 GiB download with 8
+        # parts in flight: ~1.3 s less system CPU in the runs that contended). And a writer
+        # left running by a cancelled part can never write after close, into a reused
+        # descriptor.
+        self._fd_lock = threading.Lock()
+        self._writers = writers  # the store's; taken after the file's own lock
+
+    def write_at(self, offset: int, data: Buffer) -> None:
+        with self._fd_lock:
+            if self._fd < 0:
+                raise OSError(errno.EBADF, f"{self.key}: upload already closed")
+            with self._writers:
+                _pwrite_all(self._fd, data, offset)
+
+    def part_written(self, number: int, size: int) -> PartRef:
+        return PartRef(number, "", size)
 
     async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
-        await asyncio.to_thread(_pwrite_all, self._fd, data, offset)
-        return PartRef(number, "", len(data))
+        await asyncio.to_thread(self.write_at, offset, data)
+        return self.part_written(number, len(data))
 
     async def copy_part(self, number: int, offset: int, source: LocalCopySource,
                         rng: ByteRange) -> PartRef:
@@ -348,7 +375,11 @@ class LocalUpload:
                 if st.st_size != source.size or st.st_mtime != source.mtime:
                     raise PreconditionFailed(
                         f"{source.key}: the target file changed since mcsync wrote it")
-                _copy_range(fd, self._fd, rng, offset, source.key)
+                with self._fd_lock:  # a copy writes into the file as write_at does
+                    if self._fd < 0:
+                        raise OSError(errno.EBADF, f"{self.key}: upload already closed")
+                    with self._writers:
+                        _copy_range(fd, self._fd, rng, offset, source.key)
             finally:
                 os.close(fd)
 
@@ -377,17 +408,19 @@ class LocalUpload:
             # No fsync: it cost more than the whole transfer (a 512 MiB file: ~1 s) and guards
             # only against a crash of the machine, not of mcsync; the rename alone already
             # keeps a half-written file out of sight, as rclone and s5cmd do.
-            os.close(self._fd)
-            self._fd = -1
+            with self._fd_lock:
+                os.close(self._fd)
+                self._fd = -1
             return _publish(self._tmp, self._path, self.key, self._mtime)
 
         return await asyncio.to_thread(finish)
 
     async def abort(self) -> None:
         def drop() -> None:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            with self._fd_lock:
+                if self._fd >= 0:
+                    os.close(self._fd)
+                    self._fd = -1
             self._tmp.unlink(missing_ok=True)
 
         await asyncio.to_thread(drop)
