@@ -18,6 +18,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -49,7 +50,17 @@ from .manifest import (
 from .plan import RESERVED_PREFIX, Action
 from .report import ObjectResult
 from .scan import cut, scan_chunks
-from .stores.base import ComposeStore, CopySource, ServerCopyStore, ServerCopyUpload, Store, Upload
+from .stores.base import (
+    ComposeStore,
+    CopySource,
+    FileUpload,
+    RangeStreamer,
+    ServerCopyStore,
+    ServerCopyUpload,
+    Store,
+    Upload,
+)
+from .streaming import STREAM_PART_HOLD, STREAM_PART_SIZE, drain_into
 from .types import ByteRange, ObjectInfo, PartClaim, PartRef
 
 log = logging.getLogger(__name__)
@@ -174,11 +185,20 @@ class Transfer:
         part_size = self.options.part_size_for(src.size)
         layout = await cut(self.src, src, part_size, self.options.chunker, self.limits)
         chunks = layout.chunks
+        # Streamed into a file, a part is one large GET of several chunks (the chunks, hashed
+        # and recorded, stay the same); unless a part size was asked for.
+        group = part_size
+        if self._streams() and self.options.part_size is None:
+            group = max(part_size, STREAM_PART_SIZE)
         specs = [PartSpec(n, ByteRange(chunks[a].start, chunks[b - 1].end),
                           chunks=tuple(chunks[a:b]), first_chunk=a)
-                 for n, (a, b) in enumerate(group_parts(chunks, part_size), start=1)]
-        return await self._multipart(action, src, part_size, layout, specs,
+                 for n, (a, b) in enumerate(group_parts(chunks, group), start=1)]
+        return await self._multipart(action, src, group, layout, specs,
                                      layout.fingerprint(part_size))
+
+    def _streams(self) -> bool:
+        """Do parts read here stream into the target (an S3 range into a file)?"""
+        return self.dst.caps.writes_in_place and isinstance(self.src, RangeStreamer)
 
     def may_delta(self, action: Action) -> bool:
         """Could this action go as a block delta (before looking at any byte)?"""
@@ -369,6 +389,21 @@ class Transfer:
         copies = any(spec.old_start is not None for spec in specs)
         check_crc = src.crc32c is not None and not kept and not copies
         crcs: list[tuple[int, int]] = [(0, 0)] * len(specs)
+        # Parts streamed into the file are drained by threads of their own: the loop's
+        # default executor has a handful, and a streamed part holds its thread until done.
+        streams = (self._streams() and not check_crc
+                   and isinstance(upload, FileUpload) and isinstance(self.src, RangeStreamer))
+        pool = (ThreadPoolExecutor(self.options.part_concurrency, "mcsync-stream")
+                if streams else None)
+
+        def check_second_read(spec: PartSpec, pieces: list[bytes]) -> None:
+            """Cutting by content read these bytes once already: a second read that hashes
+            differently is never sent."""
+            first = spec.first_chunk
+            if cut_digests is not None and first is not None and (
+                    pieces != cut_digests[first:first + len(pieces)]):
+                raise IntegrityError(f"{self.src.url}{key}: bytes {spec.rng.start}-"
+                                     f"{spec.rng.end} read differently twice")
 
         async def move(spec: PartSpec) -> PartRef:
             number, rng = spec.number, spec.rng
@@ -388,19 +423,23 @@ class Transfer:
                 # One request slot from read to acknowledgement: a part read ahead of a free
                 # slot to send it would only hold memory.
                 async with self.limits.requests:
-                    data = await self.src.get(key, rng, expect=src)
-                    pieces = await chunk_digests_async(data, rng.start,
-                                                       list(spec.chunks or (rng,)))
-                    if cut_digests is not None and spec.first_chunk is not None and pieces != (
-                            cut_digests[spec.first_chunk:spec.first_chunk + len(pieces)]):
-                        # Cutting by content read these bytes once already: a second read
-                        # that hashes differently is never sent.
-                        raise IntegrityError(f"{self.src.url}{key}: bytes {rng.start}-{rng.end}"
-                                             " read differently twice")
-                    if check_crc:
-                        crcs[number - 1] = (await checksums.crc32c_async(data), len(data))
-                    part = await live.put_part(number, rng.start, data)
-                del data
+                    chunks = list(spec.chunks or (rng,))
+                    if pool is not None:  # into the hidden file as the bytes arrive; a
+                        # part failing a check is never journalled, so never completed
+                        body = await cast(RangeStreamer, self.src).open_range(key, rng,
+                                                                              expect=src)
+                        pieces = await asyncio.get_running_loop().run_in_executor(
+                            pool, drain_into, body, cast(FileUpload, live), rng, chunks)
+                        check_second_read(spec, pieces)
+                        part = cast(FileUpload, live).part_written(number, rng.length)
+                    else:
+                        data = await self.src.get(key, rng, expect=src)
+                        pieces = await chunk_digests_async(data, rng.start, chunks)
+                        check_second_read(spec, pieces)
+                        if check_crc:
+                            crcs[number - 1] = (await checksums.crc32c_async(data), len(data))
+                        part = await live.put_part(number, rng.start, data)
+                        del data
                 if spec.first_chunk is not None:
                     digests[spec.first_chunk:spec.first_chunk + len(pieces)] = pieces
                 chunk_hashes = b"".join(pieces)
@@ -410,8 +449,13 @@ class Transfer:
             return part
 
         todo = [spec for spec in specs if spec.number not in kept]
-        for part in await self._run_parts(key, upload, todo, move, budgeted=True):
-            refs[part.number] = part
+        try:
+            for part in await self._run_parts(key, upload, todo, move, budgeted=True,
+                                              streamed=pool is not None):
+                refs[part.number] = part
+        finally:
+            if pool is not None:  # a thread still draining a cancelled part ends with it
+                pool.shutdown(wait=False)
         if check_crc:  # before Complete: a mismatch must never become visible
             try:
                 checksums.verify(src.crc32c, checksums.combine_parts(crcs),
@@ -590,13 +634,14 @@ class Transfer:
 
     async def _run_parts(self, key: str, upload: Upload, parts: list[PartSpec],
                          move: Callable[[PartSpec], Awaitable[PartRef]],
-                         *, budgeted: bool) -> list[PartRef]:
+                         *, budgeted: bool, streamed: bool = False) -> list[PartRef]:
         """Move parts concurrently. A failure aborts the upload (nothing half-written is ever
         completed) and re-raises the first error. A stop request lets the parts in flight
         finish, schedules no more and raises Interrupted, keeping the upload for the next run,
         as does cancellation. With ``budgeted``, each part's bytes are taken from the memory
         budget before its task starts and returned when it ends, however it ends (a task
-        cancelled before its first step never runs its own ``finally``)."""
+        cancelled before its first step never runs its own ``finally``). A ``streamed`` part
+        holds a few pieces, not its whole size."""
         held: dict[int, int] = {}
         memory = self.limits.memory
         charge = 1 + self.dst.caps.send_copies  # the part read, plus the client's copies
@@ -624,7 +669,10 @@ class Transfer:
                         window.release()
                         break
                     if budgeted and spec.sent:  # a copied part holds no bytes
-                        held[spec.number] = await memory.acquire(spec.sent * charge)
+                        plain = spec.old_start is None and not spec.stage
+                        need = (min(spec.sent, STREAM_PART_HOLD) if streamed and plain
+                                else spec.sent)
+                        held[spec.number] = await memory.acquire(need * charge)
                     tasks.append(tg.create_task(windowed(spec)))
         except asyncio.CancelledError:
             raise  # the upload stays open and journalled: the next run resumes it

@@ -7,7 +7,7 @@ plain code-point order, so two listings can be merge-joined in one pass.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
@@ -31,6 +31,34 @@ class Upload(Protocol):
     async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo: ...
 
     async def abort(self) -> None: ...
+
+
+@runtime_checkable
+class FileUpload(Upload, Protocol):
+    """An upload that is one file written at offsets (local and mounted filesystems), so a
+    part can be written piece by piece as its bytes arrive instead of buffered whole."""
+
+    def write_at(self, offset: int, data: Buffer) -> None:
+        """Blocking, for a worker thread; safe from several threads at once. Raises OSError
+        once the upload is completed or aborted (a late writer never reaches another file)."""
+        ...
+
+    def part_written(self, number: int, size: int) -> PartRef:
+        """The part ``number`` of ``size`` bytes, all given to ``write_at``."""
+        ...
+
+
+@runtime_checkable
+class RangeStreamer(Protocol):
+    """A store that hands out a range's bytes in pieces as they come off the wire."""
+
+    async def open_range(
+        self, key: str, rng: ByteRange, *, expect: ObjectInfo | None = None
+    ) -> Iterator[Buffer]:
+        """Request ``rng`` of ``key`` (pinned to ``expect`` as ``get`` is) and return its body
+        as a blocking iterator of pieces, for a worker thread to drain. The iterator raises
+        Transient if the range comes back short or long."""
+        ...
 
 
 class ServerCopyUpload(Upload, Protocol):

@@ -6,6 +6,7 @@ CRASH_AT=point:n kills the process the n-th time it reaches ``point``:
   put          before the n-th whole-object PUT        put-done       after it was acknowledged
   begin        after the n-th multipart upload was created (before it is journalled)
   part         before the n-th part is sent            part-done      after it was acknowledged
+  piece        before the n-th piece of a part streamed into a file is written (S3 → local)
   copy         before the n-th part is copied at the target (UploadPartCopy, block delta)
   stage-part, stage-part-done, stage-complete, stage-complete-done
                the same for the staging objects of a block delta (under .mcsync/stage/)
@@ -42,9 +43,10 @@ def reach(point: str) -> None:
 def acked(n: int) -> None:
     ACKED[0] += n
     path = os.environ.get("CRASH_ACKED")
-    if path:
-        with open(path, "w") as f:
+    if path:  # replaced whole: a kill from a worker thread may come mid-write
+        with open(path + ".new", "w") as f:
             f.write(str(ACKED[0]))
+        os.replace(path + ".new", path)
 
 
 class CrashingUpload:
@@ -60,6 +62,16 @@ class CrashingUpload:
         reach(self._points + "part")
         ref = await self._inner.put_part(number, offset, data)
         acked(len(data))
+        reach(self._points + "part-done")
+        return ref
+
+    def write_at(self, offset: int, data: Any) -> None:  # streamed parts (worker thread)
+        reach(self._points + "piece")
+        self._inner.write_at(offset, data)
+
+    def part_written(self, number: int, size: int) -> Any:
+        ref = self._inner.part_written(number, size)
+        acked(size)
         reach(self._points + "part-done")
         return ref
 

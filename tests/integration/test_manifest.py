@@ -17,6 +17,7 @@ import pytest
 
 import mcsync
 import mcsync.engine
+from mcsync.errors import Transient
 from mcsync.manifest import default_path
 from mcsync.stores.registry import open_store
 
@@ -220,12 +221,24 @@ def test_source_overwritten_mid_copy_is_never_stitched(seaweed, tmp_path, monkey
         def __getattr__(self, name: str) -> Any:
             return getattr(self._inner, name)
 
-        async def get(self, key: str, rng: Any = None, **kw: Any) -> Any:
-            data = await self._inner.get(key, rng, **kw)
+        def _overwrite(self) -> None:
             if not overwritten:
                 overwritten.append(True)
                 put_objects(seaweed, bucket, {"big.bin": new})  # a writer replaces it now
+
+        async def get(self, key: str, rng: Any = None, **kw: Any) -> Any:
+            data = await self._inner.get(key, rng, **kw)
+            self._overwrite()
             return data
+
+        async def open_range(self, key: str, rng: Any, **kw: Any) -> Any:
+            pieces = await self._inner.open_range(key, rng, **kw)
+
+            def then_overwrite() -> Any:  # parts bound for a file stream in
+                yield from pieces
+                self._overwrite()
+
+            return then_overwrite()
 
     opened: list[str] = []
 
@@ -240,6 +253,53 @@ def test_source_overwritten_mid_copy_is_never_stitched(seaweed, tmp_path, monkey
                          part_concurrency=1)
     assert overwritten and report.ok
     assert (tmp_path / "dst" / "big.bin").read_bytes() == new
+
+
+def test_download_broken_off_mid_part_shows_nothing_and_resumes(seaweed, tmp_path,
+                                                                 monkeypatch):
+    bucket = new_bucket(seaweed)
+    big = payload(40 * MiB, 3)
+    put_objects(seaweed, bucket, {"ckpt/big.bin": big, "small.txt": b"small"})
+    broken: list[int] = []
+
+    class BreaksOffOnce:
+        """The first streamed range stops after its first piece, as a dropped connection."""
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        async def open_range(self, key: str, rng: Any, **kw: Any) -> Any:
+            pieces = await self._inner.open_range(key, rng, **kw)
+            if broken:
+                return pieces
+
+            def one_then_break() -> Any:
+                yield next(pieces)
+                broken.append(rng.start)
+                raise Transient(f"{key}: connection reset by peer (test)")
+
+            return one_then_break()
+
+    def wrapping_open_store(url: str, options: Any) -> Any:
+        store = open_store(url, options)
+        return BreaksOffOnce(store) if url.startswith("s3://") else store
+
+    monkeypatch.setattr(mcsync.engine, "open_store", wrapping_open_store)
+    sync_env(seaweed.aws_env(), monkeypatch)
+    dst = tmp_path / "dst"
+    report = mcsync.sync(f"s3://{bucket}/", str(dst), part_size=8 * MiB)
+    assert broken and not report.ok
+    ((key, why),) = report.failures
+    assert key == "ckpt/big.bin" and "connection reset" in why, report.failures
+    visible = {p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()}
+    assert "ckpt/big.bin" not in visible and "small.txt" in visible
+
+    again = mcsync.sync(f"s3://{bucket}/", str(dst), part_size=8 * MiB)
+    assert again.ok and again.objects_copied == 1
+    assert (dst / "ckpt" / "big.bin").read_bytes() == big
 
 
 NOOP_PROBE = """
