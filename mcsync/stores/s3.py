@@ -719,8 +719,10 @@ class S3Upload:
 
 _TREE_LISTING_ENDPOINTS: set[str] = set()
 # A streamed range (open_range) comes in pieces of at least this size: obstore joins the
-# socket's reads up to it. Each piece costs a Python call, a hash update and a write.
-_STREAM_PIECE = 1 << 20
+# socket's reads up to it. Small pieces are written while still in the CPU's cache: 64 x 32 MiB
+# downloaded at once took 4.0 s in 1 MiB pieces, 3.1 s in 256 KiB, 2.8 s in 64 KiB (2 GiB
+# checkpoint: 2.46, 2.59, 2.52 s; medians of 5), with no more CPU in Python.
+_STREAM_PIECE = 64 * 1024
 # Per (endpoint, operation), the body checksum it takes: "crc32c" once one was accepted, "md5"
 # once it refused x-amz-checksum-crc32c (AWS may take it on PutObject but not on UploadPart).
 _BODY_CHECKSUM: dict[tuple[str, str], str] = {}

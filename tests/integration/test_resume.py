@@ -94,8 +94,8 @@ def test_killed_sync_resumes_to_identical_target(point, source_tree, seaweed, tm
     assert "would copy 0 objects" in again.output, again.output
 
 
-# Downloads: parts stream into hidden files piece by piece (about 1 MiB a piece).
-DOWNLOAD_KILL_POINTS = ["piece:1", "piece:7", "piece:30", "part-done:2", "part-done:9",
+# Downloads: parts stream into hidden files piece by piece (64 KiB or more a piece).
+DOWNLOAD_KILL_POINTS = ["piece:1", "piece:30", "piece:100", "part-done:2", "part-done:9",
                         "begin:2", "complete:1", "complete-done:2", "commit:3"]
 
 
