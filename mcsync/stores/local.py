@@ -63,12 +63,6 @@ class LocalStore:
         self.root = Path(os.path.abspath(root))
         self.url = str(self.root)
         self._inline_max = 0  # set by check() once the root's filesystem is known
-        # Threads copying parts into files at once, across all files. The copy into the page
-        # cache is CPU work, and concurrent writers contend on the kernel's page-cache and
-        # allocator locks: 64 files downloaded at once on 2 cores took ~3.2 s of system CPU
-        # with a writer per file and ~1.7 s with one (medians of 5). Half the cores are left
-        # to receive and hash.
-        self._writers = threading.BoundedSemaphore(max(1, (os.cpu_count() or 2) // 2))
 
     async def _off_loop(self, size: int, work: Callable[[], T]) -> T:
         """``work()`` in a worker thread, or right here for a small file on a local disk."""
@@ -224,7 +218,7 @@ class LocalStore:
                 os.close(fd)
                 tmp.unlink(missing_ok=True)
                 raise
-            return LocalUpload(key, path, tmp, fd, mtime, self._writers)
+            return LocalUpload(key, path, tmp, fd, mtime)
 
         return await asyncio.to_thread(create)
 
@@ -244,7 +238,7 @@ class LocalStore:
             if os.fstat(fd).st_size != size:
                 os.close(fd)
                 return None
-            return LocalUpload(key, path, tmp, fd, mtime, self._writers)
+            return LocalUpload(key, path, tmp, fd, mtime)
 
         return await asyncio.to_thread(reopen)
 
@@ -329,8 +323,7 @@ class LocalCopySource:
 class LocalUpload:
     """A temporary file that parts are written into at their offsets, renamed on complete."""
 
-    def __init__(self, key: str, path: Path, tmp: Path, fd: int, mtime: float | None,
-                 writers: threading.BoundedSemaphore) -> None:
+    def __init__(self, key: str, path: Path, tmp: Path, fd: int, mtime: float | None) -> None:
         self.key = key
         self._mtime = mtime
         self.upload_id = str(tmp)
@@ -344,14 +337,12 @@ class LocalUpload:
         # left running by a cancelled part can never write after close, into a reused
         # descriptor.
         self._fd_lock = threading.Lock()
-        self._writers = writers  # the store's; taken after the file's own lock
 
     def write_at(self, offset: int, data: Buffer) -> None:
         with self._fd_lock:
             if self._fd < 0:
                 raise OSError(errno.EBADF, f"{self.key}: upload already closed")
-            with self._writers:
-                _pwrite_all(self._fd, data, offset)
+            _pwrite_all(self._fd, data, offset)
 
     def part_written(self, number: int, size: int) -> PartRef:
         return PartRef(number, "", size)
@@ -378,8 +369,7 @@ class LocalUpload:
                 with self._fd_lock:  # a copy writes into the file as write_at does
                     if self._fd < 0:
                         raise OSError(errno.EBADF, f"{self.key}: upload already closed")
-                    with self._writers:
-                        _copy_range(fd, self._fd, rng, offset, source.key)
+                    _copy_range(fd, self._fd, rng, offset, source.key)
             finally:
                 os.close(fd)
 
