@@ -391,8 +391,7 @@ class Transfer:
         crcs: list[tuple[int, int]] = [(0, 0)] * len(specs)
         # Parts streamed into the file are drained by threads of their own: the loop's
         # default executor has a handful, and a streamed part holds its thread until done.
-        streams = (self._streams() and not check_crc
-                   and isinstance(upload, FileUpload) and isinstance(self.src, RangeStreamer))
+        streams = self._streams() and not check_crc and isinstance(upload, FileUpload)
         pool = (ThreadPoolExecutor(self.options.part_concurrency, "mcsync-stream")
                 if streams else None)
 

@@ -9,6 +9,7 @@ root even when the target tree holds symlinks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import itertools
 import os
@@ -338,11 +339,17 @@ class LocalUpload:
         # descriptor.
         self._fd_lock = threading.Lock()
 
-    def write_at(self, offset: int, data: Buffer) -> None:
+    @contextlib.contextmanager
+    def _open_fd(self) -> Iterator[int]:
+        """The file's descriptor, held for one write; OSError once the upload is closed."""
         with self._fd_lock:
             if self._fd < 0:
                 raise OSError(errno.EBADF, f"{self.key}: upload already closed")
-            _pwrite_all(self._fd, data, offset)
+            yield self._fd
+
+    def write_at(self, offset: int, data: Buffer) -> None:
+        with self._open_fd() as fd:
+            _pwrite_all(fd, data, offset)
 
     def part_written(self, number: int, size: int) -> PartRef:
         return PartRef(number, "", size)
@@ -366,10 +373,8 @@ class LocalUpload:
                 if st.st_size != source.size or st.st_mtime != source.mtime:
                     raise PreconditionFailed(
                         f"{source.key}: the target file changed since mcsync wrote it")
-                with self._fd_lock:  # a copy writes into the file as write_at does
-                    if self._fd < 0:
-                        raise OSError(errno.EBADF, f"{self.key}: upload already closed")
-                    _copy_range(fd, self._fd, rng, offset, source.key)
+                with self._open_fd() as dst:  # a copy writes into the file as write_at does
+                    _copy_range(fd, dst, rng, offset, source.key)
             finally:
                 os.close(fd)
 
