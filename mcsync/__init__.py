@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from ._version import __version__
 from .config import SyncOptions
 from .errors import (
     ConfigError,
@@ -25,8 +26,7 @@ from .errors import (
 )
 from .events import CallbackSink, Event, EventSink
 from .report import ObjectResult, SyncReport
-
-__version__ = "0.1.0"
+from .stores.base import ReadStore, Store
 
 __all__ = [
     "ConfigError",
@@ -38,6 +38,8 @@ __all__ = [
     "ObjectResult",
     "Permanent",
     "PreconditionFailed",
+    "ReadStore",
+    "Store",
     "SyncOptions",
     "SyncReport",
     "Transient",
@@ -50,13 +52,15 @@ __all__ = [
 
 
 async def async_sync(
-    src: str,
-    dst: str,
+    src: str | ReadStore,
+    dst: str | Store,
     *,
     on_event: EventSink | Callable[[Event], None] | None = None,
     **options: Any,
 ) -> SyncReport:
-    """Sync ``src`` to ``dst`` inside a running event loop. ``options`` are the fields of
+    """Sync ``src`` to ``dst`` inside a running event loop. Each is an address
+    (``s3://``, ``meta://``, ``gs://``, a path) or a store object (``mcsync.stores``: one of
+    your own, or wrapped; it stays open, yours to close). ``options`` are the fields of
     ``SyncOptions`` (concurrency, part_size, memory_limit, include, exclude, delete, dry_run,
     endpoint_url, profile). ``on_event`` receives every engine event (see ``mcsync.events``)."""
     from .engine import run_sync
@@ -71,7 +75,7 @@ async def async_sync(
     return await run_sync(src, dst, SyncOptions(**options), sink)
 
 
-def sync(src: str, dst: str, **options: Any) -> SyncReport:
+def sync(src: str | ReadStore, dst: str | Store, **options: Any) -> SyncReport:
     """Blocking form of :func:`async_sync` (runs its own event loop, on uvloop if installed)."""
     return run_blocking(async_sync(src, dst, **options))
 

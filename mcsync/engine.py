@@ -12,7 +12,7 @@ import contextlib
 import logging
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from .errors import (
     MCSyncError,
     NotFound,
     UnsafeKey,
+    UsageError,
     first_error,
 )
 from .events import (
@@ -45,8 +46,8 @@ from .lock import run_lock
 from .manifest import Manifest, ManifestEntry, default_path, pair_id, split_digests
 from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
 from .report import SyncReport
-from .stores.base import Store
-from .stores.registry import open_store
+from .stores.base import ReadStore, ScratchSpace, ServerSideCopier, Store
+from .stores.registry import StoreOptions, open_store
 from .transfer import STAGING_PREFIX, Transfer
 from .types import ObjectInfo
 from .verify import verify_entries
@@ -56,49 +57,76 @@ log = logging.getLogger(__name__)
 MANIFEST_UPLOAD_EVERY_S = 300.0
 
 
-def target_manifest_key(src: Store, dst: Store) -> str:
+ManifestFactory = Callable[[Path, str, str], Manifest]
+
+
+def target_manifest_key(src: ReadStore, dst: ReadStore) -> str:
     return f"{RESERVED_PREFIX}manifest-{pair_id(src.url, dst.url)}.sqlite"
 
 
-def target_lock_key(src: Store, dst: Store) -> str:
+def target_lock_key(src: ReadStore, dst: ReadStore) -> str:
     return f"{RESERVED_PREFIX}lock-{pair_id(src.url, dst.url)}.json"
 
 
-async def run_sync(src_url: str, dst_url: str, options: SyncOptions,
-                   sink: EventSink | None = None, *,
-                   stop: asyncio.Event | None = None) -> SyncReport:
-    """Sync ``src_url`` to ``dst_url``. Raises UsageError/ConfigError (exit 2) before any byte
+async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOptions,
+                   sink: EventSink | None = None, *, stop: asyncio.Event | None = None,
+                   manifest_factory: ManifestFactory = Manifest) -> SyncReport:
+    """Sync ``src`` to ``dst``, each an address or a store object (the caller keeps a store it
+    passed in: it is not closed here). Raises UsageError/ConfigError (exit 2) before any byte
     moves when either side cannot be used, and Locked (exit 3) when another run holds the
     pair; per-object failures are in the report (exit 1). Setting ``stop`` asks the run to
-    wind down: work in flight gets ``options.grace_s`` seconds, the rest resumes next run."""
+    wind down: work in flight gets ``options.grace_s`` seconds, the rest resumes next run.
+    ``manifest_factory`` opens the pair's manifest (tests hand in one that crashes)."""
     stop = stop or asyncio.Event()
-    src = open_store(src_url, options)
-    try:
-        dst = open_store(dst_url, options)
-    except BaseException:
-        await src.aclose()
-        raise
-    try:
-        await src.check(mode="read")
-        await dst.check(mode="plan" if options.dry_run else "write")
-        path = Path(options.manifest) if options.manifest else default_path(src.url, dst.url)
+    async with contextlib.AsyncExitStack() as opened:
+        source = await _store(src, options, opened)
+        target = await _store(dst, options, opened)
+        await source.check(mode="read")
+        if not isinstance(target, Store):
+            raise UsageError(f"{target.url}: a source only: mcsync reads it but cannot "
+                             "write to it")
+        await target.check(mode="plan" if options.dry_run else "write")
+        path = (Path(options.manifest) if options.manifest
+                else default_path(source.url, target.url))
         if options.dry_run or not options.lock:
-            return await _run_with_manifest(src, dst, options, sink, stop, path)
-        async with run_lock(path.with_name(path.name + ".lock"), dst,
-                            target_lock_key(src, dst)):
-            return await _run_with_manifest(src, dst, options, sink, stop, path)
-    finally:
-        await asyncio.gather(src.aclose(), dst.aclose(), return_exceptions=True)
+            return await _run_with_manifest(source, target, options, sink, stop, path,
+                                            manifest_factory)
+        async with run_lock(path.with_name(path.name + ".lock"), target,
+                            target_lock_key(source, target)):
+            return await _run_with_manifest(source, target, options, sink, stop, path,
+                                            manifest_factory)
+    raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
 
 
-async def _run_with_manifest(src: Store, dst: Store, options: SyncOptions,
-                             sink: EventSink | None, stop: asyncio.Event,
-                             path: Path) -> SyncReport:
+async def _store(where: str | ReadStore, options: SyncOptions,
+                 opened: contextlib.AsyncExitStack) -> ReadStore:
+    """The store for an address (opened here, closed when the run ends), or the one given."""
+    if not isinstance(where, str):
+        return where
+    store = open_store(where, store_options(options))
+    opened.push_async_callback(close_quietly, store)
+    return store
+
+
+def store_options(options: SyncOptions) -> StoreOptions:
+    """What of a run's options a store opened for it is told."""
+    return StoreOptions(endpoint_url=options.endpoint_url, profile=options.profile,
+                        max_connections=options.concurrency)
+
+
+async def close_quietly(store: ReadStore) -> None:
+    with contextlib.suppress(Exception):
+        await store.aclose()
+
+
+async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
+                             sink: EventSink | None, stop: asyncio.Event, path: Path,
+                             manifest_factory: ManifestFactory) -> SyncReport:
     manifest: Manifest | None = None
     if options.use_manifest and (path.exists() or not options.dry_run):
         if not path.exists():
             await _fetch_target_copy(src, dst, path)
-        manifest = Manifest(path, src.url, dst.url)
+        manifest = manifest_factory(path, src.url, dst.url)
     try:
         for _ in range(3):  # each side may need to switch to an ordered listing once
             try:
@@ -114,7 +142,7 @@ async def _run_with_manifest(src: Store, dst: Store, options: SyncOptions,
             manifest.close()
 
 
-async def _fetch_target_copy(src: Store, dst: Store, path: Path) -> None:
+async def _fetch_target_copy(src: ReadStore, dst: Store, path: Path) -> None:
     """A scheduled job on a fresh machine finds the state it left at the target."""
     try:
         data = await dst.get(target_manifest_key(src, dst))
@@ -131,7 +159,7 @@ async def _fetch_target_copy(src: Store, dst: Store, path: Path) -> None:
 
 
 class _Run:
-    def __init__(self, src: Store, dst: Store, options: SyncOptions, sink: EventSink,
+    def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, sink: EventSink,
                  manifest: Manifest | None, stop: asyncio.Event) -> None:
         self.src = src
         self.dst = dst
@@ -163,7 +191,8 @@ class _Run:
         writing = self.manifest is not None and not self.options.dry_run
         run_id = self.manifest.start_run() if writing and self.manifest else 0
         self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
-        server_side = self.options.server_side_copy and self.dst.can_copy_from(self.src)
+        server_side = (self.options.server_side_copy and isinstance(self.dst, ServerSideCopier)
+                       and self.dst.can_copy_from(self.src))
         trust = (self.manifest is not None and self.manifest.established
                  and not (self.options.delete or self.options.verify or self.options.checksum))
         deletes: list[Action] = []
@@ -389,11 +418,10 @@ class _Run:
         for prior in list(self.transfer.open_uploads.values()):
             self.transfer.open_uploads.pop(prior.key, None)
             await self.transfer.abort_stale(prior)
-        clear = getattr(self.dst, "clear", None)
-        if self._after_stop and clear is not None:
+        if self._after_stop and isinstance(self.dst, ScratchSpace):
             try:
                 async with self.limits.requests:
-                    await clear(STAGING_PREFIX)
+                    await self.dst.clear(STAGING_PREFIX)
             except (MCSyncError, OSError) as exc:
                 log.warning("could not clear %s at the target: %s", STAGING_PREFIX, exc)
 

@@ -51,12 +51,44 @@ class Transient(MCSyncError):
     """Worth retrying: throttling, a dropped connection, a 5xx."""
 
 
+class Throttled(Transient):
+    """The store asked us to slow down (503 SlowDown, 429): retry, and send less."""
+
+
+class Unreachable(Transient):
+    """No answer from the endpoint at all (refused, reset before an answer, name lookup)."""
+
+
 class Permanent(MCSyncError):
     """Not worth retrying: access denied, invalid request."""
 
 
+class AccessDenied(Permanent):
+    """The store refused our credentials, or refused them this operation."""
+
+
+class NoSuchBucket(Permanent):
+    """The bucket (or container) named in the address does not exist."""
+
+
 class IntegrityError(MCSyncError):
     """Bytes read or written do not match what was expected."""
+
+
+def as_config_error(exc: MCSyncError, what: str, endpoint: str) -> ConfigError:
+    """What ``check`` raises for a failure of its probe: the same cause, as the configuration
+    error it is when nothing has moved yet (exit code 2). ``endpoint`` names the server for
+    messages (never with credentials)."""
+    if isinstance(exc, ConfigError):
+        return exc
+    if isinstance(exc, NoSuchBucket):
+        return ConfigError(str(exc))
+    if isinstance(exc, AccessDenied):
+        return ConfigError(f"{exc}: check credentials")
+    if isinstance(exc, Unreachable):
+        cause = str(exc).removeprefix(f"{what}: ")
+        return ConfigError(f"{what}: cannot reach {endpoint} ({cause})")
+    return ConfigError(str(exc))
 
 
 def first_error(exc: BaseException) -> BaseException:

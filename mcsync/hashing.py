@@ -11,8 +11,7 @@ import asyncio
 
 import xxhash
 
-from .stores.base import Buffer
-from .types import ByteRange
+from .types import Buffer, ByteRange
 
 _OFF_LOOP = 1 << 20  # hash buffers of 1 MiB and more in a worker thread (xxhash drops the GIL)
 

@@ -1,18 +1,29 @@
-"""The one retry policy: how often and how patiently a failed request is tried again.
+"""The one retry policy, and the one retry loop of ours.
 
 Single requests are retried inside the SDK clients: botocore's adaptive mode (exponential backoff
 with jitter, and a client-side rate limiter that backs off on 503 SlowDown / throttling and
-recovers as requests succeed) and obstore's RetryConfig (backoff with jitter, a deadline). The
-GCS store has no SDK beneath it: its request loop asks ``backoff`` how long to wait, and retries
-only errors of type ``Transient``. This module is the only place those numbers are set.
+recovers as requests succeed) and obstore's RetryConfig (backoff with jitter, a deadline); this
+module sets their numbers. Every loop mcsync itself runs — the GCS store's requests (no SDK
+beneath them), the engine's restart of a listing that came out of order, a copy whose source
+changed under it — is ``retrying``: by error type only, never by message, and never after a
+cancellation (CancelledError is no MCSyncError).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
+
+from .errors import Transient
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +51,15 @@ class RetryPolicy:
                         "max_backoff": timedelta(seconds=self.max_backoff_s), "base": 2},
         }
 
+    @classmethod
+    def immediate(cls, attempts: int) -> RetryPolicy:
+        """Up to ``attempts`` tries with no wait between them: a loop whose cause is fixed by
+        the time the next try starts (a listing switched to ordered mode, a source re-read)."""
+        return cls(max_attempts=attempts, init_backoff_s=0.0, max_backoff_s=0.0)
+
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before try number ``attempt + 1`` (``attempt`` >= 1 tries failed):
-        exponential with full jitter, capped (the GCS store's request loop)."""
+        exponential with full jitter, capped."""
         cap = min(self.max_backoff_s, self.init_backoff_s * 2 ** min(attempt - 1, 30))
         return random.uniform(0, cap)
 
@@ -54,3 +71,35 @@ class RetryPolicy:
         import tenacity
 
         return {"stop": tenacity.stop_after_attempt(1), "reraise": True}
+
+
+async def retrying(
+    call: Callable[[], Awaitable[T]],
+    policy: RetryPolicy,
+    *,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = Transient,
+    attempts: int | None = None,
+    before_retry: Callable[[BaseException], None] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """``await call()``, tried again on ``retry_on`` errors up to ``attempts`` (default the
+    policy's) tries and within the policy's deadline, with its backoff between tries. The last
+    error is raised as it was. ``before_retry(error)`` runs before each new try (to switch a
+    mode, refresh what the call depends on)."""
+    tries = attempts if attempts is not None else policy.max_attempts
+    deadline = clock() + policy.deadline_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await call()
+        except retry_on as exc:
+            delay = policy.backoff(attempt)
+            if attempt >= tries or clock() + delay > deadline:
+                raise
+            log.debug("%s; try %d of %d in %.2f s", exc, attempt + 1, tries, delay)
+            if before_retry is not None:
+                before_retry(exc)
+            if delay > 0:
+                await sleep(delay)

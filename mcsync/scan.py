@@ -25,15 +25,15 @@ from .chunking import (
 from .errors import IntegrityError
 from .hashing import chunk_digests, chunk_digests_async
 from .limits import Limits
-from .stores.base import Buffer, Store
-from .types import ByteRange, ObjectInfo
+from .stores.base import ReadStore
+from .types import Buffer, ByteRange, ObjectInfo
 
 log = logging.getLogger(__name__)
 
 SCAN_WINDOW = 8  # reads of one object in flight, as for the parts of one upload
 
 
-async def scan_chunks(store: Store, info: ObjectInfo, chunks: list[ByteRange], read_size: int,
+async def scan_chunks(store: ReadStore, info: ObjectInfo, chunks: list[ByteRange], read_size: int,
                       limits: Limits, *, pinned: bool = True) -> list[bytes]:
     """The xxh3-128 of each chunk of ``info``. Chunks are read in groups of at least
     ``read_size`` bytes, each read pinned to the listed version (``pinned``), so a concurrent
@@ -76,7 +76,7 @@ async def scan_chunks(store: Store, info: ObjectInfo, chunks: list[ByteRange], r
 CDC_WINDOW = 32 * 1024 * 1024  # bytes read per request while cutting by content
 
 
-async def scan_cdc(store: Store, info: ObjectInfo, limits: Limits,
+async def scan_cdc(store: ReadStore, info: ObjectInfo, limits: Limits,
                    window: int = CDC_WINDOW) -> tuple[list[ByteRange], list[bytes]]:
     """Cut ``info`` by content and hash each chunk, reading it front to back in windows (the
     next window is fetched while this one is cut), each read pinned to the listed version."""
@@ -131,7 +131,7 @@ async def scan_cdc(store: Store, info: ObjectInfo, limits: Limits,
     return chunks, digests
 
 
-async def cut(store: Store, info: ObjectInfo, block: int, chunker: str,
+async def cut(store: ReadStore, info: ObjectInfo, block: int, chunker: str,
               limits: Limits) -> Layout:
     """How ``info`` is cut into chunks: content-defined with ``cdc`` (reads the object once to
     find the boundaries, hashing it on the way), by tensor for a safetensors file (``auto``,
@@ -149,7 +149,7 @@ async def cut(store: Store, info: ObjectInfo, block: int, chunker: str,
     return Layout(block, fixed_chunks(info.size, block))
 
 
-async def read_safetensors_header(store: Store, info: ObjectInfo,
+async def read_safetensors_header(store: ReadStore, info: ObjectInfo,
                                   limits: Limits) -> SafetensorsHeader:
     probe = ByteRange(0, min(SAFETENSORS_PROBE, info.size))
     async with limits.requests:

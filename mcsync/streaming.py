@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 
 import xxhash
 
-from .stores.base import Buffer, FileUpload
-from .types import ByteRange
+from .stores.base import FileUpload
+from .types import Buffer, ByteRange
 
 MiB = 1024 * 1024
 # Bytes per request when a part streams into a file. Fewer, larger GETs cost the client and the

@@ -20,13 +20,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import cast
 
 import xxhash
 
 from . import checksums, delta
 from .chunking import Layout, group_parts
-from .config import S3_MAX_PART_SIZE, SyncOptions
+from .config import SyncOptions
 from .errors import (
     IntegrityError,
     Interrupted,
@@ -51,12 +50,15 @@ from .plan import RESERVED_PREFIX, Action
 from .report import ObjectResult
 from .scan import cut, scan_chunks
 from .stores.base import (
-    ComposeStore,
+    Composer,
     CopySource,
+    FileTarget,
     FileUpload,
+    PartCopyUpload,
     RangeStreamer,
-    ServerCopyStore,
-    ServerCopyUpload,
+    ReadStore,
+    ScratchSpace,
+    ServerSideCopier,
     Store,
     Upload,
 )
@@ -65,7 +67,6 @@ from .types import ByteRange, ObjectInfo, PartClaim, PartRef
 
 log = logging.getLogger(__name__)
 
-SERVER_COPY_CUTOFF = S3_MAX_PART_SIZE  # larger objects are copied server-side in parts
 SERVER_COPY_MIN_PART = 512 * 1024 * 1024
 STAGING_PREFIX = f"{RESERVED_PREFIX}stage/"  # a block delta's staging objects at the target
 
@@ -120,7 +121,7 @@ class Done:
 class Transfer:
     """The context every action of one run shares."""
 
-    src: Store
+    src: ReadStore
     dst: Store
     options: SyncOptions
     limits: Limits
@@ -157,7 +158,7 @@ class Transfer:
         assert src is not None
         if action.kind == "server_copy":
             return await self._server_copy(action, src)
-        if src.size <= self.options.multipart_threshold or not self.dst.caps.multipart:
+        if src.size <= self.options.multipart_threshold:
             return await self._copy_whole(action, src)
         if self.may_delta(action):
             return await self._delta(action, src)
@@ -198,14 +199,14 @@ class Transfer:
 
     def _streams(self) -> bool:
         """Do parts read here stream into the target (an S3 range into a file)?"""
-        return self.dst.caps.writes_in_place and isinstance(self.src, RangeStreamer)
+        return isinstance(self.dst, FileTarget) and isinstance(self.src, RangeStreamer)
 
     def may_delta(self, action: Action) -> bool:
         """Could this action go as a block delta (before looking at any byte)?"""
         src = action.src
         return (action.kind == "copy" and action.known is not None and src is not None
-                and src.size > self.options.multipart_threshold and self.dst.caps.multipart
-                and self.dst.caps.compose and not self._compose_refused)
+                and src.size > self.options.multipart_threshold
+                and isinstance(self.dst, Composer) and not self._compose_refused)
 
     async def _delta(self, action: Action, src: ObjectInfo) -> Done:
         """Send only what changed since mcsync wrote the target's version, and have the
@@ -225,7 +226,8 @@ class Transfer:
         part_size = self.options.part_size_for(src.size)
         specs = [PartSpec(p.number, p.rng, old_start=p.old_start, stage=p.stage)
                  for p in found.plan.parts]
-        source = cast(ComposeStore, self.dst).compose_source(found.current)
+        assert isinstance(self.dst, Composer)  # may_delta said so
+        source = self.dst.compose_source(found.current)
         staged = any(p.stage for p in found.plan.parts)
         if staged:  # what a killed run of this key left (a lock keeps other runs away)
             await self._clear_staging(action.key)
@@ -245,9 +247,11 @@ class Transfer:
     async def _clear_staging(self, key: str) -> None:
         if self._stage_creates:  # let creates in flight land, so the listing below sees them
             await asyncio.gather(*self._stage_creates, return_exceptions=True)
+        if not isinstance(self.dst, ScratchSpace):
+            return
         try:
             async with self.limits.requests:
-                await asyncio.shield(cast(ServerCopyStore, self.dst).clear(_staging_prefix(key)))
+                await asyncio.shield(self.dst.clear(_staging_prefix(key)))
         except (MCSyncError, OSError) as exc:
             log.warning("could not clear the staging objects of %s: %s", key, exc)
 
@@ -303,7 +307,7 @@ class Transfer:
         old = known.chunks()
         if not old:
             return "no block hashes recorded for the target's version"
-        if not self.dst.caps.compose:
+        if not isinstance(self.dst, Composer):
             return f"{self.dst.url} cannot build objects from ranges"
         current = action.dst
         if current is None:
@@ -323,7 +327,7 @@ class Transfer:
         segments = delta.match(list(zip(layout.chunks, digests, strict=True)), old)
         plan = delta.pack(segments, src.size, part_size=part_size,
                           min_part=self.dst.caps.min_part_size, max_parts=self.dst.caps.max_parts,
-                          stage=self.dst.caps.server_side_copy)
+                          stage=_can_stage(self.dst))
         if plan is None:
             return "too many changed regions for one upload"
         if plan.bytes_reused == 0:
@@ -391,9 +395,10 @@ class Transfer:
         crcs: list[tuple[int, int]] = [(0, 0)] * len(specs)
         # Parts streamed into the file are drained by threads of their own: the loop's
         # default executor has a handful, and a streamed part holds its thread until done.
-        streams = self._streams() and not check_crc and isinstance(upload, FileUpload)
+        file = (upload if self._streams() and not check_crc and isinstance(upload, FileUpload)
+                else None)
         pool = (ThreadPoolExecutor(self.options.part_concurrency, "mcsync-stream")
-                if streams else None)
+                if file is not None else None)
 
         def check_second_read(spec: PartSpec, pieces: list[bytes]) -> None:
             """Cutting by content read these bytes once already: a second read that hashes
@@ -415,22 +420,22 @@ class Transfer:
                 old = ByteRange(spec.old_start, spec.old_start + rng.length)
                 async with self.limits.requests:
                     with _refusal_means_no_compose(self.dst.url, key):
-                        part = await cast(ServerCopyUpload, live).copy_part(
-                            number, rng.start, source, old)
+                        assert isinstance(live, PartCopyUpload)  # a Composer's upload
+                        part = await live.copy_part(number, rng.start, source, old)
                 chunk_hashes = b""  # no byte passed through us
             else:
                 # One request slot from read to acknowledgement: a part read ahead of a free
                 # slot to send it would only hold memory.
                 async with self.limits.requests:
                     chunks = list(spec.chunks or (rng,))
-                    if pool is not None:  # into the hidden file as the bytes arrive; a
+                    if file is not None:  # into the hidden file as the bytes arrive; a
                         # part failing a check is never journalled, so never completed
-                        body = await cast(RangeStreamer, self.src).open_range(key, rng,
-                                                                              expect=src)
+                        assert pool is not None and isinstance(self.src, RangeStreamer)
+                        body = await self.src.open_range(key, rng, expect=src)
                         pieces = await asyncio.get_running_loop().run_in_executor(
-                            pool, drain_into, body, cast(FileUpload, live), rng, chunks)
+                            pool, drain_into, body, file, rng, chunks)
                         check_second_read(spec, pieces)
-                        part = cast(FileUpload, live).part_written(number, rng.length)
+                        part = file.part_written(number, rng.length)
                     else:
                         data = await self.src.get(key, rng, expect=src)
                         pieces = await chunk_digests_async(data, rng.start, chunks)
@@ -477,7 +482,8 @@ class Transfer:
         object under .mcsync/ gets the unchanged bytes by copy and the new bytes as its short
         last part, and is then copied whole into the upload and deleted."""
         assert spec.old_start is not None
-        dst = cast(ServerCopyStore, self.dst)
+        dst = self.dst
+        assert isinstance(dst, ServerSideCopier) and isinstance(upload, PartCopyUpload)
         stage_key = (f"{_staging_prefix(key)}"
                      f"{xxhash.xxh3_64_hexdigest(upload.upload_id.encode())}-{spec.number}")
         new = ByteRange(spec.rng.start + spec.stage, spec.rng.end)
@@ -505,7 +511,7 @@ class Transfer:
         try:
             async with self.limits.requests:
                 with _refusal_means_no_compose(self.dst.url, key):
-                    return await cast(ServerCopyUpload, upload).copy_part(
+                    return await upload.copy_part(
                         spec.number, spec.rng.start, dst.copy_source(stage_key, staged.etag),
                         ByteRange(0, spec.rng.length))
         finally:
@@ -579,18 +585,19 @@ class Transfer:
 
     async def _server_copy(self, action: Action, src: ObjectInfo) -> Done:
         # The planner chose server_copy only because dst.can_copy_from(src) said so.
-        dst = cast(ServerCopyStore, self.dst)
-        source = cast(ServerCopyStore, self.src).copy_source(action.key, src.etag)
+        dst, origin = self.dst, self.src
+        assert isinstance(dst, ServerSideCopier) and isinstance(origin, ServerSideCopier)
+        source = origin.copy_source(action.key, src.etag)
         # One CopyObject up to S3's 5 GiB limit (as rclone's copy cutoff): on SeaweedFS a
         # 256 MiB object copies in 1.57 s whole against 1.80 s as 8 parallel 64 MiB part
         # copies. Larger objects go as parallel UploadPartCopy ranges of 512 MiB or more; no
         # byte passes through us, so the memory budget does not bound them.
-        if src.size <= SERVER_COPY_CUTOFF:
+        if src.size <= dst.caps.max_copy_size:
             async with self.limits.requests:
                 written = await dst.copy_object(source, action.key)
             return self._done(action, src, written, 0, [], None)
         part_size = min(max(self.options.part_size_for(src.size), SERVER_COPY_MIN_PART),
-                        S3_MAX_PART_SIZE)
+                        dst.caps.max_part_size)
         ranges = [ByteRange(off, min(off + part_size, src.size))
                   for off in range(0, src.size, part_size)]
         async with self.limits.requests:
@@ -722,3 +729,9 @@ def _refusal_means_no_compose(target: str, key: str) -> Iterator[None]:
     except Permanent as exc:
         raise ComposeRefused(f"{target}: a ranged part copy for {key} was refused: "
                              f"{exc}") from exc
+
+
+def _can_stage(dst: Store) -> bool:
+    """Can short changed runs be staged at the target (see ``delta``)? It takes a scratch
+    space for the staging objects and server-side copies of them into the upload."""
+    return isinstance(dst, ServerSideCopier) and isinstance(dst, ScratchSpace)

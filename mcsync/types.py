@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A block of object bytes as stores hand them out and take them (obstore.Bytes is a buffer too).
+Buffer = bytes | bytearray | memoryview
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
@@ -50,19 +57,17 @@ class PartClaim:
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """What a store can do beyond the required operations; the engine checks these."""
+    """The numbers that bound how a store may be written. What a store can *do* beyond the
+    required operations is told by the protocols it implements (``stores.base``), never here.
+    The defaults are S3's limits."""
 
-    multipart: bool = True
-    server_side_copy: bool = False
-    min_part_size: int = 5 * 1024 * 1024
-    max_part_size: int = 5 * 1024 * 1024 * 1024
+    min_part_size: int = 5 * MiB  # every part of an upload but the last
+    max_part_size: int = 5 * GiB
     max_parts: int = 10_000
+    # The largest object one server-side copy request copies whole (S3 CopyObject: 5 GiB);
+    # larger ones are copied as parts.
+    max_copy_size: int = 5 * GiB
     # Copies of a part the store's client holds while sending it (botocore + aiohttp copy a
     # part body once more on its way to the socket); parts are charged this many times their
     # size against the memory budget, so the budget bounds real memory.
     send_copies: int = 1
-    # Can build a new version of an object from ranges of its current version (S3
-    # UploadPartCopy with a range; copy_file_range for files): the block delta's target side.
-    compose: bool = False
-    # Uploads are files written at offsets (base.FileUpload): parts can stream into them.
-    writes_in_place: bool = False

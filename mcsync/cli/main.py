@@ -10,6 +10,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from ..config import (
     format_size,
     parse_size,
 )
-from ..engine import run_sync
+from ..engine import ManifestFactory, close_quietly, run_sync, store_options
 from ..errors import MCSyncError, UsageError
 from ..events import DeltaPlanned, Event, FanOut, ObjectPlanned
 from ..limits import Limits
@@ -33,7 +34,8 @@ from ..lock import Locked
 from ..manifest import Manifest, last_run_status, manifest_dir, pair_of
 from ..plan import RESERVED_PREFIX
 from ..report import SyncReport
-from ..stores.registry import open_store
+from ..stores.base import ReadStore
+from ..stores.registry import StoreOptions, open_store
 from ..verify import verify_entries
 from .progress import FailureLines, LogProgress, TerminalProgress, summary
 
@@ -190,7 +192,8 @@ def verify(dst: str, manifests: tuple[str, ...], endpoint_url: str | None, profi
     async def go() -> tuple[int, list[tuple[str, str]]]:
         options = SyncOptions(endpoint_url=endpoint_url, profile=profile,
                               concurrency=concurrency)
-        store = open_store(dst, options)
+        store = open_store(dst, StoreOptions(endpoint_url=endpoint_url, profile=profile,
+                                             max_connections=concurrency))
         try:
             await store.check(mode="read")
             with tempfile.TemporaryDirectory(prefix="mcsync-verify-") as tmp:
@@ -255,7 +258,7 @@ def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: boo
     """List the objects under URL (size, modification time, key)."""
 
     async def go() -> tuple[int, int]:
-        store = open_store(url, SyncOptions(endpoint_url=endpoint_url, profile=profile))
+        store = open_store(url, StoreOptions(endpoint_url=endpoint_url, profile=profile))
         count = total = 0
         try:
             await store.check(mode="read")
@@ -306,8 +309,19 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
     sinks: list[Any] = [display]
     if show_plan and not as_json:
         sinks.append(_PlanPrinter() if long else _PlanSummary())
-    result = _guarded(lambda: run_blocking(_until_signalled(
-        lambda stop: run_sync(src, dst, options, FanOut(sinks), stop=stop), options.grace_s)))
+    seams = _seams()
+
+    async def go(stop: asyncio.Event) -> SyncReport:
+        opened: list[ReadStore] = []
+        try:
+            for url, open_one in ((src, seams.open_source), (dst, seams.open_target)):
+                opened.append(open_one(url, store_options(options)))
+            return await run_sync(opened[0], opened[1], options, FanOut(sinks), stop=stop,
+                                  manifest_factory=seams.open_manifest)
+        finally:
+            await asyncio.gather(*(close_quietly(store) for store in opened))
+
+    result = _guarded(lambda: run_blocking(_until_signalled(go, options.grace_s)))
     display.close()
     if isinstance(result, SyncReport):
         for sink in sinks[1:]:
@@ -326,6 +340,22 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
         click.echo("mcsync: interrupted: state saved; run the same command again to resume",
                    err=True)
     return result.exit_code
+
+
+@dataclass(frozen=True)
+class Seams:
+    """What the command builds a run from: the real ones unless a test hands in its own,
+    ``main(Seams(...))`` (the crash harness wraps the stores it opens in faults)."""
+
+    open_source: Callable[[str, StoreOptions], ReadStore] = open_store
+    open_target: Callable[[str, StoreOptions], ReadStore] = open_store
+    open_manifest: ManifestFactory = Manifest
+
+
+def _seams() -> Seams:
+    ctx = click.get_current_context(silent=True)
+    found = ctx.find_object(Seams) if ctx is not None else None
+    return found or Seams()
 
 
 def _write_report(path: Path, report: SyncReport) -> None:
@@ -472,9 +502,9 @@ def _keep_freed_buffers() -> None:
     mallopt(m_trim_threshold, 1 << 30)
 
 
-def main() -> None:
+def main(seams: Seams | None = None) -> None:
     _keep_freed_buffers()
-    cli(prog_name="mcsync")
+    cli(prog_name="mcsync", obj=seams or Seams())
 
 
 if __name__ == "__main__":

@@ -1,8 +1,25 @@
-"""The Store protocol: what every backend (local, S3-compatible, ...) offers the engine.
+"""The Store protocols: what a backend offers the engine.
 
 A store is rooted at a location (a directory, or a bucket + prefix); keys are POSIX-style paths
 relative to that root. Listing yields keys in UTF-8 byte order, which for Python ``str`` is
 plain code-point order, so two listings can be merge-joined in one pass.
+
+Two required sides and a few optional abilities (as rclone's ``Fs`` and its optional features):
+
+* ``ReadStore`` — every store: list, head, get, check, aclose. A source needs no more.
+* ``Store`` — a target: ``ReadStore`` plus put, uploads in parts, delete, key validation.
+* Abilities, each a protocol the engine discovers with ``isinstance`` (never a flag):
+  ``RangeStreamer`` (a range's bytes in pieces as they arrive), ``ServerSideCopier`` (copy
+  from another store on the same endpoint, no byte through the client), ``Composer`` (build
+  a new version of an object from ranges of the version it holds: the block delta),
+  ``ScratchSpace`` (clear mcsync's own scratch objects under a prefix) and ``FileTarget``
+  (uploads that are files written at offsets, so parts stream into them).
+
+``Capabilities`` holds only numbers: the part-size limits every upload is laid out within.
+
+A store that wraps another (tests' ``FaultyStore``) must offer exactly the abilities of what
+it wraps: since Python 3.12 ``isinstance`` looks a protocol's methods up statically, so a
+``__getattr__`` that forwards everything claims nothing.
 """
 
 from __future__ import annotations
@@ -10,12 +27,31 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
-from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
+from ..types import Buffer, ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
 
-Buffer = bytes | bytearray | memoryview
+__all__ = [
+    "Buffer",
+    "CheckMode",
+    "Composer",
+    "CopySource",
+    "FileTarget",
+    "FileUpload",
+    "PartCopyUpload",
+    "RangeStreamer",
+    "ReadStore",
+    "ScratchSpace",
+    "ServerSideCopier",
+    "Store",
+    "Upload",
+]
+
 CheckMode = Literal["read", "write", "plan"]
 
 
+# -- uploads ---------------------------------------------------------------------------------
+
+
+@runtime_checkable
 class Upload(Protocol):
     """One object being written in parts; invisible to readers until ``complete``."""
 
@@ -28,9 +64,33 @@ class Upload(Protocol):
         intact (S3: ListParts; files: the bytes re-read and hashed)."""
         ...
 
-    async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo: ...
+    async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:
+        """Make the object visible, whole. Completing an upload twice, or one that was
+        aborted, raises NotFound."""
+        ...
 
-    async def abort(self) -> None: ...
+    async def abort(self) -> None:
+        """Drop the upload and what it holds; aborting one already finished is fine."""
+        ...
+
+
+class CopySource(Protocol):
+    """Where a copy at the target reads from. Each store knows its own kind of source (S3:
+    bucket, key and ETag; files: a path, size and mtime)."""
+
+    key: str
+
+
+@runtime_checkable
+class PartCopyUpload(Upload, Protocol):
+    """An upload that takes parts from an object the target can read itself (S3
+    UploadPartCopy; for files, copy_file_range)."""
+
+    async def copy_part(self, number: int, offset: int, source: CopySource,
+                        rng: ByteRange) -> PartRef:
+        """Part ``number``, written at ``offset`` of the new object, is bytes ``rng`` of
+        ``source``; raises PreconditionFailed when the source is not the version named."""
+        ...
 
 
 @runtime_checkable
@@ -48,32 +108,13 @@ class FileUpload(Upload, Protocol):
         ...
 
 
-@runtime_checkable
-class RangeStreamer(Protocol):
-    """A store that hands out a range's bytes in pieces as they come off the wire."""
-
-    async def open_range(
-        self, key: str, rng: ByteRange, *, expect: ObjectInfo | None = None
-    ) -> Iterator[Buffer]:
-        """Request ``rng`` of ``key`` (pinned to ``expect`` as ``get`` is) and return its body
-        as a blocking iterator of pieces, for a worker thread to drain. The iterator raises
-        Transient if the range comes back short or long."""
-        ...
-
-
-class ServerCopyUpload(Upload, Protocol):
-    """An upload that can take parts from an object the target can read itself (S3
-    UploadPartCopy; for files, copy_file_range from the current version)."""
-
-    async def copy_part(self, number: int, offset: int, source: CopySource,
-                        rng: ByteRange) -> PartRef:
-        """Part ``number``, written at ``offset`` of the new object, is bytes ``rng`` of
-        ``source``; raises PreconditionFailed when the source is not the version named."""
-        ...
+# -- the two sides ---------------------------------------------------------------------------
 
 
 @runtime_checkable
-class Store(Protocol):
+class ReadStore(Protocol):
+    """What every store offers: enough to be a source."""
+
     url: str  # for messages: never contains credentials
     caps: Capabilities
 
@@ -90,11 +131,26 @@ class Store(Protocol):
         an object is never stitched together from two versions."""
         ...
 
+    async def check(self, *, mode: CheckMode) -> None:
+        """Fail fast with ConfigError when the root cannot be used: ``read`` (a source: it
+        must exist), ``write`` (a target: create it if needed) or ``plan`` (a target of a dry
+        run: it may not exist yet, and nothing is created). The only operation that turns a
+        failure into a configuration error: the others raise the per-object errors."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class Store(ReadStore, Protocol):
+    """A store that can be written: a target."""
+
     async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
         """Write a whole object. ``mtime`` is the source's; stores that can keep it do."""
         ...
 
-    async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> Upload: ...
+    async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> Upload:
+        ...
 
     async def resume_upload(
         self, key: str, upload_id: str, size: int, *, mtime: float | None = None
@@ -106,51 +162,57 @@ class Store(Protocol):
         """Abort an upload a previous run opened, whatever state it is in (gone is fine)."""
         ...
 
-    async def delete(self, key: str) -> None: ...
+    async def delete(self, key: str) -> None:
+        """Delete ``key``; a key that is not there is fine."""
+        ...
 
     def validate_key(self, key: str) -> None:
         """Raise UnsafeKey when ``key`` cannot be written here; called before any byte of it
         is read, so a refused key costs no transfer."""
         ...
 
-    async def check(self, *, mode: CheckMode) -> None:
-        """Fail fast with ConfigError when the root cannot be used: ``read`` (a source: it
-        must exist), ``write`` (a target: create it if needed) or ``plan`` (a target of a dry
-        run: it may not exist yet, and nothing is created)."""
+
+# -- optional abilities ----------------------------------------------------------------------
+
+
+@runtime_checkable
+class RangeStreamer(Protocol):
+    """A store that hands out a range's bytes in pieces as they come off the wire."""
+
+    async def open_range(
+        self, key: str, rng: ByteRange, *, expect: ObjectInfo | None = None
+    ) -> Iterator[Buffer]:
+        """Request ``rng`` of ``key`` (pinned to ``expect`` as ``get`` is) and return its body
+        as a blocking iterator of pieces, for a worker thread to drain. The iterator raises
+        Transient if the range comes back short or long."""
         ...
 
-    def can_copy_from(self, other: Store) -> bool:
-        """True when ``other``'s objects can be copied here without passing through us."""
+
+@runtime_checkable
+class ServerSideCopier(Store, Protocol):
+    """A target that can copy from another store on the same endpoint without the bytes
+    passing through this client (S3 CopyObject / UploadPartCopy)."""
+
+    def can_copy_from(self, other: ReadStore) -> bool:
+        """True when ``other``'s objects can be copied here server-side (``other`` is then a
+        ServerSideCopier too)."""
         ...
 
-    async def aclose(self) -> None: ...
-
-
-class CopySource(Protocol):
-    """Where a server-side copy reads from: an object the target can reach. Each store
-    knows its own kind of source (S3: bucket, key and ETag; files: a path, size and mtime)."""
-
-    key: str
-
-
-class ServerCopyStore(Store, Protocol):
-    """A store that can copy from another store on the same endpoint without the bytes
-    passing through this client."""
-
-    def copy_source(self, key: str, etag: str | None) -> CopySource: ...
-
-    async def clear(self, prefix: str) -> None:
-        """Abort the open uploads and delete the objects under ``prefix``."""
+    def copy_source(self, key: str, etag: str | None) -> CopySource:
+        """``key`` of this store as the source of a copy, pinned to ``etag`` if given."""
         ...
 
-    async def copy_object(self, source: CopySource, key: str) -> ObjectInfo: ...
+    async def copy_object(self, source: CopySource, key: str) -> ObjectInfo:
+        """Copy a whole object of at most ``caps.max_copy_size`` bytes."""
+        ...
 
     async def open_upload(
         self, key: str, size: int, *, mtime: float | None = None
-    ) -> ServerCopyUpload: ...
+    ) -> PartCopyUpload: ...
 
 
-class ComposeStore(Store, Protocol):
+@runtime_checkable
+class Composer(Store, Protocol):
     """A target that builds a new version of an object from ranges of its current one."""
 
     def compose_source(self, current: ObjectInfo) -> CopySource:
@@ -160,4 +222,27 @@ class ComposeStore(Store, Protocol):
 
     async def open_upload(
         self, key: str, size: int, *, mtime: float | None = None
-    ) -> ServerCopyUpload: ...
+    ) -> PartCopyUpload: ...
+
+
+@runtime_checkable
+class ScratchSpace(Store, Protocol):
+    """A target where mcsync may keep scratch objects of its own (a block delta's staging
+    objects) and sweep them."""
+
+    async def clear(self, prefix: str) -> None:
+        """Abort the open uploads and delete the objects under ``prefix``."""
+        ...
+
+
+@runtime_checkable
+class FileTarget(Store, Protocol):
+    """A filesystem target: its uploads are files written at offsets."""
+
+    async def open_file(self, key: str, size: int, *, mtime: float | None = None) -> FileUpload:
+        """``open_upload``, typed for what it is here: parts may be written piece by piece."""
+        ...
+
+    async def resume_upload(
+        self, key: str, upload_id: str, size: int, *, mtime: float | None = None
+    ) -> FileUpload | None: ...

@@ -50,8 +50,8 @@ Reads ask for ``Accept-Encoding: gzip`` and never decompress: an object stored w
 not decompressively transcoded. GCS does no compressive transcoding, so other objects arrive as
 stored too.
 
-Writing is not supported: ``put``, ``open_upload``, ``resume_upload`` and ``delete`` raise
-UsageError, and so does ``check`` for a target.
+A source only: the store is a ``ReadStore`` and has no write side, so the engine refuses it as
+a target before anything is asked of it (``check`` for a target raises UsageError too).
 """
 
 from __future__ import annotations
@@ -73,22 +73,26 @@ from urllib.parse import quote, urlencode, urlsplit
 import aiohttp
 from yarl import URL
 
-from .. import __version__
+from .._version import __version__
 from ..checksums import crc32c_async, verify
 from ..errors import (
+    AccessDenied,
     ConfigError,
     ListingOrderError,
     MCSyncError,
+    NoSuchBucket,
     NotFound,
     Permanent,
     PreconditionFailed,
+    Throttled,
     Transient,
-    UnsafeKey,
+    Unreachable,
     UsageError,
+    as_config_error,
 )
-from ..retry import RetryPolicy
+from ..retry import RetryPolicy, retrying
 from ..types import ByteRange, Capabilities, ObjectInfo
-from .base import Buffer, CheckMode, Store
+from .base import Buffer, CheckMode
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +109,7 @@ _SOURCE_ONLY = "gs:// is a source only: mcsync reads Google Cloud Storage but do
 
 
 class GCSStore:
-    caps = Capabilities(multipart=False, server_side_copy=False)
+    caps = Capabilities()  # a source only: no upload is ever laid out for it
 
     def __init__(
         self,
@@ -189,70 +193,54 @@ class GCSStore:
 
     async def _send(
         self, url: str, params: Mapping[str, str], *, what: str,
-        headers: Mapping[str, str] | None = None, preflight: bool = False,
-        listing: bool = False,
+        headers: Mapping[str, str] | None = None, attempts: int | None = None,
+        bucket_level: bool = False,
     ) -> tuple[int, Mapping[str, str], bytes]:
-        """One GET, retried by type (Transient) under the run's RetryPolicy."""
-        policy = self._retry
-        attempts = policy.preflight_attempts if preflight else policy.max_attempts
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + policy.deadline_s
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await self._once(url, params, headers, what, preflight=preflight,
-                                        listing=listing)
-            except Transient as exc:
-                delay = policy.backoff(attempt)
-                if attempt >= attempts or loop.time() + delay > deadline:
-                    if preflight:
-                        raise ConfigError(str(exc)) from exc
-                    raise
-                log.debug("%s; try %d of %d in %.2f s", exc, attempt + 1, attempts, delay)
-                await asyncio.sleep(delay)
+        """One GET, retried by type (Transient) under the run's RetryPolicy. ``bucket_level``:
+        the URL is the bucket's (a listing), so a 404 means the bucket is missing."""
+        return await retrying(
+            lambda: self._once(url, params, headers, what, bucket_level=bucket_level),
+            self._retry, attempts=attempts)
 
     async def _once(
         self, url: str, params: Mapping[str, str], headers: Mapping[str, str] | None,
-        what: str, *, preflight: bool, listing: bool,
+        what: str, *, bucket_level: bool,
     ) -> tuple[int, Mapping[str, str], bytes]:
         http = await self._http()
         sent = dict(headers or {})
-        sent.update(await self._auth(what, preflight=preflight))
+        sent.update(await self._auth(what))
         # Sent exactly as quoted here: a key's '%2F', '%23', '%3F' must reach GCS as written.
         target = URL(f"{url}?{urlencode(params, quote_via=quote, safe='')}", encoded=True)
         try:
             async with http.get(target, headers=sent, allow_redirects=False) as resp:
                 body = await resp.read()
                 if resp.status >= 400:
-                    raise self._status_error(resp.status, body, what, preflight=preflight,
-                                             listing=listing)
+                    raise self._status_error(resp.status, body, what, bucket_level=bucket_level)
                 return resp.status, resp.headers, body
         except MCSyncError:
             raise
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-            raise Transient(f"{what}: connection to {self._api_root} failed "
-                            f"({type(exc).__name__})") from exc
+            raise Unreachable(f"{what}: connection to {self._api_root} failed "
+                              f"({type(exc).__name__})") from exc
         except aiohttp.ClientError as exc:
-            cls = ConfigError if preflight else Permanent
-            raise cls(f"{what}: {type(exc).__name__}: {exc}") from exc
+            raise Permanent(f"{what}: {type(exc).__name__}: {exc}") from exc
 
-    async def _auth(self, what: str, *, preflight: bool) -> dict[str, str]:
+    async def _auth(self, what: str) -> dict[str, str]:
         if self._anonymous:
             return {}
         try:
             token = await self._token.get()
         except Exception as exc:
-            raise self._token_error(exc, what, preflight=preflight) from exc
+            raise self._token_error(exc, what) from exc
         return {"Authorization": f"Bearer {token}"}
 
-    def _token_error(self, exc: Exception, what: str, *, preflight: bool) -> MCSyncError:
+    def _token_error(self, exc: Exception, what: str) -> MCSyncError:
         source = self._credential_source
-        fatal = ConfigError if preflight else Permanent
         if isinstance(exc, aiohttp.ClientResponseError):
             if exc.status in (408, 429) or exc.status >= 500:
                 return Transient(f"{what}: token endpoint of {source} answered {exc.status}")
-            return fatal(f"{what}: Google credentials refused ({source}, HTTP {exc.status})")
+            return AccessDenied(f"{what}: Google credentials refused ({source}, "
+                                f"HTTP {exc.status})")
         if isinstance(exc, aiohttp.ClientConnectionError | TimeoutError):
             if source.startswith("the metadata server"):
                 return Transient(
@@ -261,34 +249,39 @@ class GCSStore:
                     f"server did not answer ({type(exc).__name__})")
             return Transient(f"{what}: cannot reach the token endpoint of {source} "
                              f"({type(exc).__name__})")
-        return fatal(f"{what}: cannot use {source}: {type(exc).__name__}")
+        return AccessDenied(f"{what}: cannot use {source}: {type(exc).__name__}")
 
-    def _status_error(self, status: int, body: bytes, what: str, *, preflight: bool,
-                      listing: bool) -> MCSyncError:
+    def _status_error(self, status: int, body: bytes, what: str, *,
+                      bucket_level: bool) -> MCSyncError:
         message = _error_message(body)
         detail = f": {message}" if message else ""
-        fatal = ConfigError if preflight or listing else Permanent
         if status == 404:
-            if preflight or listing:
-                return ConfigError(f"{self.url}: bucket {self.bucket!r} does not exist{detail}")
+            if bucket_level:
+                return NoSuchBucket(f"{self.url}: bucket {self.bucket!r} does not exist{detail}")
             return NotFound(f"{what}: no such object")
         if status == 412:
             return PreconditionFailed(f"{what}: changed since it was listed (a newer "
                                       "generation replaced it)")
         if status in (401, 403):
-            return fatal(f"{what}: access denied (HTTP {status}){detail}")
-        if status in (408, 429) or status >= 500:
+            return AccessDenied(f"{what}: access denied (HTTP {status}){detail}")
+        if status == 429 or status == 503:
+            return Throttled(f"{what}: HTTP {status}{detail}")
+        if status == 408 or status >= 500:
             return Transient(f"{what}: HTTP {status}{detail}")
-        return fatal(f"{what}: HTTP {status}{detail}")
+        return Permanent(f"{what}: HTTP {status}{detail}")
 
     # -- operations -----------------------------------------------------------------------------
 
     async def check(self, *, mode: CheckMode) -> None:
         if mode != "read":
             raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
-        await self._send(self._objects, {"prefix": self.prefix, "maxResults": "1",
-                                         "fields": "items(name),nextPageToken"},
-                         what=self.url, preflight=True)
+        try:
+            await self._send(self._objects, {"prefix": self.prefix, "maxResults": "1",
+                                             "fields": "items(name),nextPageToken"},
+                             what=self.url, attempts=self._retry.preflight_attempts,
+                             bucket_level=True)
+        except MCSyncError as exc:
+            raise as_config_error(exc, self.url, self._api_root) from exc
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
         """Every object under the prefix in UTF-8 byte order (GCS's order), a page at a time."""
@@ -300,7 +293,8 @@ class GCSStore:
                       "fields": _LIST_FIELDS}
             if token:
                 params["pageToken"] = token
-            _, _, body = await self._send(self._objects, params, what=self.url, listing=True)
+            _, _, body = await self._send(self._objects, params, what=self.url,
+                                         bucket_level=True)
             page = _json(body, self.url)
             for item in page.get("items") or ():
                 name = item["name"]
@@ -353,33 +347,6 @@ class GCSStore:
             if expected:
                 verify(expected, await crc32c_async(data), what)
         return data
-
-    def validate_key(self, key: str) -> None:
-        """GCS's object-name rules (only relevant if GCS ever becomes a target)."""
-        name = self.prefix + key
-        if not key or len(name.encode()) > 1024:
-            raise UnsafeKey(f"{key!r}: empty, or longer than GCS's 1024-byte name limit")
-        if "\r" in name or "\n" in name or name in (".", ".."):
-            raise UnsafeKey(f"{key!r}: not a valid GCS object name")
-
-    def can_copy_from(self, other: Store) -> bool:
-        return False
-
-    async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
-        raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
-
-    async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> Any:
-        raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
-
-    async def resume_upload(self, key: str, upload_id: str, size: int, *,
-                            mtime: float | None = None) -> Any:
-        raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
-
-    async def abort_upload(self, key: str, upload_id: str) -> None:
-        raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
-
-    async def delete(self, key: str) -> None:
-        raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
 
     def _object_url(self, key: str) -> str:
         return f"{self._objects}/{quote(self.prefix + key, safe='')}"

@@ -24,7 +24,7 @@ from typing import TypeVar
 from ..errors import ConfigError, NotFound, PreconditionFailed, UnsafeKey
 from ..hashing import chunk_digests
 from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
-from .base import Buffer, CheckMode, Store
+from .base import Buffer, CheckMode
 
 T = TypeVar("T")
 
@@ -56,9 +56,9 @@ def _is_tmp(name: str) -> bool:
 
 
 class LocalStore:
-    caps = Capabilities(multipart=True, server_side_copy=False, min_part_size=1,
-                        max_part_size=1 << 62, max_parts=1 << 31, send_copies=0, compose=True,
-                        writes_in_place=True)
+    # Parts are offsets in one file: any size, any number; nothing is copied on the way out.
+    caps = Capabilities(min_part_size=1, max_part_size=1 << 62, max_parts=1 << 31,
+                        max_copy_size=1 << 62, send_copies=0)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(os.path.abspath(root))
@@ -207,6 +207,9 @@ class LocalStore:
     async def open_upload(
         self, key: str, size: int, *, mtime: float | None = None
     ) -> LocalUpload:
+        return await self.open_file(key, size, mtime=mtime)
+
+    async def open_file(self, key: str, size: int, *, mtime: float | None = None) -> LocalUpload:
         path = self.path_for(key)
 
         def create() -> LocalUpload:
@@ -266,9 +269,6 @@ class LocalStore:
                 parent = parent.parent
 
         await asyncio.to_thread(remove)
-
-    def can_copy_from(self, other: Store) -> bool:
-        return False
 
     def compose_source(self, current: ObjectInfo) -> LocalCopySource:
         return LocalCopySource(current.key, self.path_for(current.key), current.size,

@@ -1,18 +1,21 @@
-"""URL → Store. The only place that knows which schemes exist and where their settings live."""
+"""URL → Store. The only place that knows which schemes exist and where their settings live.
+
+A store is given ``StoreOptions``, the few settings that concern it, never a run's options.
+"""
 
 from __future__ import annotations
 
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ..config import SyncOptions
 from ..errors import UsageError
-from .base import Store
+from ..retry import RetryPolicy
+from .base import ReadStore
 from .local import LocalStore
 from .s3 import S3Credentials, S3Store
 
@@ -52,21 +55,37 @@ def parse_url(url: str) -> Location:
     return Location(scheme, bucket, prefix)
 
 
-def open_store(url: str, options: SyncOptions) -> Store:
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """What a store opened from a URL is told: where (an S3 endpoint, an AWS profile), how
+    many connections to pool, and how patiently to retry."""
+
+    endpoint_url: str | None = None  # for s3:// (meta:// has its own, see meta_settings)
+    profile: str | None = None  # AWS profile, for s3://
+    max_connections: int = 128
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+def open_store(url: str, options: StoreOptions | None = None) -> ReadStore:
+    """The store an address names. A ``gs://`` store is a ``ReadStore`` only; the others are
+    writable ``Store``s."""
+    options = options or StoreOptions()
     loc = parse_url(url)
     if loc.scheme == "file":
         return LocalStore(loc.prefix)
     if loc.scheme == "gs":
         from .gcs import GCSStore  # imported on use: aiohttp and the Google auth libraries
 
-        return GCSStore(bucket=loc.bucket, prefix=loc.prefix, max_connections=options.concurrency)
+        return GCSStore(bucket=loc.bucket, prefix=loc.prefix,
+                        max_connections=options.max_connections, retry=options.retry)
     if loc.scheme == "s3":
         endpoint = (options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
                     or os.environ.get("AWS_ENDPOINT_URL") or None)
         return S3Store(
             scheme="s3", bucket=loc.bucket, prefix=loc.prefix, endpoint_url=endpoint,
             region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
-            profile=options.profile, max_connections=options.concurrency,
+            profile=options.profile, max_connections=options.max_connections,
+            retry=options.retry,
         )
     meta = meta_settings()
     return S3Store(
@@ -75,7 +94,7 @@ def open_store(url: str, options: SyncOptions) -> Store:
         credentials=S3Credentials(meta.get("access_key_id"), meta.get("secret_access_key"),
                                   meta.get("session_token")),
         path_style=meta.get("path_style", "true").lower() not in ("0", "false", "no"),
-        max_connections=options.concurrency,
+        max_connections=options.max_connections, retry=options.retry,
     )
 
 
@@ -106,11 +125,11 @@ def meta_settings(environ: dict[str, str] | None = None,
         settings.update({k: str(v) for k, v in (section or {}).items()})
     elif "MCSYNC_META_PROFILE" in env:
         raise UsageError(f"MCSYNC_META_PROFILE={profile} but {path} does not exist")
-    for field in ("endpoint_url", "access_key_id", "secret_access_key", "session_token",
-                  "region", "path_style"):
-        value = env.get(f"MCSYNC_META_{field.upper()}")
+    for name in ("endpoint_url", "access_key_id", "secret_access_key", "session_token",
+                 "region", "path_style"):
+        value = env.get(f"MCSYNC_META_{name.upper()}")
         if value:
-            settings[field] = value
+            settings[name] = value
     if not settings.get("endpoint_url"):
         raise UsageError("meta:// needs an endpoint: set MCSYNC_META_ENDPOINT_URL or "
                          f"endpoint_url in [meta.{profile}] of {path}")

@@ -1,5 +1,9 @@
 """`mcsync` that SIGKILLs itself at a chosen instant, for the resume tests.
 
+The command runs as shipped; only its seams differ (``mcsync.cli.main.Seams``): the stores it
+opens are wrapped in ``mcsync.testing.faults`` rules, and the manifest it opens counts its
+commits.
+
 CRASH_AT=point:n kills the process the n-th time it reaches ``point``:
 
   list         after the n-th source listing entry
@@ -13,6 +17,9 @@ CRASH_AT=point:n kills the process the n-th time it reaches ``point``:
   complete     before the n-th CompleteMultipartUpload complete-done  after it returned
   commit       at the n-th manifest commit (before it)
 
+DELAY_AT=op:seconds slows every call of a target operation down (``put_part:0.5``), for the
+tests that stop a run while it is busy.
+
 CRASH_ACKED=FILE receives the bytes the target acknowledged so far, rewritten on every ack, so
 the test can tell how much a resumed run re-sent.
 """
@@ -22,133 +29,113 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
-import mcsync.engine
-import mcsync.manifest
-from mcsync.cli.main import main
-from mcsync.stores.registry import open_store
+from mcsync.cli.main import Seams, main
+from mcsync.manifest import Manifest
+from mcsync.stores.base import ReadStore
+from mcsync.stores.registry import StoreOptions, open_store
+from mcsync.testing.faults import Call, Faults, Rule, faulty
 
-POINT, NTH = os.environ["CRASH_AT"].split(":")
-COUNTS: dict[str, int] = {}
-ACKED = [0]
+STATE = ".mcsync/*"
+STAGE = ".mcsync/stage/*"
 
-
-def reach(point: str) -> None:
-    COUNTS[point] = COUNTS.get(point, 0) + 1
-    if point == POINT and COUNTS[point] == int(NTH):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def acked(n: int) -> None:
-    ACKED[0] += n
-    path = os.environ.get("CRASH_ACKED")
-    if path:  # replaced whole: a kill from a worker thread may come mid-write
-        with open(path + ".new", "w") as f:
-            f.write(str(ACKED[0]))
-        os.replace(path + ".new", path)
-
-
-class CrashingUpload:
-    def __init__(self, inner: Any, points: str = "") -> None:
-        self._inner = inner
-        self._points = points  # "stage-" for a delta's staging objects
-        self.upload_id = inner.upload_id
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def put_part(self, number: int, offset: int, data: Any) -> Any:
-        reach(self._points + "part")
-        ref = await self._inner.put_part(number, offset, data)
-        acked(len(data))
-        reach(self._points + "part-done")
-        return ref
-
-    def write_at(self, offset: int, data: Any) -> None:  # streamed parts (worker thread)
-        reach(self._points + "piece")
-        self._inner.write_at(offset, data)
-
-    def part_written(self, number: int, size: int) -> Any:
-        ref = self._inner.part_written(number, size)
-        acked(size)
-        reach(self._points + "part-done")
-        return ref
-
-    async def copy_part(self, *args: Any) -> Any:
-        reach("copy")
-        return await self._inner.copy_part(*args)
-
-    async def complete(self, parts: Any) -> Any:
-        reach(self._points + "complete")
-        info = await self._inner.complete(parts)
-        reach(self._points + "complete-done")
-        return info
+# point → the operations that reach it: (operation, phase, key glob, key glob skipped)
+POINTS: dict[str, list[tuple[str, str, str, str | None]]] = {
+    "put": [("put", "before", "*", STATE)],
+    "put-done": [("put", "after", "*", STATE)],
+    "begin": [("open_upload", "after", "*", STAGE)],
+    "part": [("put_part", "before", "*", STAGE)],
+    "part-done": [("put_part", "after", "*", STAGE), ("part_written", "after", "*", STAGE)],
+    "piece": [("write_at", "before", "*", STAGE)],
+    "copy": [("copy_part", "before", "*", None)],
+    "stage-part": [("put_part", "before", STAGE, None)],
+    "stage-part-done": [("put_part", "after", STAGE, None)],
+    "stage-complete": [("complete", "before", STAGE, None)],
+    "stage-complete-done": [("complete", "after", STAGE, None)],
+    "complete": [("complete", "before", "*", STAGE)],
+    "complete-done": [("complete", "after", "*", STAGE)],
+}
 
 
-class CrashingStore:
-    """Wraps the target store."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def put(self, key: str, data: Any, **kw: Any) -> Any:
-        if key.startswith(".mcsync/"):
-            return await self._inner.put(key, data, **kw)
-        reach("put")
-        info = await self._inner.put(key, data, **kw)
-        acked(len(data))
-        reach("put-done")
-        return info
-
-    async def open_upload(self, key: str, size: int, **kw: Any) -> Any:
-        if key.startswith(".mcsync/stage/"):
-            return CrashingUpload(await self._inner.open_upload(key, size, **kw), "stage-")
-        upload = CrashingUpload(await self._inner.open_upload(key, size, **kw))
-        reach("begin")
-        return upload
-
-    async def resume_upload(self, *args: Any, **kw: Any) -> Any:
-        upload = await self._inner.resume_upload(*args, **kw)
-        return CrashingUpload(upload) if upload is not None else None
+def kill(_: Call | None = None) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
-class CountingSource:
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+class KillAt:
+    """Kills the process the n-th time any of its rules fires."""
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    def __init__(self, nth: int) -> None:
+        self.left = nth
 
-    async def list(self) -> Any:
-        async for info in self._inner.list():
-            yield info
-            reach("list")
-
-
-_opened: list[str] = []
+    def __call__(self, _: Call) -> None:
+        self.left -= 1
+        if self.left == 0:
+            kill()
 
 
-def crashing_open_store(url: str, options: Any) -> Any:
-    store = open_store(url, options)
-    _opened.append(url)
-    return CountingSource(store) if len(_opened) % 2 == 1 else CrashingStore(store)
+class Acked:
+    """Bytes the target acknowledged (whole PUTs and parts, not mcsync's own state)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.total = 0
+
+    def __call__(self, call: Call) -> None:
+        self.total += call.nbytes
+        if self.path:  # replaced whole: a kill from a worker thread may come mid-write
+            with open(self.path + ".new", "w") as f:
+                f.write(str(self.total))
+            os.replace(self.path + ".new", self.path)
 
 
-_commit = mcsync.manifest.Manifest.commit
+def target_faults() -> Faults:
+    point, nth = os.environ.get("CRASH_AT", "none:0").split(":")
+    faults = Faults()
+    at = KillAt(int(nth))
+    for op, phase, key, skip in POINTS.get(point, ()):
+        faults.add(Rule(op, key, phase, times=None, skip=skip, action=at))  # type: ignore[arg-type]
+    acked = Acked(os.environ.get("CRASH_ACKED"))
+    for op in ("put", "put_part", "part_written"):
+        faults.add(Rule(op, "*", "after", times=None, skip=STATE, action=acked))
+    if "DELAY_AT" in os.environ:
+        op, seconds = os.environ["DELAY_AT"].split(":")
+        faults.add(Rule(op, times=None, delay_s=float(seconds)))
+    return faults
 
 
-def crashing_commit(self: Any) -> None:
-    reach("commit")
-    _commit(self)
+def source_faults() -> Faults:
+    point, nth = os.environ.get("CRASH_AT", "none:0").split(":")
+    faults = Faults()
+    if point == "list":
+        faults.add(Rule("list", phase="after", nth=int(nth), action=kill))
+    return faults
 
 
-mcsync.engine.open_store = crashing_open_store  # type: ignore[assignment]
-mcsync.manifest.Manifest.commit = crashing_commit  # type: ignore[method-assign]
+class CrashingManifest(Manifest):
+    commits = 0
+
+    def commit(self) -> None:
+        point, nth = os.environ.get("CRASH_AT", "none:0").split(":")
+        CrashingManifest.commits += 1
+        if point == "commit" and CrashingManifest.commits == int(nth):
+            kill()
+        super().commit()
+
+
+def open_source(url: str, options: StoreOptions) -> ReadStore:
+    return faulty(open_store(url, options), source_faults())
+
+
+def open_target(url: str, options: StoreOptions) -> ReadStore:
+    return faulty(open_store(url, options), target_faults())
+
+
+def open_manifest(path: Path, src: str, dst: str) -> Any:
+    return CrashingManifest(path, src, dst)
+
 
 if __name__ == "__main__":
     sys.argv[0] = "mcsync"
-    sys.exit(main())
+    sys.exit(main(Seams(open_source, open_target, open_manifest)))

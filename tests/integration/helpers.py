@@ -7,9 +7,11 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner, Result
 
+import mcsync
 from mcsync.cli.main import cli
 from mcsync.testing.servers import S3Endpoint
 
@@ -87,3 +89,19 @@ def payload(size: int, seed: int = 0) -> bytes:
     import random
 
     return random.Random(seed).randbytes(size)
+
+
+def sync_stores(source: Any, target: Any, **options: Any) -> mcsync.SyncReport:
+    """``mcsync.sync`` with store objects (or addresses), closing the store objects after:
+    they are the caller's to close."""
+
+    async def go() -> mcsync.SyncReport:
+        try:
+            return await mcsync.async_sync(source, target, **options)
+        finally:
+            for store in (source, target):
+                if not isinstance(store, str):
+                    await store.aclose()
+
+    result: mcsync.SyncReport = mcsync.run_blocking(go())
+    return result

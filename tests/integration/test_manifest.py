@@ -16,12 +16,20 @@ from typing import Any
 import pytest
 
 import mcsync
-import mcsync.engine
 from mcsync.errors import Transient
 from mcsync.manifest import default_path
 from mcsync.stores.registry import open_store
+from mcsync.testing.faults import Call, Faults, Rule, faulty
 
-from .helpers import new_bucket, payload, put_objects, read_bucket, run_cli, write_tree
+from .helpers import (
+    new_bucket,
+    payload,
+    put_objects,
+    read_bucket,
+    run_cli,
+    sync_stores,
+    write_tree,
+)
 
 MiB = 1 << 20
 OBJECTS = {
@@ -31,37 +39,22 @@ OBJECTS = {
 }
 
 
-class Counting:
-    """Wraps a store and counts the calls the engine makes to it."""
-
-    def __init__(self, inner: Any, calls: dict[str, int]) -> None:
-        self._inner = inner
-        self._calls = calls
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-        if name in ("list", "head", "get", "put", "open_upload", "delete"):
-            def counted(*args: Any, **kwargs: Any) -> Any:
-                key = args[0] if args else ""
-                if not (isinstance(key, str) and key.startswith(".mcsync/")):
-                    self._calls[name] = self._calls.get(name, 0) + 1
-                return attr(*args, **kwargs)
-            return counted
-        return attr
+TARGET_OPS = ("list", "head", "get", "put", "open_upload", "delete")
 
 
-@pytest.fixture
-def count_target_calls(monkeypatch):
-    calls: dict[str, int] = {}
-    opened: list[str] = []
+def counted(url: str, calls: dict[str, int]) -> Any:
+    """The store at ``url``, counting the calls the engine makes to it (not to mcsync's own
+    state under .mcsync/: the lock and the manifest's copy)."""
 
-    def counting_open_store(url: str, options: Any) -> Any:
-        store = open_store(url, options)
-        opened.append(url)
-        return Counting(store, calls) if len(opened) % 2 == 0 else store
+    def count(call: Call) -> None:
+        calls[call.op] = calls.get(call.op, 0) + 1
 
-    monkeypatch.setattr(mcsync.engine, "open_store", counting_open_store)
-    return calls
+    faults = Faults([Rule(op, times=None, skip=".mcsync/*", action=count) for op in TARGET_OPS])
+    return faulty(open_store(url), faults)
+
+
+def sync_counting(src: str, dst: str, calls: dict[str, int], **options: Any) -> Any:
+    return sync_stores(src, counted(dst, calls), **options)
 
 
 def sync_env(env: dict[str, str], monkeypatch) -> None:
@@ -69,17 +62,19 @@ def sync_env(env: dict[str, str], monkeypatch) -> None:
         monkeypatch.setenv(k, v)
 
 
-def test_noop_resync_asks_the_target_nothing(seaweed, tmp_path, monkeypatch, count_target_calls):
+def test_noop_resync_asks_the_target_nothing(seaweed, tmp_path, monkeypatch):
     write_tree(tmp_path / "src", OBJECTS)
     bucket = new_bucket(seaweed)
     sync_env(seaweed.meta_env(), monkeypatch)
-    first = mcsync.sync(str(tmp_path / "src"), f"meta://{bucket}/", part_size=5 * MiB)
+    calls: dict[str, int] = {}
+    first = sync_counting(str(tmp_path / "src"), f"meta://{bucket}/", calls, part_size=5 * MiB)
     assert first.objects_copied == len(OBJECTS)
-    count_target_calls.clear()
+    assert calls["put"] + calls["open_upload"] == len(OBJECTS)  # the counting counts
+    calls.clear()
 
-    again = mcsync.sync(str(tmp_path / "src"), f"meta://{bucket}/", part_size=5 * MiB)
+    again = sync_counting(str(tmp_path / "src"), f"meta://{bucket}/", calls, part_size=5 * MiB)
     assert again.objects_skipped == len(OBJECTS) and again.objects_copied == 0
-    assert count_target_calls == {}, "a no-op run with a manifest must not list or read the target"
+    assert calls == {}, "a no-op run with a manifest must not list or read the target"
     assert read_bucket(seaweed, bucket) == OBJECTS
 
 
@@ -134,17 +129,17 @@ def test_damaged_manifest_costs_time_not_correctness(damage, seaweed, tmp_path):
     assert again["objects_copied"] == 0 and again["objects_skipped"] == len(expected)
 
 
-def test_fresh_machine_finds_the_manifest_at_the_target(seaweed, tmp_path, monkeypatch,
-                                                        count_target_calls):
+def test_fresh_machine_finds_the_manifest_at_the_target(seaweed, tmp_path, monkeypatch):
     write_tree(tmp_path / "src", OBJECTS)
     bucket = new_bucket(seaweed)
     sync_env(seaweed.meta_env(), monkeypatch)
     mcsync.sync(str(tmp_path / "src"), f"meta://{bucket}/", part_size=5 * MiB)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "another-machine"))
-    count_target_calls.clear()
-    report = mcsync.sync(str(tmp_path / "src"), f"meta://{bucket}/", part_size=5 * MiB)
+    calls: dict[str, int] = {}
+    report = sync_counting(str(tmp_path / "src"), f"meta://{bucket}/", calls,
+                           part_size=5 * MiB)
     assert report.objects_skipped == len(OBJECTS) and report.objects_copied == 0
-    assert "list" not in count_target_calls
+    assert "list" not in calls
     assert report.manifest and report.manifest.startswith(str(tmp_path / "another-machine"))
 
 
@@ -214,43 +209,17 @@ def test_source_overwritten_mid_copy_is_never_stitched(seaweed, tmp_path, monkey
     put_objects(seaweed, bucket, {"big.bin": old})
     overwritten: list[bool] = []
 
-    class OverwriteAfterFirstRead:
-        def __init__(self, inner: Any) -> None:
-            self._inner = inner
+    def overwrite(_: Call) -> None:  # a writer replaces it right after mcsync's first read
+        if not overwritten:
+            overwritten.append(True)
+            put_objects(seaweed, bucket, {"big.bin": new})
 
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._inner, name)
-
-        def _overwrite(self) -> None:
-            if not overwritten:
-                overwritten.append(True)
-                put_objects(seaweed, bucket, {"big.bin": new})  # a writer replaces it now
-
-        async def get(self, key: str, rng: Any = None, **kw: Any) -> Any:
-            data = await self._inner.get(key, rng, **kw)
-            self._overwrite()
-            return data
-
-        async def open_range(self, key: str, rng: Any, **kw: Any) -> Any:
-            pieces = await self._inner.open_range(key, rng, **kw)
-
-            def then_overwrite() -> Any:  # parts bound for a file stream in
-                yield from pieces
-                self._overwrite()
-
-            return then_overwrite()
-
-    opened: list[str] = []
-
-    def wrapping_open_store(url: str, options: Any) -> Any:
-        store = open_store(url, options)
-        opened.append(url)
-        return OverwriteAfterFirstRead(store) if len(opened) == 1 else store
-
-    monkeypatch.setattr(mcsync.engine, "open_store", wrapping_open_store)
+    # parts bound for a file stream in (open_range); others are read whole (get)
+    faults = Faults([Rule("get", phase="after", action=overwrite),
+                     Rule("open_range", phase="after", action=overwrite)])
     sync_env(seaweed.aws_env(), monkeypatch)
-    report = mcsync.sync(f"s3://{bucket}/", str(tmp_path / "dst"), part_size=5 * MiB,
-                         part_concurrency=1)
+    report = sync_stores(faulty(open_store(f"s3://{bucket}/"), faults), str(tmp_path / "dst"),
+                         part_size=5 * MiB, part_concurrency=1)
     assert overwritten and report.ok
     assert (tmp_path / "dst" / "big.bin").read_bytes() == new
 
@@ -260,38 +229,14 @@ def test_download_broken_off_mid_part_shows_nothing_and_resumes(seaweed, tmp_pat
     bucket = new_bucket(seaweed)
     big = payload(40 * MiB, 3)
     put_objects(seaweed, bucket, {"ckpt/big.bin": big, "small.txt": b"small"})
-    broken: list[int] = []
-
-    class BreaksOffOnce:
-        """The first streamed range stops after its first piece, as a dropped connection."""
-
-        def __init__(self, inner: Any) -> None:
-            self._inner = inner
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._inner, name)
-
-        async def open_range(self, key: str, rng: Any, **kw: Any) -> Any:
-            pieces = await self._inner.open_range(key, rng, **kw)
-            if broken:
-                return pieces
-
-            def one_then_break() -> Any:
-                yield next(pieces)
-                broken.append(rng.start)
-                raise Transient(f"{key}: connection reset by peer (test)")
-
-            return one_then_break()
-
-    def wrapping_open_store(url: str, options: Any) -> Any:
-        store = open_store(url, options)
-        return BreaksOffOnce(store) if url.startswith("s3://") else store
-
-    monkeypatch.setattr(mcsync.engine, "open_store", wrapping_open_store)
+    # The first streamed range stops after its first piece, as a dropped connection would.
+    broken = Rule("range_piece", nth=2,
+                  error=Transient("ckpt/big.bin: connection reset by peer (test)"))
     sync_env(seaweed.aws_env(), monkeypatch)
     dst = tmp_path / "dst"
-    report = mcsync.sync(f"s3://{bucket}/", str(dst), part_size=8 * MiB)
-    assert broken and not report.ok
+    report = sync_stores(faulty(open_store(f"s3://{bucket}/"), Faults([broken])), str(dst),
+                         part_size=8 * MiB)
+    assert broken.seen >= 2 and not report.ok
     ((key, why),) = report.failures
     assert key == "ckpt/big.bin" and "connection reset" in why, report.failures
     files = {p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()}

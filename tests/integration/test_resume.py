@@ -13,6 +13,7 @@ import time
 import pytest
 
 from .helpers import (
+    CRASHING_MCSYNC,
     crashed_run,
     new_bucket,
     payload,
@@ -132,25 +133,14 @@ def test_killed_download_resumes_to_identical_files(point, seaweed, tmp_path):
         f"{report['bytes_sent']} by the resumed run, {resent} moved twice")
 
 
-def test_sigterm_stops_with_130_and_rerun_finishes(source_tree, seaweed, tmp_path):
+def test_sigterm_stops_with_130_and_rerun_finishes(source_tree, seaweed):
     bucket = new_bucket(seaweed)
     dst = f"meta://{bucket}/run/"
-    env = dict(os.environ) | seaweed.meta_env() | {"CRASH_AT": "none:0"}
-    slow = tmp_path / "slow_mcsync.py"
-    slow.write_text(
-        "import asyncio, runpy, sys\n"
-        "import mcsync.stores.s3 as s3\n"
-        "orig = s3.S3Upload.put_part\n"
-        "async def put_part(self, *a, **k):\n"
-        "    await asyncio.sleep(0.5)\n"
-        "    return await orig(self, *a, **k)\n"
-        "s3.S3Upload.put_part = put_part\n"
-        "sys.argv = ['mcsync'] + sys.argv[1:]\n"
-        "from mcsync.cli.main import main\n"
-        "main()\n")
+    # Every part takes half a second longer, so the signal finds the run busy.
+    env = dict(os.environ) | seaweed.meta_env() | {"DELAY_AT": "put_part:0.5"}
     proc = subprocess.Popen(
-        [sys.executable, str(slow), "sync", str(source_tree), dst, "--part-size", "5MiB",
-         "-c", "2", "--grace", "30", "--json", "--quiet"],
+        [sys.executable, str(CRASHING_MCSYNC), "sync", str(source_tree), dst, "--part-size",
+         "5MiB", "-c", "2", "--grace", "30", "--json", "--quiet"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(2.5)
     proc.send_signal(signal.SIGTERM)

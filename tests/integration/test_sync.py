@@ -7,6 +7,9 @@ import json
 
 import pytest
 
+from mcsync.stores.registry import open_store
+from mcsync.types import Capabilities
+
 from .helpers import (
     new_bucket,
     payload,
@@ -14,6 +17,7 @@ from .helpers import (
     read_bucket,
     read_tree,
     run_cli,
+    sync_stores,
     write_tree,
 )
 
@@ -231,16 +235,17 @@ def test_library_call_matches_cli(seaweed, tmp_path, monkeypatch):
 
 
 def test_server_side_copy_in_parts_above_the_cutoff(s3ep, monkeypatch):
-    import mcsync.transfer
-
-    # The real cutoff is S3's 5 GiB CopyObject limit; scaled down, the same path runs here.
-    monkeypatch.setattr(mcsync.transfer, "SERVER_COPY_CUTOFF", 8 * MiB)
-    monkeypatch.setattr(mcsync.transfer, "SERVER_COPY_MIN_PART", PART)
+    # The real cutoff is S3's 5 GiB CopyObject limit; with the target's limits scaled down, the
+    # same path runs here.
     objs = {"big.bin": payload(3 * PART + 123, 9), "small.bin": b"s"}
     src, dst = new_bucket(s3ep, "src"), new_bucket(s3ep, "dst")
     put_objects(s3ep, src, objs)
-    report = sync_json(f"s3://{src}/", f"meta://{dst}/", env=s3ep.aws_env() | s3ep.meta_env())
-    assert report["objects_server_copied"] == 2 and report["bytes_copied"] == 0
+    for name, value in (s3ep.aws_env() | s3ep.meta_env()).items():
+        monkeypatch.setenv(name, value)
+    target = open_store(f"meta://{dst}/")
+    target.caps = Capabilities(max_copy_size=8 * MiB, max_part_size=PART, send_copies=2)
+    report = sync_stores(open_store(f"s3://{src}/"), target, part_size=5 * MiB)
+    assert report.objects_server_copied == 2 and report.bytes_copied == 0
     assert read_bucket(s3ep, dst) == objs
     head = s3ep.client().head_object(Bucket=dst, Key="big.bin")
     assert head["ETag"].strip('"').endswith("-4")  # really UploadPartCopy, 4 parts

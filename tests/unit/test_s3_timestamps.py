@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 from botocore.utils import parse_timestamp
 
-from mcsync.stores.s3 import _parse_timestamp
+from mcsync.stores.s3_clients import parse_timestamp as _parse_timestamp
 
 SAME_AS_BOTOCORE = [
     "2026-11-29T23:47:49.000Z",  # ListObjectsV2 / CopyObjectResult bodies

@@ -1,0 +1,145 @@
+"""S3 answers → mcsync errors: one table, shared by the botocore and the obstore paths.
+
+An S3 error is an HTTP status and, in its XML body, a ``<Code>``. Both SDKs are reduced to that
+pair and looked up here: the code first (it is the more precise), then the status. botocore
+hands both over (``ClientError.response``); obstore 0.12 exposes neither, only an exception
+class and a message that quotes the status line and the XML body, so ``obstore_answer``
+reads them from there — the one place that parses a message — and obstore's own classes
+(NotFound, Precondition, PermissionDenied) decide where the text holds no S3 answer.
+
+The translated error keeps the SDK's exception as ``__cause__``. Per-object errors only: a
+store's ``check`` turns what its probe raised into a ConfigError (``errors.as_config_error``).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+
+import obstore.exceptions as obstore_exc
+
+from ..errors import (
+    AccessDenied,
+    IntegrityError,
+    MCSyncError,
+    NoSuchBucket,
+    NotFound,
+    Permanent,
+    PreconditionFailed,
+    Throttled,
+    Transient,
+    Unreachable,
+)
+
+_BY_CODE: dict[str, type[MCSyncError]] = {
+    **dict.fromkeys(("NoSuchKey", "NotFound", "NoSuchUpload"), NotFound),
+    "NoSuchBucket": NoSuchBucket,
+    "PreconditionFailed": PreconditionFailed,
+    **dict.fromkeys(("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                     "InvalidToken", "ExpiredToken", "AccessDeniedException",
+                     "AllAccessDisabled"), AccessDenied),
+    # The target computed another checksum than the one sent with the body: the bytes were
+    # damaged on the way (or the checksum was wrong). Nothing was stored.
+    **dict.fromkeys(("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
+                     "XAmzContentSHA256Mismatch"), IntegrityError),
+    **dict.fromkeys(("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+                     "TooManyRequests", "ServiceUnavailable"), Throttled),
+    **dict.fromkeys(("RequestTimeout", "InternalError", "RequestTimeTooSkewed"), Transient),
+}
+_BY_STATUS: dict[int, type[MCSyncError]] = {
+    404: NotFound, 412: PreconditionFailed, 401: AccessDenied, 403: AccessDenied,
+    408: Transient, 429: Throttled, 503: Throttled,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What an S3 endpoint answered: its error code and HTTP status, as far as known."""
+
+    code: str | None
+    status: int | None
+    message: str = ""
+
+    def kind(self) -> type[MCSyncError] | None:
+        if self.code in _BY_CODE:
+            return _BY_CODE[self.code]
+        if self.status in _BY_STATUS:
+            return _BY_STATUS[self.status]
+        if self.status is not None and self.status >= 500:
+            return Transient
+        if self.status is not None or self.code is not None:
+            return Permanent
+        return None
+
+
+def error_for(answer: Answer, what: str, bucket: str) -> MCSyncError:
+    """The mcsync error for an S3 answer about ``what`` (an object's URL, or the store's)."""
+    kind = answer.kind() or Transient
+    label = answer.code or (str(answer.status) if answer.status is not None else "")
+    detail = f" ({label})" if label else ""
+    if kind is NotFound:
+        return NotFound(f"{what}: no such object")
+    if kind is NoSuchBucket:
+        return NoSuchBucket(f"{what}: bucket {bucket!r} does not exist")
+    if kind is PreconditionFailed:
+        return PreconditionFailed(f"{what}: changed since it was listed")
+    if kind is AccessDenied:
+        return AccessDenied(f"{what}: access denied{detail}")
+    if kind is IntegrityError:
+        return IntegrityError(f"{what}: the target refused the bytes: they do not match the "
+                              f"checksum sent with them{detail}")
+    text = f": {answer.message}" if answer.message and answer.message != label else ""
+    return kind(f"{what}: {label or 'error'}{text}")
+
+
+_CODE = re.compile(r"<Code>([^<]{1,100})</Code>")
+_STATUS = re.compile(r"status code: (\d{3})")
+_MESSAGE = re.compile(r"<Message>([^<]{0,300})</Message>")
+
+
+def obstore_answer(exc: BaseException) -> Answer:
+    text = str(exc)
+    code, status, message = _CODE.search(text), _STATUS.search(text), _MESSAGE.search(text)
+    return Answer(code.group(1) if code else None, int(status.group(1)) if status else None,
+                  message.group(1) if message else "")
+
+
+def translate(exc: BaseException, what: str, bucket: str) -> MCSyncError | None:
+    """The mcsync error for an exception either SDK raised (None for anything else)."""
+    if isinstance(exc, MCSyncError):
+        return exc
+    if isinstance(exc, obstore_exc.BaseError | FileNotFoundError):  # obstore raises both
+        answer = obstore_answer(exc)
+        if answer.kind() is not None:
+            return error_for(answer, what, bucket)
+        if isinstance(exc, obstore_exc.NotFoundError | FileNotFoundError):
+            return NotFound(f"{what}: no such object")
+        if isinstance(exc, obstore_exc.PreconditionError):
+            return PreconditionFailed(f"{what}: changed since it was listed")
+        if isinstance(exc, obstore_exc.PermissionDeniedError | obstore_exc.UnauthenticatedError):
+            return AccessDenied(f"{what}: access denied")
+        # No S3 answer in it: the request never got one (connection refused, reset, timeout).
+        return Unreachable(f"{what}: {type(exc).__name__}: {first_line(exc)}")
+    boto = sys.modules.get("botocore.exceptions")  # imported only once a request needs it
+    if boto is not None:
+        if isinstance(exc, boto.ClientError):
+            err = exc.response.get("Error", {})
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return error_for(Answer(str(err.get("Code") or "") or None,
+                                    int(status) if status else None,
+                                    str(err.get("Message") or "")), what, bucket)
+        if isinstance(exc, boto.NoCredentialsError | boto.PartialCredentialsError):
+            return AccessDenied(f"{what}: no usable credentials ({type(exc).__name__})")
+        if isinstance(exc, boto.ConnectionError | boto.HTTPClientError):
+            return Unreachable(f"{what}: connection failed: {type(exc).__name__}")
+        if isinstance(exc, boto.BotoCoreError):
+            return Permanent(f"{what}: {exc}")
+    if isinstance(exc, OSError):  # aiohttp payload / socket errors past the SDK's retries
+        return Transient(f"{what}: {type(exc).__name__}: {exc}")
+    return None
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

@@ -1,0 +1,154 @@
+"""Multipart uploads to an S3-compatible target, and the checksum every body carries.
+
+Every UploadPart (and the S3 API PUT) carries an ``x-amz-checksum-crc32c`` computed here, off
+the event loop, so the target refuses a body damaged on the way (400 BadDigest) and nothing of
+it is stored. An endpoint that refuses that header (some want the algorithm declared at
+CreateMultipartUpload) gets ``Content-MD5`` instead, found out by its first refusal, logged
+once and remembered by the store for that operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import checksums
+from ..errors import NotFound
+from ..types import Buffer, ByteRange, ObjectInfo, PartClaim, PartRef
+
+if TYPE_CHECKING:
+    from botocore.exceptions import ClientError
+
+    from .s3 import S3CopySource, S3Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BodyChecksums:
+    """Per operation (``upload_part``, ``put_object``), the body checksum an endpoint takes:
+    "crc32c" once one was accepted, "md5" once it refused x-amz-checksum-crc32c (AWS may take
+    it on PutObject but not on UploadPart). One per store: an endpoint's answer."""
+
+    endpoint: str
+    _taken: dict[str, str] = field(default_factory=dict)
+
+    async def send(self, call: Callable[..., Awaitable[dict[str, Any]]], data: Buffer,
+                   **kwargs: Any) -> dict[str, Any]:
+        """``call(Body=data, **kwargs)`` with a checksum of the body the target verifies.
+        Errors are the SDK's: the caller translates them."""
+        from botocore.exceptions import ClientError  # loaded already: ``call`` is botocore's
+
+        operation = getattr(call, "__name__", "")
+        body = _as_bytes(data)
+        if self._taken.get(operation) != "md5":
+            crc = checksums.to_base64(await checksums.crc32c_async(data))
+            try:
+                r = await call(Body=body, ChecksumCRC32C=crc, **kwargs)
+            except ClientError as exc:
+                if self._taken.get(operation) == "crc32c" or not _refuses_header(exc):
+                    raise
+                if operation not in self._taken:
+                    self._taken[operation] = "md5"
+                    log.warning("%s refuses x-amz-checksum-crc32c on %s (%s); sending "
+                                "Content-MD5 instead", self.endpoint, operation,
+                                exc.response.get("Error", {}).get("Code"))
+            else:
+                self._taken.setdefault(operation, "crc32c")
+                return r
+        md5 = await asyncio.to_thread(lambda: hashlib.md5(data, usedforsecurity=False).digest())
+        return await call(Body=body, ContentMD5=base64.b64encode(md5).decode("ascii"), **kwargs)
+
+
+class S3Upload:
+    """One multipart upload; its id outlives the process (the journal keeps it), so a later
+    run can resume it."""
+
+    def __init__(self, store: S3Store, key: str, upload_id: str, size: int) -> None:
+        self.store = store
+        self.key = key
+        self.upload_id = upload_id
+        self.size = size
+
+    def _ids(self) -> dict[str, Any]:
+        s = self.store
+        return {"Bucket": s.bucket, "Key": s.full_key(self.key), "UploadId": self.upload_id}
+
+    async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
+        s = self.store
+        client = await s.botocore()
+        with s.translating(self.key):
+            r = await s.body_checksums.send(client.upload_part, data, PartNumber=number,
+                                            **self._ids())
+        return PartRef(number, unquote_etag(r["ETag"]) or "", len(data))
+
+    async def list_parts(self) -> list[PartRef]:
+        s = self.store
+        client = await s.botocore()
+        parts: list[PartRef] = []
+        with s.translating(self.key):
+            async for page in client.get_paginator("list_parts").paginate(**self._ids()):
+                parts.extend(PartRef(p["PartNumber"], unquote_etag(p["ETag"]) or "", p["Size"])
+                             for p in page.get("Parts", ()))
+        return parts
+
+    async def confirm_parts(self, claims: Sequence[PartClaim]) -> set[int]:
+        held = {(p.number, p.etag, p.size) for p in await self.list_parts()}
+        return {c.ref.number for c in claims if (c.ref.number, c.ref.etag, c.ref.size) in held}
+
+    async def copy_part(self, number: int, offset: int, source: S3CopySource,
+                        rng: ByteRange) -> PartRef:
+        s = self.store
+        client = await s.botocore()
+        kwargs: dict[str, Any] = {
+            **self._ids(), "PartNumber": number,
+            "CopySource": {"Bucket": source.bucket, "Key": source.key},
+            "CopySourceRange": f"bytes={rng.start}-{rng.end - 1}",
+        }
+        if source.etag:
+            kwargs["CopySourceIfMatch"] = f'"{source.etag}"'
+        with s.translating(self.key):
+            r = await client.upload_part_copy(**kwargs)
+        return PartRef(number, unquote_etag(r["CopyPartResult"]["ETag"]) or "", rng.length)
+
+    async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:
+        s = self.store
+        client = await s.botocore()
+        ordered = sorted(parts, key=lambda p: p.number)
+        with s.translating(self.key):
+            r = await client.complete_multipart_upload(
+                **self._ids(),
+                MultipartUpload={"Parts": [{"PartNumber": p.number, "ETag": f'"{p.etag}"'}
+                                           for p in ordered]},
+            )
+        return ObjectInfo(self.key, self.size, unquote_etag(r.get("ETag")), None)
+
+    async def abort(self) -> None:
+        s = self.store
+        client = await s.botocore()
+        with contextlib.suppress(NotFound), s.translating(self.key):
+            await client.abort_multipart_upload(**self._ids())
+
+
+def _refuses_header(exc: ClientError) -> bool:
+    """Could this be an endpoint refusing x-amz-checksum-crc32c itself? (AWS answers
+    InvalidRequest "Checksum Type mismatch" when an upload was created without the algorithm;
+    others may not implement the header.) A wrong checksum is BadDigest, never this."""
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    return code in {"InvalidRequest", "InvalidArgument", "NotImplemented"}
+
+
+def _as_bytes(data: Buffer) -> bytes | bytearray:
+    # botocore signs and sends bytes; other buffers (obstore.Bytes, memoryview) are copied once.
+    return data if isinstance(data, bytes | bytearray) else bytes(data)
+
+
+def unquote_etag(value: str | None) -> str | None:
+    """An ETag as S3 sends it (quoted) → as mcsync records it."""
+    return value.strip('"') if value else None
