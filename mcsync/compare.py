@@ -23,7 +23,7 @@ from .limits import Limits
 from .manifest import ManifestEntry
 from .scan import scan_chunks
 from .stores.base import Store
-from .types import ObjectInfo
+from .types import Capabilities, ObjectInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +37,10 @@ class Verdict:
     chunker: str = "fixed"
 
 
-def block_size_for(size: int, options: SyncOptions) -> int:
-    """The blocks a copy of an object this size would record (one for a whole-object PUT)."""
-    return size if size <= options.multipart_threshold else options.part_size_for(size)
+def block_size_for(size: int, options: SyncOptions, caps: Capabilities) -> int:
+    """The blocks a copy of an object this size to a store with ``caps`` would record (one
+    for a whole-object PUT)."""
+    return size if size <= options.multipart_threshold else options.part_size_for(size, caps)
 
 
 async def compare(src: Store, dst: Store, src_info: ObjectInfo, dst_info: ObjectInfo,
@@ -55,7 +56,7 @@ async def compare(src: Store, dst: Store, src_info: ObjectInfo, dst_info: Object
                   "content differs from what the target holds (xxh3-128)")
         return Verdict(same, reason, src_info.size, known.block_size, ours, known.chunk_sizes,
                        known.chunker)
-    bs = block_size_for(src_info.size, options)
+    bs = block_size_for(src_info.size, options, dst.caps)
     blocks = fixed_chunks(src_info.size, bs)
     ours, theirs = (b"".join(d) for d in await asyncio.gather(
         scan_chunks(src, src_info, blocks, bs, limits),

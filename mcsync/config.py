@@ -12,18 +12,19 @@ import fnmatch
 from dataclasses import dataclass
 
 from .errors import UsageError
+from .types import Capabilities, GiB, KiB, MiB
 
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
+__all__ = ["GiB", "KiB", "MiB", "SyncOptions", "format_size", "parse_size"]
 
 DEFAULT_CONCURRENCY = 128
 DEFAULT_PART_CONCURRENCY = 8
 DEFAULT_MEMORY_LIMIT = 1 * GiB
 MIN_PART_SIZE = 8 * MiB  # S3's floor is 5 MiB; 8 MiB keeps request overhead negligible
-S3_MIN_PART_SIZE = 5 * MiB
-S3_MAX_PART_SIZE = 5 * GiB
-MAX_PARTS = 10_000
+# What --part-size may be: S3's limits, the narrowest of the targets (a store's own limits
+# then bound the parts it gets, see part_size_for).
+S3_LIMITS = Capabilities()
+S3_MIN_PART_SIZE = S3_LIMITS.min_part_size
+S3_MAX_PART_SIZE = S3_LIMITS.max_part_size
 CHUNKERS = ("auto", "fixed", "safetensors", "cdc")
 
 
@@ -78,14 +79,17 @@ class SyncOptions:
                 f"--memory-limit must be at least 5 MiB, got {format_size(self.memory_limit)}"
             )
 
-    def part_size_for(self, size: int) -> int:
-        """Part size for an object of ``size`` bytes: at least 8 MiB (or the chosen size), grown
-        so that no object needs more than 10,000 parts, and never above the memory budget."""
+    def part_size_for(self, size: int, caps: Capabilities = S3_LIMITS) -> int:
+        """Part size for an object of ``size`` bytes written to a store with ``caps``: 8 MiB
+        (or the chosen size), grown so that the object needs no more than ``caps.max_parts``
+        parts, within the store's part-size limits and never above the memory budget. The one
+        place a part size is computed: a transfer asks once per object and passes it down."""
         part = self.part_size or MIN_PART_SIZE
-        if size > part * MAX_PARTS:
-            part = -(-size // MAX_PARTS)  # ceil
+        if size > part * caps.max_parts:
+            part = -(-size // caps.max_parts)  # ceil
             part = -(-part // MiB) * MiB  # round up to whole MiB
-        return min(part, max(self.memory_limit, S3_MIN_PART_SIZE), S3_MAX_PART_SIZE)
+        part = min(part, max(self.memory_limit, caps.min_part_size), caps.max_part_size)
+        return max(part, caps.min_part_size)
 
     @property
     def multipart_threshold(self) -> int:

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,16 +38,15 @@ from .events import (
     RunStarted,
     StatsCollector,
 )
-from .hashing import object_digest
 from .limits import Limits
 from .listing import merge_join, prefetched
 from .lock import run_lock
-from .manifest import Manifest, ManifestEntry, default_path, pair_id, split_digests
+from .manifest import Manifest, ManifestEntry, default_path, entry_for, pair_id, split_digests
 from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
 from .report import SyncReport
-from .stores.base import ReadStore, ScratchSpace, ServerSideCopier, Store
+from .stores.base import ReadStore, ServerSideCopier, Store
 from .stores.registry import StoreOptions, open_store
-from .transfer import STAGING_PREFIX, Transfer
+from .transfer import Transfer
 from .types import ObjectInfo
 from .verify import verify_entries
 
@@ -177,9 +175,6 @@ class _Run:
         self.objects = asyncio.Semaphore(options.concurrency)
         self.interrupted = False
         self._adopted = 0
-        # A previous run left uploads open: it was stopped, and may have left staging objects
-        # of a block delta behind too.
-        self._after_stop = bool(self.transfer.open_uploads)
         self.compared = 0  # objects whose content was read and hashed (--checksum)
         self.bytes_compared = 0
 
@@ -207,7 +202,7 @@ class _Run:
             if deletes and not self.stop.is_set():
                 await self._delete(deletes)
             if not self.stop.is_set():
-                await self._abort_unfinished_uploads()
+                await self.transfer.finish()
             if self.options.verify and self.manifest is not None and not self.stop.is_set():
                 await self._verify()
         except BaseExceptionGroup as group:  # a TaskGroup wraps what its body raised
@@ -297,7 +292,7 @@ class _Run:
                         self._adopt(pair.src, pair.dst)
                     continue
                 if self.options.dry_run:
-                    if self.transfer.may_delta(action):
+                    if self.transfer.deltas.possible(action):
                         await self.objects.acquire()
                         tg.create_task(self._preview_delta(action))
                     continue
@@ -353,7 +348,7 @@ class _Run:
         nothing), for ``mcsync plan``."""
         assert action.src is not None
         try:
-            found = await self.transfer.plan_delta(action, action.src)
+            found = await self.transfer.deltas.plan(action, action.src)
         except (MCSyncError, OSError) as exc:
             log.warning("%s: no delta preview: %s", action.key, _describe(exc))
             return
@@ -371,15 +366,11 @@ class _Run:
         it has no block hashes, so a later change is copied whole."""
         if self.manifest is None or self.options.dry_run:
             return
-        hashes = content.block_hashes if content is not None else b""
-        self.manifest.record_object(ManifestEntry(
-            key=src.key, src_size=src.size, src_etag=src.etag, src_mtime=src.mtime,
-            src_version=src.version, dst_size=dst.size, dst_etag=dst.etag,
-            dst_mtime=dst.mtime, block_size=content.block_size if content else 0,
-            block_hashes=hashes, chunk_sizes=content.chunk_sizes if content else b"",
-            chunker=content.chunker if content else "fixed",
-            xxh3=object_digest(split_digests(hashes)) if hashes else None,
-            crc32c=src.crc32c, written_at=time.time()), durable=False)
+        entry = (entry_for(src, dst) if content is None else
+                 entry_for(src, dst, digests=split_digests(content.block_hashes),
+                           block_size=content.block_size, chunk_sizes=content.chunk_sizes,
+                           chunker=content.chunker))
+        self.manifest.record_object(entry, durable=False)
         self._adopted += 1
         if self._adopted % 1000 == 0:
             self.manifest.commit()
@@ -410,20 +401,6 @@ class _Run:
                     break
                 await self.objects.acquire()
                 tg.create_task(self._execute(action))
-
-    async def _abort_unfinished_uploads(self) -> None:
-        """Uploads a previous run left open for keys this run did not resume (the source was
-        deleted, changed size, or is filtered out now) are aborted: they would cost storage
-        and could never complete."""
-        for prior in list(self.transfer.open_uploads.values()):
-            self.transfer.open_uploads.pop(prior.key, None)
-            await self.transfer.abort_stale(prior)
-        if self._after_stop and isinstance(self.dst, ScratchSpace):
-            try:
-                async with self.limits.requests:
-                    await self.dst.clear(STAGING_PREFIX)
-            except (MCSyncError, OSError) as exc:
-                log.warning("could not clear %s at the target: %s", STAGING_PREFIX, exc)
 
     async def _verify(self) -> None:
         assert self.manifest is not None

@@ -19,12 +19,13 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .chunking import chunks_from_sizes, fixed_chunks
+from .hashing import object_digest
 from .types import ByteRange, ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,22 @@ class ManifestEntry:
         if len(digests) != len(ranges) or (ranges and ranges[-1].end != self.dst_size):
             return []  # inconsistent record: treat as none
         return list(zip(ranges, digests, strict=True))
+
+
+def entry_for(src: ObjectInfo, written: ObjectInfo, *, digests: Sequence[bytes] = (),
+              block_size: int = 0, chunk_sizes: bytes = b"",
+              chunker: str = "fixed") -> ManifestEntry:
+    """The record of an object at the target: made from ``src``, held as ``written`` (what the
+    target answered, or what it listed for an object found current), with the xxh3-128
+    ``digests`` of its chunks where its bytes were hashed (none for a server-side copy or an
+    object adopted unread: then a later change is sent whole). The one place a record of a
+    written object is made."""
+    return ManifestEntry(
+        key=src.key, src_size=src.size, src_etag=src.etag, src_mtime=src.mtime,
+        src_version=src.version, dst_size=src.size, dst_etag=written.etag,
+        dst_mtime=written.mtime, block_size=block_size if digests else 0,
+        block_hashes=b"".join(digests), xxh3=object_digest(list(digests)) if digests else None,
+        crc32c=src.crc32c, written_at=time.time(), chunk_sizes=chunk_sizes, chunker=chunker)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,280 @@
+"""Realising a block delta: a changed object that mcsync wrote before is rebuilt at the target
+from the version it holds plus the new bytes, in one upload (see ``delta`` for the plan).
+
+Here: planning it against the target's recorded version (reads and hashes the whole source,
+sends nothing), the parts the target composes — ranged part copies from its current version,
+and *staged* parts (a short run of new bytes behind a minimum part's worth of copied bytes,
+built as a scratch object under ``.mcsync/stage/`` and copied whole into the upload) — the
+fallback to a full upload when a target refuses ranged part copies (found out once per run),
+and the sweep of the staging space a killed run left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import xxhash
+
+from . import delta
+from .chunking import Layout
+from .config import SyncOptions
+from .errors import MCSyncError, NotFound, Permanent
+from .events import DeltaPlanned, Event
+from .limits import Limits
+from .manifest import OpenUpload
+from .plan import RESERVED_PREFIX, Action
+from .scan import cut, scan_chunks
+from .stores.base import (
+    Composer,
+    CopySource,
+    PartCopyUpload,
+    ReadStore,
+    ScratchSpace,
+    ServerSideCopier,
+    Store,
+    Upload,
+)
+from .types import ByteRange, ObjectInfo
+from .upload import Moved, MovePart, PartSpec, Uploaded, UploadPlan, Uploads
+
+log = logging.getLogger(__name__)
+
+STAGING_PREFIX = f"{RESERVED_PREFIX}stage/"  # a block delta's staging objects at the target
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaFound:
+    """A delta worth sending: the target's version it composes from, the new version's
+    chunks and digests, and the parts."""
+
+    current: ObjectInfo
+    layout: Layout
+    digests: list[bytes]
+    plan: delta.DeltaPlan
+    changed_tensors: tuple[str, ...]
+
+    def event(self, key: str) -> DeltaPlanned:
+        p = self.plan
+        return DeltaPlanned(key, p.size, p.bytes_changed, p.bytes_sent, p.bytes_reused,
+                            len(p.parts), self.changed_tensors)
+
+    def specs(self) -> tuple[PartSpec, ...]:
+        return tuple(PartSpec(p.number, p.rng, old_start=p.old_start, stage=p.stage)
+                     for p in self.plan.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Composed:
+    """A delta that was sent: its plan, the upload's result, and the bytes composed at the
+    target instead of sent."""
+
+    found: DeltaFound
+    uploaded: Uploaded
+    reused: int
+
+
+class ComposeRefused(MCSyncError):
+    """The target does not take ranged part copies: send changed objects whole."""
+
+
+@dataclass
+class Deltas:
+    """The block deltas of one run."""
+
+    src: ReadStore
+    dst: Store
+    options: SyncOptions
+    limits: Limits
+    emit: Callable[[Event], None]
+    refused: bool = False  # the target refused a ranged part copy: no more deltas this run
+    _stage_creates: set[asyncio.Future[Upload]] = field(default_factory=set)
+
+    def possible(self, action: Action) -> bool:
+        """Could this action go as a block delta (before looking at any byte)?"""
+        src = action.src
+        return (action.kind == "copy" and action.known is not None and src is not None
+                and src.size > self.options.multipart_threshold
+                and isinstance(self.dst, Composer) and not self.refused)
+
+    def recorded_cut(self, action: Action) -> tuple[int, str]:
+        """Block size and chunker to cut the new version with: as the recorded version was
+        cut, unless told otherwise."""
+        known = action.known
+        assert known is not None
+        chunker = known.chunker if self.options.chunker == "auto" else self.options.chunker
+        return known.block_size, chunker
+
+    async def plan(self, action: Action, src: ObjectInfo) -> DeltaFound | str:
+        """The delta for a changed object mcsync wrote before, or why there is none. Reads
+        (and hashes) the whole source; sends nothing."""
+        known = action.known
+        if known is None or not self.options.delta:
+            return "no delta asked for"
+        old = known.chunks()
+        if not old:
+            return "no block hashes recorded for the target's version"
+        if not isinstance(self.dst, Composer):
+            return f"{self.dst.url} cannot build objects from ranges"
+        current = action.dst
+        if current is None:
+            try:
+                async with self.limits.requests:
+                    current = await self.dst.head(action.key)
+            except NotFound:
+                return "not at the target any more"
+        if not known.matches_target(current):
+            return "the target changed behind mcsync's back"
+        part_size = self.options.part_size_for(src.size, self.dst.caps)
+        block, chunker = self.recorded_cut(action)
+        layout = await cut(self.src, src, block, chunker, self.limits)
+        digests = layout.digests or await scan_chunks(self.src, src, layout.chunks, part_size,
+                                                      self.limits)
+        segments = delta.match(list(zip(layout.chunks, digests, strict=True)), old)
+        caps = self.dst.caps
+        plan = delta.pack(segments, src.size, part_size=part_size, min_part=caps.min_part_size,
+                          max_parts=caps.max_parts, stage=_can_stage(self.dst))
+        if plan is None:
+            return "too many changed regions for one upload"
+        if plan.bytes_reused == 0:
+            return "nothing of the target's version can be reused"
+        tensors = () if layout.header is None else tuple(delta.changed_tensors(
+            segments, [(t.name, t.start, t.end) for t in layout.header.tensors]))
+        return DeltaFound(current, layout, digests, plan, tensors)
+
+    async def send(self, action: Action, src: ObjectInfo, prior: OpenUpload | None,
+                   uploads: Uploads, send_part: MovePart, *, streamed: bool) -> Composed | str:
+        """Send only what changed and have the target compose the rest, or say why not (the
+        caller then sends the object whole). ``send_part`` moves a part of new bytes
+        (``streamed``: into a file as they arrive, holding a few pieces of memory)."""
+        found = await self.plan(action, src)
+        if isinstance(found, str) or self.refused:
+            return found if isinstance(found, str) else "the target refused ranged part copies"
+        self.emit(found.event(action.key))
+        key, dst = action.key, self.dst
+        assert isinstance(dst, Composer)  # plan() said so
+        source = dst.compose_source(found.current)
+        specs = found.specs()
+        staged = any(spec.stage for spec in specs)
+        if staged:  # what a killed run of this key left (a lock keeps other runs away)
+            await self.clear_staging(key)
+
+        async def move(spec: PartSpec, upload: Upload) -> Moved:
+            if spec.stage:
+                return await self._staged_part(key, src, upload, spec, source)
+            if spec.old_start is not None:
+                old = ByteRange(spec.old_start, spec.old_start + spec.rng.length)
+                return await self._copy_part(key, upload, spec, source, old)
+            return await send_part(spec, upload)
+
+        plan = UploadPlan(key, src, specs, self.options.part_size_for(src.size, dst.caps),
+                          found.plan.fingerprint(), streamed=streamed)
+        try:
+            uploaded = await uploads.run(plan, prior, move, n_chunks=len(found.layout.chunks))
+        except ComposeRefused as exc:
+            self.refused = True
+            log.warning("%s; sending changed objects whole from now on", exc)
+            await self.clear_staging(key)
+            return "the target refused ranged part copies"
+        except (MCSyncError, OSError):
+            if staged:  # a part cancelled while its staging upload was being created
+                await self.clear_staging(key)
+            raise
+        reused = sum(spec.rng.length - spec.sent for spec in specs)
+        return Composed(found, uploaded, reused)
+
+    async def _copy_part(self, key: str, upload: Upload, spec: PartSpec, source: CopySource,
+                         old: ByteRange) -> Moved:
+        assert isinstance(upload, PartCopyUpload)  # a Composer's upload
+        async with self.limits.requests:
+            with _refusal_means_no_compose(self.dst.url, key):
+                ref = await upload.copy_part(spec.number, spec.rng.start, source, old)
+        return Moved(ref)  # no byte passed through us
+
+    async def _staged_part(self, key: str, src: ObjectInfo, upload: Upload, spec: PartSpec,
+                           source: CopySource) -> Moved:
+        """A part of unchanged bytes followed by a few new ones, built at the target: a staging
+        object under .mcsync/ gets the unchanged bytes by copy and the new bytes as its short
+        last part, and is then copied whole into the upload and deleted."""
+        assert spec.old_start is not None
+        dst = self.dst
+        assert isinstance(dst, ServerSideCopier) and isinstance(upload, PartCopyUpload)
+        stage_key = (f"{_staging_prefix(key)}"
+                     f"{xxhash.xxh3_64_hexdigest(upload.upload_id.encode())}-{spec.number}")
+        new = ByteRange(spec.rng.start + spec.stage, spec.rng.end)
+        # Shielded: a part cancelled while its staging upload is being created must not leave
+        # an upload the server creates after we stopped listening; clear_staging waits for it.
+        create = asyncio.ensure_future(dst.open_upload(stage_key, spec.rng.length))
+        self._stage_creates.add(create)
+        create.add_done_callback(self._stage_creates.discard)
+        async with self.limits.requests:
+            staging = await asyncio.shield(create)
+        try:
+            async with self.limits.requests:
+                with _refusal_means_no_compose(self.dst.url, key):
+                    first = await staging.copy_part(
+                        1, 0, source, ByteRange(spec.old_start, spec.old_start + spec.stage))
+            async with self.limits.requests:
+                data = await self.src.get(key, new, expect=src)
+                second = await staging.put_part(2, spec.stage, data)
+            del data
+            async with self.limits.requests:
+                staged = await staging.complete([first, second])
+        except BaseException:
+            await asyncio.shield(staging.abort())
+            raise
+        try:
+            async with self.limits.requests:
+                with _refusal_means_no_compose(self.dst.url, key):
+                    ref = await upload.copy_part(
+                        spec.number, spec.rng.start, dst.copy_source(stage_key, staged.etag),
+                        ByteRange(0, spec.rng.length))
+            return Moved(ref)
+        finally:
+            with contextlib.suppress(MCSyncError, OSError):
+                async with self.limits.requests:
+                    await asyncio.shield(dst.delete(stage_key))
+
+    async def clear_staging(self, key: str) -> None:
+        await self._clear(_staging_prefix(key))
+
+    async def sweep(self) -> None:
+        """After an interrupted run: the staging objects a killed delta may have left."""
+        await self._clear(STAGING_PREFIX)
+
+    async def _clear(self, prefix: str) -> None:
+        if not isinstance(self.dst, ScratchSpace):
+            return
+        if self._stage_creates:  # let creates in flight land, so the listing below sees them
+            await asyncio.gather(*self._stage_creates, return_exceptions=True)
+        try:
+            async with self.limits.requests:
+                await asyncio.shield(self.dst.clear(prefix))
+        except (MCSyncError, OSError) as exc:
+            log.warning("could not clear %s at the target: %s", prefix, exc)
+
+
+def _can_stage(dst: Store) -> bool:
+    """Can short changed runs be staged at the target? It takes a scratch space for the
+    staging objects and server-side copies of them into the upload."""
+    return isinstance(dst, ServerSideCopier) and isinstance(dst, ScratchSpace)
+
+
+def _staging_prefix(key: str) -> str:
+    """Where the staging objects of ``key``'s delta live."""
+    return f"{STAGING_PREFIX}{xxhash.xxh3_64_hexdigest(key.encode())}-"
+
+
+@contextlib.contextmanager
+def _refusal_means_no_compose(target: str, key: str) -> Iterator[None]:
+    """A ranged part copy the target answers with a permanent error (not implemented, not
+    allowed): this target does not compose; the delta falls back to a full upload."""
+    try:
+        yield
+    except Permanent as exc:
+        raise ComposeRefused(f"{target}: a ranged part copy for {key} was refused: "
+                             f"{exc}") from exc
+
