@@ -44,6 +44,7 @@ from .lock import run_lock
 from .manifest import Manifest, ManifestEntry, default_path, entry_for, pair_id, split_digests
 from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
 from .report import SyncReport
+from .spool import Spool
 from .stores.base import ReadStore, ServerSideCopier, Store
 from .stores.registry import StoreOptions, open_store
 from .transfer import Transfer
@@ -190,8 +191,7 @@ class _Run:
                        and self.dst.can_copy_from(self.src))
         trust = (self.manifest is not None and self.manifest.established
                  and not (self.options.delete or self.options.verify or self.options.checksum))
-        deletes: list[Action] = []
-        markers: list[Action] = []
+        deletes, markers = Spool(), Spool()  # held back until every copy is done
         main = asyncio.current_task()
         watchdog = asyncio.create_task(self._watchdog(main)) if main else None
         uploader = asyncio.create_task(self._upload_manifest_periodically()) if writing else None
@@ -217,6 +217,8 @@ class _Run:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+            deletes.close()
+            markers.close()
             if self.manifest is not None:
                 self.manifest.commit()
         report = self.stats.finish()
@@ -271,8 +273,8 @@ class _Run:
                                               dst_name=f"manifest of {self.dst.url}"):
             yield Pair(key, s, None, known)
 
-    async def _plan_and_copy(self, server_side: bool, trust: bool, deletes: list[Action],
-                             markers: list[Action]) -> None:
+    async def _plan_and_copy(self, server_side: bool, trust: bool, deletes: Spool,
+                             markers: Spool) -> None:
         async with self._pairs(trust) as pairs, asyncio.TaskGroup() as tg:
             async for pair in pairs:
                 if self.stop.is_set():
@@ -297,17 +299,17 @@ class _Run:
                         tg.create_task(self._preview_delta(action))
                     continue
                 if action.kind == "delete":
-                    deletes.append(action)  # deleted after every copy succeeded
+                    deletes.add(action)  # deleted after every copy succeeded
                     continue
                 if is_commit_marker(action.key):
-                    markers.append(action)  # written last, see _commit_markers
+                    markers.add(action)  # written last, see _commit_markers
                     continue
                 await self.objects.acquire()
                 tg.create_task(self._execute(action))
             else:
                 self.sink.emit(ListingDone())
 
-    async def _compare(self, pair: Pair, server_side: bool, markers: list[Action]) -> None:
+    async def _compare(self, pair: Pair, server_side: bool, markers: Spool) -> None:
         """Hash what the planner could not decide from metadata; skip (and record the hashes,
         so the next --checksum run reads only the source) or copy."""
         src, dst = pair.src, pair.dst
@@ -335,7 +337,7 @@ class _Run:
             elif self.options.dry_run:
                 pass
             elif is_commit_marker(action.key):
-                markers.append(action)
+                markers.add(action)
             else:
                 executing = True
                 await self._execute(action)  # releases the object slot
@@ -375,7 +377,7 @@ class _Run:
         if self._adopted % 1000 == 0:
             self.manifest.commit()
 
-    async def _commit_markers(self, markers: list[Action]) -> None:
+    async def _commit_markers(self, markers: Spool) -> None:
         """Index files, config.json and latest/COMMIT markers go last, and only when every
         other object arrived: a reader that finds them finds the whole checkpoint."""
         if self.stats.failed:
@@ -387,14 +389,14 @@ class _Run:
             return
         await self._execute_all(markers)
 
-    async def _delete(self, deletes: list[Action]) -> None:
+    async def _delete(self, deletes: Spool) -> None:
         if self.stats.failed:
             log.warning("not deleting %d target objects: %d objects failed",
                         len(deletes), self.stats.failed)
             return
         await self._execute_all(deletes)
 
-    async def _execute_all(self, actions: list[Action]) -> None:
+    async def _execute_all(self, actions: Spool) -> None:
         async with asyncio.TaskGroup() as tg:
             for action in actions:
                 if self.stop.is_set():
