@@ -44,6 +44,7 @@ from .lock import run_lock
 from .manifest import Manifest, ManifestEntry, default_path, entry_for, pair_id, split_digests
 from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
 from .report import SyncReport
+from .retry import RetryPolicy, retrying
 from .spool import Spool
 from .stores.base import ReadStore, ServerSideCopier, Store
 from .stores.registry import StoreOptions, open_store
@@ -126,16 +127,16 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
         if not path.exists():
             await _fetch_target_copy(src, dst, path)
         manifest = manifest_factory(path, src.url, dst.url)
-    try:
-        for _ in range(3):  # each side may need to switch to an ordered listing once
-            try:
-                return await _Run(src, dst, options, sink or NullSink(), manifest, stop).run()
-            except ListingOrderError as exc:
-                if exc.fallback is None:
-                    raise
-                log.warning("%s; listing it directory by directory and starting again", exc)
-                exc.fallback()
-        raise MCSyncError("listings stayed out of order after switching listing mode")
+    def list_in_order(exc: ListingOrderError) -> None:
+        if exc.fallback is None:
+            raise exc
+        log.warning("%s; listing it directory by directory and starting again", exc)
+        exc.fallback()
+
+    try:  # each side may need to switch to an ordered listing once
+        return await retrying(
+            lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop).run(),
+            RetryPolicy.immediate(3), retry_on=ListingOrderError, before_retry=list_in_order)
     finally:
         if manifest is not None:
             manifest.close()

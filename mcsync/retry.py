@@ -79,14 +79,15 @@ async def retrying(
     *,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] = Transient,
     attempts: int | None = None,
-    before_retry: Callable[[BaseException], None] | None = None,
+    before_retry: Callable[[Any], Awaitable[None] | None] | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> T:
     """``await call()``, tried again on ``retry_on`` errors up to ``attempts`` (default the
     policy's) tries and within the policy's deadline, with its backoff between tries. The last
-    error is raised as it was. ``before_retry(error)`` runs before each new try (to switch a
-    mode, refresh what the call depends on)."""
+    error is raised as it was. ``before_retry(error)`` runs (and is awaited, if it returns an
+    awaitable) before each new try: to switch a mode, refresh what the call depends on; an
+    error it raises ends the loop."""
     tries = attempts if attempts is not None else policy.max_attempts
     deadline = clock() + policy.deadline_s
     attempt = 0
@@ -100,6 +101,8 @@ async def retrying(
                 raise
             log.debug("%s; try %d of %d in %.2f s", exc, attempt + 1, tries, delay)
             if before_retry is not None:
-                before_retry(exc)
+                pending = before_retry(exc)
+                if pending is not None:
+                    await pending
             if delay > 0:
                 await sleep(delay)

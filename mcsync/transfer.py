@@ -29,6 +29,7 @@ from .limits import Limits
 from .manifest import Manifest, ManifestEntry, OpenUpload, entry_for
 from .plan import Action
 from .report import ObjectResult
+from .retry import RetryPolicy, retrying
 from .scan import cut
 from .stores.base import (
     FileTarget,
@@ -82,17 +83,21 @@ class Transfer:
                 await self.dst.delete(action.key)
             return Done(ObjectResult(action.key, "delete", action.size, 0), None)
         self.dst.validate_key(action.key)
-        try:
-            return await self._write(action)
-        except PreconditionFailed:
+        current = action
+
+        async def take_new_version(_: PreconditionFailed) -> None:
             # The source changed after it was listed: never stitch two versions together.
-            # Take the new version, once; a source still changing is reported.
+            # Take the new version, once; a source still changing is reported. The target is
+            # looked at again too: a delta must never compose from a target version other
+            # than the one mcsync recorded.
+            nonlocal current
             async with self.limits.requests:
                 fresh = await self.src.head(action.key)
             log.info("%s changed while it was copied; copying the new version", action.key)
-            # The target is looked at again too: a delta must never compose from a target
-            # version other than the one mcsync recorded.
-            return await self._write(dataclasses.replace(action, src=fresh, dst=None))
+            current = dataclasses.replace(action, src=fresh, dst=None)
+
+        return await retrying(lambda: self._write(current), RetryPolicy.immediate(2),
+                              retry_on=PreconditionFailed, before_retry=take_new_version)
 
     async def finish(self) -> None:
         """After the last action: abort what a killed run left and this one did not take up,
