@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from .servers import LOOPBACK, ServerStartError, _Child, _child_env, _port_clash, free_port
+from .processes import LOOPBACK, Child, ServerStartError, child_env, free_port, port_clash
 
 __all__ = ["create_bucket", "gcs_emulator", "object_resource", "patch_object", "upload"]
 
@@ -73,13 +73,13 @@ def gcs_emulator(
         the_port = port if port is not None else free_port()
         url = f"http://{LOOPBACK}:{the_port}"
         argv = [sys.executable, "-m", "mcsync.testing.gcs", "serve", "--port", str(the_port)]
-        child = _Child("gcs-emulator", argv, log_path, cwd=workdir,
-                       env=_child_env({"PYTHONUNBUFFERED": "1"}))
+        child = Child("gcs-emulator", argv, log_path, cwd=workdir,
+                       env=child_env({"PYTHONUNBUFFERED": "1"}))
         try:
             try:
                 seconds = _wait_until_ready(child, url, startup_timeout)
             except ServerStartError:
-                if attempt < attempts and not child.running() and _port_clash(child):
+                if attempt < attempts and not child.running() and port_clash(child):
                     continue
                 raise
             log.info("GCS emulator up at %s in %.1f s (pid %d)", url, seconds, child.pid)
@@ -89,7 +89,7 @@ def gcs_emulator(
             child.stop(grace=5.0)
 
 
-def _wait_until_ready(child: _Child, url: str, timeout: float) -> float:
+def _wait_until_ready(child: Child, url: str, timeout: float) -> float:
     start = time.monotonic()
     last = "no answer yet"
     while True:

@@ -26,17 +26,13 @@ answers, then runs until SIGINT / SIGTERM.
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import shlex
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -44,20 +40,26 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-__all__ = ["S3Endpoint", "free_port", "moto_server", "seaweedfs"]
+from .processes import (
+    LOOPBACK,
+    Child,
+    ServerStartError,
+    child_env,
+    free_port,
+    free_ports,
+    port_clash,
+    wait_until_ready,
+)
+
+__all__ = ["LOOPBACK", "S3Endpoint", "ServerStartError", "free_port", "moto_server", "seaweedfs"]
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
 DEFAULT_STARTUP_TIMEOUT = 60.0
 MOTO_ACCESS_KEY = "mcsync-moto"
 MOTO_SECRET_KEY = "mcsync-moto-secret"
-
-# Environment variables of ours (or the developer's) that must never reach a server child.
-_SCRUBBED_ENV_PREFIXES = ("AWS_", "MCSYNC_", "WEED_")
-_SCRUBBED_ENV_NAMES = {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,186 +200,6 @@ def _shared_client(endpoint: S3Endpoint) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# Ports and child processes
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (another process may still take it)."""
-    return _free_ports(1)[0]
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports: all sockets are held open together so none repeats."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((LOOPBACK, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(_SCRUBBED_ENV_PREFIXES) and k.lower() not in _SCRUBBED_ENV_NAMES
-    }
-    env.update(extra or {})
-    return env
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGKILL when this process dies (Linux only).
-
-    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so it is only used
-    from the main thread, whose end is the end of the process.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
-class ServerStartError(RuntimeError):
-    """A server did not come up; the message ends with the tail of its log."""
-
-
-class _Child:
-    """A server child process with its output in a log file."""
-
-    def __init__(
-        self, name: str, argv: list[str], log_path: Path, *, cwd: Path | None, env: dict[str, str]
-    ) -> None:
-        self.name = name
-        self.log_path = log_path
-        self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self._log.write(f"# {shlex.join(argv)}\n".encode())
-        self._log.flush()
-        try:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,  # Ctrl-C of the parent reaches us, not the server
-                preexec_fn=_parent_death_signal(),
-            )
-        except BaseException:
-            self._log.close()
-            raise
-        _LIVE_CHILDREN.add(self)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            data = self.log_path.read_bytes()[-64 * 1024 :]
-        except OSError as exc:
-            return f"(log {self.log_path} unreadable: {exc})"
-        return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
-
-    def stop(self, grace: float = 10.0, *, expected_kill: bool = False) -> None:
-        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL. Idempotent."""
-        try:
-            if self.proc.poll() is None:
-                self._signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(grace)
-                except subprocess.TimeoutExpired:
-                    log.log(
-                        logging.DEBUG if expected_kill else logging.WARNING,
-                        "%s (pid %d) still running %.0f s after SIGTERM; killing it",
-                        self.name,
-                        self.pid,
-                        grace,
-                    )
-                    self._signal(signal.SIGKILL)
-                    self.proc.wait(30)
-        finally:
-            self._log.close()
-            _LIVE_CHILDREN.discard(self)
-
-    def _signal(self, sig: signal.Signals) -> None:
-        # The child leads its own session and process group (start_new_session), whose id is its
-        # pid: signal that group so anything the server itself spawned goes too.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, sig)
-
-
-_LIVE_CHILDREN: set[_Child] = set()
-
-
-@atexit.register
-def _stop_leftover_children() -> None:
-    for child in list(_LIVE_CHILDREN):
-        with contextlib.suppress(Exception):
-            child.stop(grace=5.0)
-
-
-def _wait_until_ready(
-    child: _Child, endpoint: S3Endpoint, timeout: float, extra_check: Callable[[], bool] | None
-) -> float:
-    """Poll a signed ListBuckets until it succeeds; return the seconds it took."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    probe = endpoint.client(retries={"total_max_attempts": 1}, connect_timeout=1, read_timeout=5)
-    start = time.monotonic()
-    deadline = start + timeout
-    last_error = "no answer yet"
-    try:
-        while True:
-            if not child.running():
-                raise ServerStartError(
-                    f"{child.name} exited with code {child.proc.returncode} during startup "
-                    f"(log {child.log_path}):\n{child.log_tail()}"
-                )
-            try:
-                probe.list_buckets()
-                if extra_check is None or extra_check():
-                    return time.monotonic() - start
-                last_error = "S3 answers, but the server is not ready for writes yet"
-            except (BotoCoreError, ClientError) as exc:
-                last_error = f"{type(exc).__name__}: {exc}"
-            if time.monotonic() > deadline:
-                raise ServerStartError(
-                    f"{child.name} did not answer a signed ListBuckets at {endpoint.url} within "
-                    f"{timeout:.0f} s (last: {last_error}; log {child.log_path}):\n"
-                    f"{child.log_tail()}"
-                )
-            time.sleep(0.1)
-    finally:
-        probe.close()
-
-
-def _port_clash(child: _Child) -> bool:
-    tail = child.log_tail(200).lower()
-    return "address already in use" in tail or "bind:" in tail
-
-
-# --------------------------------------------------------------------------------------------
 # SeaweedFS
 
 
@@ -428,7 +250,7 @@ def _seaweedfs_child(
     volume_size_limit_mb: int,
     volume_max: int,
     volume_growth: int,
-) -> Iterator[tuple[S3Endpoint, _Child]]:
+) -> Iterator[tuple[S3Endpoint, Child]]:
     workdir = Path(workdir).resolve()
     data_dir = workdir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -458,7 +280,7 @@ def _seaweedfs_child(
     attempts = 1 if port is not None else 3
     for attempt in range(1, attempts + 1):
         (master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3_grpc, s3_auto) = (
-            _free_ports(8)
+            free_ports(8)
         )
         s3_port = port if port is not None else s3_auto
         socket_ports = (master_grpc, volume_grpc, filer, filer_grpc, s3_port, s3_grpc)
@@ -506,16 +328,16 @@ def _seaweedfs_child(
         endpoint = S3Endpoint(
             url=f"http://{LOOPBACK}:{s3_port}", access_key=access_key, secret_key=secret_key
         )
-        child = _Child(
-            "seaweedfs", argv, workdir / "weed.log", cwd=workdir, env=_child_env(env_extra)
+        child = Child(
+            "seaweedfs", argv, workdir / "weed.log", cwd=workdir, env=child_env(env_extra)
         )
         try:
             try:
-                seconds = _wait_until_ready(
+                seconds = wait_until_ready(
                     child, endpoint, startup_timeout, _seaweed_has_volume_server(master)
                 )
             except ServerStartError:
-                if attempt < attempts and not child.running() and _port_clash(child):
+                if attempt < attempts and not child.running() and port_clash(child):
                     log.info("seaweedfs: a port was taken meanwhile; retrying with new ports")
                     continue
                 raise
@@ -577,7 +399,7 @@ def seaweedfs(
 @contextlib.contextmanager
 def _moto_child(
     *, port: int | None, log_path: Path | None, startup_timeout: float
-) -> Iterator[tuple[S3Endpoint, _Child]]:
+) -> Iterator[tuple[S3Endpoint, Child]]:
     with contextlib.ExitStack() as stack:
         if log_path is None:
             log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mcsync-moto-")))
@@ -592,18 +414,18 @@ def _moto_child(
                 access_key=MOTO_ACCESS_KEY,
                 secret_key=MOTO_SECRET_KEY,
             )
-            child = _Child(
+            child = Child(
                 "moto",
                 argv,
                 log_path,
                 cwd=log_path.parent,
-                env=_child_env({"PYTHONUNBUFFERED": "1"}),
+                env=child_env({"PYTHONUNBUFFERED": "1"}),
             )
             try:
                 try:
-                    seconds = _wait_until_ready(child, endpoint, startup_timeout, None)
+                    seconds = wait_until_ready(child, endpoint, startup_timeout, None)
                 except ServerStartError:
-                    if attempt < attempts and not child.running() and _port_clash(child):
+                    if attempt < attempts and not child.running() and port_clash(child):
                         continue
                     raise
                 log.info("moto up at %s in %.1f s (pid %d)", endpoint.url, seconds, child.pid)
