@@ -7,6 +7,8 @@ Servers (session-scoped, started on first use, stopped at the end of the run):
 * ``seaweed_b`` -- a second, independent SeaweedFS server with other keys, for cross-endpoint
   tests (its keys are refused by ``seaweed`` and the other way round).
 * ``s3``        -- parametrized over ``moto`` and ``seaweed``: a test that takes it runs on both.
+* ``gcs``       -- the GCS emulator (``mcsync.testing.gcs``); its URL. ``gcs_bucket``: a fresh,
+  uniquely named bucket in it. (tests/gcs/conftest.py keeps the gs:// tests' own fixtures.)
 
 Buckets: ``bucket_factory(endpoint)`` creates a fresh, uniquely named bucket on an endpoint and
 deletes it (with its contents) after the test. Always use it rather than fixed names: the
@@ -74,6 +76,23 @@ def seaweed_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
         secret_key="mcsync-test-b-secret",
     ) as endpoint:
         yield endpoint
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from mcsync.testing.gcs import gcs_emulator
+
+    with gcs_emulator(tmp_path_factory.mktemp("gcs")) as url:
+        yield url
+
+
+@pytest.fixture
+def gcs_bucket(gcs: str) -> str:
+    from mcsync.testing.gcs import create_bucket
+
+    name = f"gcs-{uuid.uuid4().hex[:12]}"
+    create_bucket(gcs, name)
+    return name
 
 
 @pytest.fixture(params=["moto", "seaweed"])

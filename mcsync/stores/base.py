@@ -65,8 +65,10 @@ class Upload(Protocol):
         ...
 
     async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:
-        """Make the object visible, whole. Completing an upload twice, or one that was
-        aborted, raises NotFound."""
+        """Make the object visible, whole. Completing it twice through the same handle, or
+        after it was aborted, raises NotFound. (S3 answers a repeated Complete with success,
+        for retries, so through two handles of one upload the second may succeed; the object
+        stays the first one's.)"""
         ...
 
     async def abort(self) -> None:

@@ -15,6 +15,7 @@ import itertools
 import os
 import re
 import secrets
+import stat
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -151,8 +152,10 @@ class LocalStore:
         path = self.path_for(key)
         try:
             st = await asyncio.to_thread(os.stat, path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # NotADirectory: "f/x", f a file
             raise NotFound(f"{self.url}/{key}: no such file") from None
+        if not stat.S_ISREG(st.st_mode):  # a directory is no object (listing shows none)
+            raise NotFound(f"{self.url}/{key}: not a file")
         return ObjectInfo(key, st.st_size, None, st.st_mtime)
 
     async def get(
@@ -163,10 +166,12 @@ class LocalStore:
         def read() -> bytes:
             try:
                 fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 raise NotFound(f"{self.url}/{key}: no such file") from None
             try:
                 st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise NotFound(f"{self.url}/{key}: not a file")
                 if expect is not None and (st.st_size != expect.size
                                            or st.st_mtime != expect.mtime):
                     raise PreconditionFailed(
@@ -404,9 +409,17 @@ class LocalUpload:
             # only against a crash of the machine, not of mcsync; the rename alone already
             # keeps a half-written file out of sight, as rclone and s5cmd do.
             with self._fd_lock:
+                if self._fd < 0:
+                    raise NotFound(f"{self.key}: upload already completed or aborted")
                 os.close(self._fd)
                 self._fd = -1
-            return _publish(self._tmp, self._path, self.key, self._mtime)
+            try:
+                return _publish(self._tmp, self._path, self.key, self._mtime)
+            except FileNotFoundError:
+                if self._tmp.exists():
+                    raise
+                # completed through another handle, or aborted by id (abort_upload)
+                raise NotFound(f"{self.key}: upload already completed or aborted") from None
 
         return await asyncio.to_thread(finish)
 

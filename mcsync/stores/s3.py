@@ -429,6 +429,8 @@ class S3Store:
         return S3Upload(self, key, r["UploadId"], size)
 
     def validate_key(self, key: str) -> None:
+        if not key:  # it would name the prefix itself: a "directory marker" listings hide
+            raise UnsafeKey(f"{key!r}: empty key")
         if len(self.full_key(key).encode()) > 1024:
             raise UnsafeKey(f"{key!r}: longer than S3's 1024-byte key limit with the prefix")
 

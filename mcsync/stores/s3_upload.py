@@ -75,6 +75,10 @@ class S3Upload:
         self.key = key
         self.upload_id = upload_id
         self.size = size
+        # Set once this handle completed or aborted the upload. S3 answers a repeated
+        # CompleteMultipartUpload with success (it is idempotent, for retries), so only the
+        # handle can tell that the protocol's second completion must raise NotFound.
+        self._finished: str | None = None
 
     def _ids(self) -> dict[str, Any]:
         s = self.store
@@ -119,6 +123,8 @@ class S3Upload:
 
     async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:
         s = self.store
+        if self._finished is not None:
+            raise NotFound(f"{s.url}{self.key}: upload {self.upload_id} already {self._finished}")
         client = await s.botocore()
         ordered = sorted(parts, key=lambda p: p.number)
         with s.translating(self.key):
@@ -127,6 +133,7 @@ class S3Upload:
                 MultipartUpload={"Parts": [{"PartNumber": p.number, "ETag": f'"{p.etag}"'}
                                            for p in ordered]},
             )
+        self._finished = "completed"
         return ObjectInfo(self.key, self.size, unquote_etag(r.get("ETag")), None)
 
     async def abort(self) -> None:
@@ -134,6 +141,7 @@ class S3Upload:
         client = await s.botocore()
         with contextlib.suppress(NotFound), s.translating(self.key):
             await client.abort_multipart_upload(**self._ids())
+        self._finished = self._finished or "aborted"
 
 
 def _refuses_header(exc: ClientError) -> bool:

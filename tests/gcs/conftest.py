@@ -1,7 +1,7 @@
 """Fixtures of the gs:// tests.
 
-* ``gcs`` (session): the GCS emulator (``mcsync.testing.gcs``) on 127.0.0.1; its URL.
-* ``gcs_bucket``: a fresh, uniquely named bucket in it.
+* ``gcs`` (session) and ``gcs_bucket``: the GCS emulator and a fresh bucket in it, from
+  ``tests/conftest.py`` (the store conformance suite, ``tests/stores``, uses them too).
 * ``gcs_env``: ``STORAGE_EMULATOR_HOST`` set to the emulator (by monkeypatch).
 * ``fake_gcs``: a FakeGCS (``fake.py``) served on 127.0.0.1 for this test, for what the emulator
   cannot show.
@@ -13,12 +13,9 @@ and ``STORAGE_EMULATOR_HOST`` are removed and gcloud's configuration directory
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
-
-from mcsync.testing.gcs import create_bucket, gcs_emulator
 
 from .fake import FakeGCS, FakeServer
 
@@ -29,19 +26,6 @@ def _no_google_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Tem
                  "GOOGLE_CLOUD_PROJECT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path_factory.mktemp("gcloud-empty")))
-
-
-@pytest.fixture(scope="session")
-def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with gcs_emulator(tmp_path_factory.mktemp("gcs")) as url:
-        yield url
-
-
-@pytest.fixture
-def gcs_bucket(gcs: str) -> str:
-    name = f"gcs-{uuid.uuid4().hex[:12]}"
-    create_bucket(gcs, name)
-    return name
 
 
 @pytest.fixture
