@@ -1,0 +1,218 @@
+"""The engine on in-process stores: whole runs of list → plan → transfer → commit, with no
+server, each in milliseconds. Every transfer is checked byte for byte; faults come from
+``mcsync.testing.faults``. The same behaviours are tested over HTTP in tests/integration."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mcsync
+from mcsync.errors import Transient
+from mcsync.stores.memory import MemoryEndpoint, MemoryObject, MemoryStore
+from mcsync.testing.faults import Call, Faults, Rule, faulty
+
+MiB = 1 << 20
+PART = 5 * MiB
+
+
+def payload(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def seed(store: MemoryStore, objects: dict[str, bytes]) -> None:
+    """Write objects straight into the store's endpoint, as another writer would (callable
+    from inside a running run, where the store's async put is not)."""
+    for key, data in objects.items():
+        store.endpoint.objects[store.prefix + key] = MemoryObject(
+            data, hashlib.md5(data).hexdigest(), store.endpoint.clock())
+
+
+def contents(store: MemoryStore) -> dict[str, bytes]:
+    """Every object under the store's root, mcsync's own state (.mcsync/) left out."""
+    cut = len(store.prefix)
+    return {k[cut:]: o.data for k, o in store.endpoint.objects.items()
+            if k.startswith(store.prefix) and not k[cut:].startswith(".mcsync/")}
+
+
+def sync(src: Any, dst: Any, tmp_path: Path, **options: Any) -> mcsync.SyncReport:
+    options.setdefault("manifest", str(tmp_path / "manifest.sqlite"))
+    report: mcsync.SyncReport = asyncio.run(mcsync.async_sync(src, dst, **options))
+    return report
+
+
+OBJECTS = {
+    "ckpt/model-00001-of-00002.safetensors": payload(3 * PART + 17, 1),
+    "ckpt/model-00002-of-00002.safetensors": payload(PART + 1, 2),
+    "ckpt/model.safetensors.index.json": b'{"weight_map": {}}',
+    "ckpt/config.json": b'{"hidden": 64}',
+    "data/a-b": b"dash",
+    "data/a/b": b"slash",
+    "empty": b"",
+    **{f"small/{i:03d}.bin": payload(100 + i, 10 + i) for i in range(20)},
+}
+
+
+@pytest.fixture
+def pair() -> tuple[MemoryStore, MemoryStore]:
+    return MemoryStore("src", endpoint=MemoryEndpoint("a")), MemoryStore(
+        "dst", endpoint=MemoryEndpoint("b"))
+
+
+def test_a_sync_copies_every_object_byte_for_byte_and_a_second_run_skips_them(pair, tmp_path):
+    src, dst = pair
+    seed(src, OBJECTS)
+    first = sync(src, dst, tmp_path, part_size=PART)
+    assert first.ok and first.objects_copied == len(OBJECTS)
+    assert contents(dst) == OBJECTS
+    assert first.bytes_sent == sum(map(len, OBJECTS.values()))
+
+    calls: dict[str, int] = {}
+
+    def count(call: Call) -> None:
+        calls[call.op] = calls.get(call.op, 0) + 1
+
+    watched = faulty(dst, Faults([Rule(op, times=None, skip=".mcsync/*", action=count)
+                                  for op in ("list", "head", "get", "put", "open_upload")]))
+    again = sync(src, watched, tmp_path, part_size=PART)
+    assert again.ok and again.objects_skipped == len(OBJECTS) and again.objects_copied == 0
+    assert calls == {}, "a run that trusts its manifest asks the target nothing"
+
+
+def test_checkpoint_markers_are_written_after_every_other_object(pair, tmp_path):
+    src, dst = pair
+    seed(src, OBJECTS)
+    order: list[str] = []
+    record = Rule("*", phase="after", times=None, skip=".mcsync/*",
+                  action=lambda call: order.append(call.key) if call.op in (
+                      "put", "complete") else None)
+    report = sync(src, faulty(dst, Faults([record])), tmp_path, part_size=PART)
+    assert report.ok and contents(dst) == OBJECTS
+    markers = {"ckpt/model.safetensors.index.json", "ckpt/config.json"}
+    assert set(order[-2:]) == markers and not markers & set(order[:-2]), order
+
+
+def test_a_failed_object_holds_back_the_markers_and_the_deletes(pair, tmp_path):
+    src, dst = pair
+    seed(src, OBJECTS)
+    seed(dst, {"stale.bin": b"old"})
+    boom = Rule("put_part", key="ckpt/model-00002*", times=None,
+                error=Transient("ckpt/model-00002-of-00002.safetensors: reset (test)"))
+    report = sync(src, faulty(dst, Faults([boom])), tmp_path, part_size=PART, delete=True,
+                  manifest=None, use_manifest=False)
+    assert report.exit_code == 1
+    failed = dict(report.failures)
+    assert "reset (test)" in failed["ckpt/model-00002-of-00002.safetensors"]
+    assert "held back" in failed["ckpt/config.json"]
+    there = contents(dst)
+    assert "ckpt/model-00002-of-00002.safetensors" not in there  # nothing half-written
+    assert "ckpt/config.json" not in there and there["stale.bin"] == b"old"  # nothing deleted
+    assert not dst.endpoint.uploads, "the failed upload was aborted"
+    assert there["ckpt/model-00001-of-00002.safetensors"] == OBJECTS[
+        "ckpt/model-00001-of-00002.safetensors"]
+
+
+def test_delete_removes_only_what_the_source_lacks(pair, tmp_path):
+    src, dst = pair
+    seed(src, {"keep": b"k", "new": b"n"})
+    seed(dst, {"keep": b"k", "gone/1": b"x", "gone/2": b"y"})
+    report = sync(src, dst, tmp_path, delete=True)
+    assert report.ok and report.objects_deleted == 2
+    assert contents(dst) == {"keep": b"k", "new": b"n"}
+
+
+def test_a_source_changed_mid_copy_is_copied_again_from_its_new_version(pair, tmp_path):
+    src, dst = pair
+    old, new = payload(2 * PART + 5, 1), payload(2 * PART + 5, 2)
+    seed(src, {"big.bin": old})
+
+    def overwrite(_: Call) -> None:
+        if src.endpoint.objects[src.prefix + "big.bin"].data == old:
+            seed(src, {"big.bin": new})
+
+    reader = faulty(src, Faults([Rule("get", phase="after", action=overwrite)]))
+    report = sync(reader, dst, tmp_path, part_size=PART, part_concurrency=1)
+    assert report.ok and contents(dst) == {"big.bin": new}
+
+
+def test_a_stopped_run_resumes_its_upload_sending_only_the_missing_parts(pair, tmp_path):
+    src, dst = pair
+    big = payload(6 * PART, 3)
+    seed(src, {"big.bin": big})
+    stop = asyncio.Event()
+    stopper = Rule("put_part", phase="after", nth=2, action=lambda _: stop.set())
+
+    async def first_run() -> mcsync.SyncReport:
+        from mcsync.config import SyncOptions
+        from mcsync.engine import run_sync
+
+        options = SyncOptions(part_size=PART, part_concurrency=1, grace_s=5,
+                              manifest=str(tmp_path / "manifest.sqlite"))
+        return await run_sync(src, faulty(dst, Faults([stopper])), options, stop=stop)
+
+    stopped = asyncio.run(first_run())
+    assert stopped.interrupted and stopped.exit_code == 130
+    assert "big.bin" not in contents(dst) and len(dst.endpoint.uploads) == 1
+    resumed = sync(src, dst, tmp_path, part_size=PART, part_concurrency=1)
+    assert resumed.ok and contents(dst) == {"big.bin": big}
+    assert resumed.bytes_sent == 4 * PART, "the two parts sent before the stop are kept"
+    assert not dst.endpoint.uploads
+
+
+def test_a_changed_block_goes_as_a_delta_composed_at_the_target(pair, tmp_path):
+    src, dst = pair
+    old = payload(8 * PART, 4)
+    seed(src, {"opt.bin": old})
+    assert sync(src, dst, tmp_path, part_size=PART).ok
+    new = bytearray(old)
+    new[3 * PART + 10:3 * PART + 20] = b"0123456789"  # ten bytes of the fourth block
+    seed(src, {"opt.bin": bytes(new)})
+    report = sync(src, dst, tmp_path, part_size=PART)
+    assert report.ok and contents(dst) == {"opt.bin": bytes(new)}
+    assert report.bytes_changed == PART and report.bytes_sent == PART
+    assert report.bytes_reused == 7 * PART
+    assert not [k for k in dst.endpoint.objects if "/.mcsync/stage/" in k]
+
+
+def test_one_endpoint_copies_server_side(tmp_path):
+    shared = MemoryEndpoint("one")
+    src, dst = MemoryStore("a", endpoint=shared), MemoryStore("b", endpoint=shared)
+    seed(src, {"x": payload(PART + 3, 5), "y": b"y"})
+    report = sync(src, dst, tmp_path)
+    assert report.ok and report.objects_server_copied == 2 and report.bytes_sent == 0
+    assert contents(dst) == contents(src)
+
+
+def test_a_store_without_a_write_side_is_refused_as_a_target(pair, tmp_path):
+    src, _ = pair
+
+    class ReadOnly:
+        def __init__(self, inner: MemoryStore) -> None:
+            self.url, self.caps, self._inner = "ro://x/", inner.caps, inner
+            self.list, self.head, self.get = inner.list, inner.head, inner.get
+
+        async def check(self, *, mode: str) -> None:
+            pass
+
+        async def aclose(self) -> None:
+            pass
+
+    with pytest.raises(mcsync.UsageError, match="a source only"):
+        sync(src, ReadOnly(src), tmp_path)
+
+
+@pytest.mark.parametrize("make_src", [lambda: MemoryStore("s")], ids=["memory"])
+def test_an_unsafe_key_fails_that_object_only(make_src: Callable[[], MemoryStore], tmp_path):
+    src = make_src()
+    seed(src, {"ok": b"fine", "../escape": b"bad"})
+    report = sync(src, str(tmp_path / "target"), tmp_path)
+    assert report.exit_code == 1
+    assert [k for k, _ in report.failures] == ["../escape"]
+    assert (tmp_path / "target" / "ok").read_bytes() == b"fine"
+    assert not (tmp_path / "escape").exists()
