@@ -102,6 +102,22 @@ class LocalStore:
             raise UnsafeKey(f"{key!r}: target is a symlink")
         return parent
 
+    def _hidden_file(self, path: Path, key: str, flags: int,
+                     first: Callable[[int], None]) -> tuple[Path, int]:
+        """A new hidden temporary file beside ``path`` (its directory made and checked to be
+        inside the root), opened with ``flags``, after ``first(fd)``; nothing is left behind
+        when that fails. Blocking."""
+        parent = self._checked_parent(path, key)
+        tmp = parent / f".{path.name[:100]}{TMP_MARK}{secrets.token_hex(6)}"
+        fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            first(fd)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp, fd
+
     # -- listing ----------------------------------------------------------------------------
 
     def _walk(self, directory: Path, prefix: str) -> Iterator[ObjectInfo]:
@@ -195,15 +211,8 @@ class LocalStore:
         path = self.path_for(key)
 
         def write() -> ObjectInfo:
-            parent = self._checked_parent(path, key)
-            tmp = parent / f".{path.name[:100]}{TMP_MARK}{secrets.token_hex(6)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                _pwrite_all(fd, data, 0)
-            except BaseException:
-                os.close(fd)
-                tmp.unlink(missing_ok=True)
-                raise
+            tmp, fd = self._hidden_file(path, key, os.O_WRONLY,
+                                        lambda fd: _pwrite_all(fd, data, 0))
             os.close(fd)
             return _publish(tmp, path, key, mtime)
 
@@ -218,15 +227,8 @@ class LocalStore:
         path = self.path_for(key)
 
         def create() -> LocalUpload:
-            parent = self._checked_parent(path, key)
-            tmp = parent / f".{path.name[:100]}{TMP_MARK}{secrets.token_hex(6)}"
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                os.ftruncate(fd, size)  # sparse; parts land at their offsets in any order
-            except BaseException:
-                os.close(fd)
-                tmp.unlink(missing_ok=True)
-                raise
+            # sparse; parts land at their offsets in any order
+            tmp, fd = self._hidden_file(path, key, os.O_RDWR, lambda fd: os.ftruncate(fd, size))
             return LocalUpload(key, path, tmp, fd, mtime)
 
         return await asyncio.to_thread(create)
