@@ -1,4 +1,10 @@
-"""The three data sets, made once per work dir by scripts/make_sample_data.py and reused."""
+"""The data sets, made once per work dir by scripts/make_sample_data.py and reused.
+
+Three groups, each generated (and reused) on its own, only when one of its sets is selected:
+``checkpoint``, ``shards`` and ``small`` together in ``data/raw/`` (as before), ``midsize`` in
+``data/raw-midsize/`` and ``mixed`` in ``data/raw-mixed/``. Each group's sizes are stamped in
+``data/<stamp>.json``; a group whose stamp differs is written anew.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench_measure import list_local
@@ -15,7 +21,8 @@ from bench_measure import list_local
 REPO = Path(__file__).resolve().parent.parent
 MAKE_DATA = REPO / "scripts" / "make_sample_data.py"
 
-DATASETS = ("checkpoint", "shards", "small")
+DATASETS = ("checkpoint", "shards", "small", "midsize", "mixed")
+MIXED_DIR = "checkpoint-1000"  # make_sample_data.py's directory for the mixed set
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,17 @@ class Sizes:
     shard_mib: int
     small: int
     small_kib: int
+    midsize: int
+    midsize_mib: int
+    mixed_mib: int
+    mixed_shards: int
+
+    def base(self) -> dict[str, int]:
+        """The sizes of the first three sets (the stamp of data/raw, as it always was)."""
+        return {
+            "checkpoint_mib": self.checkpoint_mib, "shards": self.shards,
+            "shard_mib": self.shard_mib, "small": self.small, "small_kib": self.small_kib,
+        }  # fmt: skip
 
     def args(self) -> list[str]:
         return [
@@ -33,9 +51,22 @@ class Sizes:
             "--small", str(self.small), "--small-kib", str(self.small_kib),
         ]  # fmt: skip
 
+    def describe(self) -> str:
+        return (
+            f"checkpoint {self.checkpoint_mib} MiB, shards {self.shards} x {self.shard_mib} MiB, "
+            f"small {self.small:,} x {self.small_kib} KiB, midsize {self.midsize} x "
+            f"{self.midsize_mib} MiB, mixed ~{self.mixed_mib} MiB"
+        )
 
-FULL = Sizes(checkpoint_mib=2048, shards=64, shard_mib=32, small=10_000, small_kib=16)
-QUICK = Sizes(checkpoint_mib=256, shards=8, shard_mib=32, small=1_000, small_kib=16)
+
+FULL = Sizes(
+    checkpoint_mib=2048, shards=64, shard_mib=32, small=10_000, small_kib=16,
+    midsize=32, midsize_mib=64, mixed_mib=2048, mixed_shards=4,
+)  # fmt: skip
+QUICK = Sizes(
+    checkpoint_mib=256, shards=8, shard_mib=32, small=1_000, small_kib=16,
+    midsize=16, midsize_mib=16, mixed_mib=256, mixed_shards=3,
+)  # fmt: skip
 
 
 @dataclass
@@ -53,38 +84,80 @@ class Dataset:
         return len(self.files)
 
 
+@dataclass(frozen=True)
+class _Group:
+    sets: tuple[str, ...]  # the data sets it holds
+    raw: str  # its directory under data/
+    stamp: str  # its stamp file under data/
+    marker: str  # a file that must exist for the group to be reused
+    sizes: dict  # what the stamp holds
+    argv: list[str]  # make_sample_data.py arguments after OUT_DIR
+
+
+def _groups(sizes: Sizes) -> list[_Group]:
+    return [
+        _Group(
+            ("checkpoint", "shards", "small"), "raw", "sizes.json", "model.safetensors",
+            sizes.base(), [*sizes.args(), "--sets", "checkpoint,shards,small"],
+        ),
+        _Group(
+            ("midsize",), "raw-midsize", "midsize.json", "midsize",
+            {"midsize": sizes.midsize, "midsize_mib": sizes.midsize_mib},
+            ["--sets", "midsize", "--midsize", str(sizes.midsize),
+             "--midsize-mib", str(sizes.midsize_mib)],
+        ),
+        _Group(
+            ("mixed",), "raw-mixed", "mixed.json", f"{MIXED_DIR}/model.safetensors.index.json",
+            {"mixed_mib": sizes.mixed_mib, "mixed_shards": sizes.mixed_shards},
+            ["--sets", "mixed", "--mixed-mib", str(sizes.mixed_mib),
+             "--mixed-shards", str(sizes.mixed_shards)],
+        ),
+    ]  # fmt: skip
+
+
 def prepare(workdir: Path, sizes: Sizes, names: list[str], log) -> dict[str, Dataset]:
     """Generate (or reuse) the sample data under ``workdir/data`` and return the data sets."""
-    raw = workdir / "data" / "raw"
-    stamp = workdir / "data" / "sizes.json"
-    wanted = json.dumps(asdict(sizes), sort_keys=True)
-    if stamp.exists() and stamp.read_text() == wanted and (raw / "model.safetensors").exists():
-        log(f"reusing sample data in {raw}")
-    else:
+    data = workdir / "data"
+    for group in _groups(sizes):
+        if not set(group.sets) & set(names):
+            continue
+        raw, stamp = data / group.raw, data / group.stamp
+        wanted = json.dumps(group.sizes, sort_keys=True)
+        if stamp.exists() and stamp.read_text() == wanted and (raw / group.marker).exists():
+            log(f"reusing sample data in {raw}")
+            continue
         if raw.exists():
             shutil.rmtree(raw)
         stamp.unlink(missing_ok=True)
         raw.parent.mkdir(parents=True, exist_ok=True)
         if not MAKE_DATA.exists():
             raise SystemExit(f"error: {MAKE_DATA} not found (it generates the sample data)")
-        argv = [sys.executable, str(MAKE_DATA), str(raw), *sizes.args()]
+        argv = [sys.executable, str(MAKE_DATA), str(raw), *group.argv]
         log("generating sample data: " + " ".join(argv[1:]))
-        subprocess.run(argv, check=True, stdin=subprocess.DEVNULL)
+        # Its summary line is progress: stderr, like the rest (stdout has the tables only).
+        subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, stdout=sys.stderr)
         stamp.write_text(wanted)
 
     # The checkpoint set is the safetensors file alone: give it a directory of its own
     # (a hard link, so no second copy of the bytes).
-    ckpt_dir = workdir / "data" / "checkpoint"
-    ckpt = ckpt_dir / "model.safetensors"
-    if ckpt_dir.exists():
-        shutil.rmtree(ckpt_dir)
-    ckpt_dir.mkdir(parents=True)
-    try:
-        os.link(raw / "model.safetensors", ckpt)
-    except OSError:
-        shutil.copyfile(raw / "model.safetensors", ckpt)
+    if "checkpoint" in names:
+        ckpt_dir = data / "checkpoint"
+        ckpt = ckpt_dir / "model.safetensors"
+        if ckpt_dir.exists():
+            shutil.rmtree(ckpt_dir)
+        ckpt_dir.mkdir(parents=True)
+        try:
+            os.link(data / "raw" / "model.safetensors", ckpt)
+        except OSError:
+            shutil.copyfile(data / "raw" / "model.safetensors", ckpt)
 
-    roots = {"checkpoint": ckpt_dir, "shards": raw / "data", "small": raw / "small"}
+    roots = {
+        "checkpoint": data / "checkpoint",
+        "shards": data / "raw" / "data",
+        "small": data / "raw" / "small",
+        "midsize": data / "raw-midsize" / "midsize",
+        "mixed": data / "raw-mixed" / MIXED_DIR,
+    }
     sets = {}
     for name in names:
         files = list_local(roots[name])

@@ -1,10 +1,12 @@
 """Run one command as a child process and measure it; list and compare targets.
 
-Client CPU and peak RSS are the tool's own ``os.wait4`` rusage: on Linux it covers the tool
-and every descendant it waited for (``aws`` is one Python process, ``env -u X rclone`` execs),
-and ``ru_maxrss`` is the largest resident set among them. The tool is forked by a small
-launcher (``_launcher.py``) rather than by this process, because a child inherits its parent's
-pre-exec RSS high-water mark into ``ru_maxrss`` (see the launcher's docstring).
+Client CPU is the tool's own ``os.wait4`` rusage: on Linux it covers the tool and every
+descendant it waited for (``aws`` is one Python process, ``env -u X rclone`` execs rclone in
+the same process). Peak RSS is the larger of ``ru_maxrss`` (the largest resident set of any
+*one* process of that tree, exact) and the peak of the whole tree's summed RSS, sampled by the
+launcher every 0.1 s from /proc (which catches several processes at once). The tool is forked
+by a small launcher (``_launcher.py``) rather than by this process, because a child inherits
+its parent's pre-exec RSS high-water mark into ``ru_maxrss`` (see the launcher's docstring).
 The SeaweedFS servers are *not* the client: their CPU is sampled separately with psutil.
 """
 
@@ -41,12 +43,19 @@ class ProcResult:
     wall_s: float
     user_s: float
     sys_s: float
-    maxrss_kib: int
+    maxrss_kib: int  # ru_maxrss: the largest RSS of one process of the tree
     timed_out: bool
+    tree_rss_peak_kib: int | None = None  # sampled peak of the tree's summed RSS
+    tree_procs_max: int | None = None  # most processes of the tree seen at once
 
     @property
     def cpu_s(self) -> float:
         return self.user_s + self.sys_s
+
+    @property
+    def peak_rss_kib(self) -> int:
+        """The tool's peak RSS: ``ru_maxrss``, or the sampled tree sum where that is larger."""
+        return max(self.maxrss_kib, self.tree_rss_peak_kib or 0)
 
 
 def run_measured(
@@ -116,6 +125,8 @@ def run_measured(
         sys_s=inner["sys_s"],
         maxrss_kib=inner["maxrss_kib"],
         timed_out=timed_out.is_set(),
+        tree_rss_peak_kib=inner.get("tree_rss_peak_kib"),
+        tree_procs_max=inner.get("tree_procs_max"),
     )
 
 

@@ -47,10 +47,18 @@ def summarize(runs: list[dict], tools: list[str], peers: set[str]) -> list[dict]
                 "bytes_sent": _median(r.get("bytes_sent") for r in ok),
                 "bytes_sent_assumed": any(r.get("bytes_sent_assumed") for r in ok),
                 "change": tool_runs[0].get("change"),
+                "link": tool_runs[0].get("link"),
+                "procs_max": max((r.get("procs_max") or 0 for r in ok), default=None),
             }
             if ok and row["ok"] < row["runs"]:
                 row["reason"] = next(r["reason"] for r in tool_runs if r["status"] == "FAIL")
             row["mb_s"] = row["bytes"] / row["wall_s"] / 1e6 if row["wall_s"] else None
+            # Client CPU per GiB of the data set (what a re-sync covered, too: a no-op moves
+            # nothing, so bytes sent would divide by zero).
+            row["cpu_s_per_gib"] = (
+                row["cpu_s"] / (row["bytes"] / GIB) if row["cpu_s"] is not None and row["bytes"]
+                else None
+            )  # fmt: skip
             group_rows.append(row)
         peer_times = [r["wall_s"] for r in group_rows if r["peer"] and r["wall_s"]]
         best = min(peer_times) if peer_times else None
@@ -60,6 +68,9 @@ def summarize(runs: list[dict], tools: list[str], peers: set[str]) -> list[dict]
             row["vs_best_peer"] = row["wall_s"] / best if best and row["wall_s"] else None
         rows.extend(group_rows)
     return rows
+
+
+GIB = 1 << 30
 
 
 def _size(nbytes: int) -> str:
@@ -73,10 +84,13 @@ def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-HEADER = ("tool", "wall s", "MB/s", "CPU s", "RSS MiB", "srv CPU s", "÷ best peer")
+HEADER = (
+    "tool", "wall s", "MB/s", "CPU s", "CPU s/GiB", "RSS MiB", "srv CPU s", "÷ best peer",
+)  # fmt: skip
 # Re-sync paths: bytes sent matter, MB/s of a no-op does not.
 RESYNC_HEADER = (
-    "tool", "wall s", "CPU s", "RSS MiB", "srv CPU s", "sent MB", "sent %", "÷ best peer",
+    "tool", "wall s", "CPU s", "CPU s/GiB", "RSS MiB", "srv CPU s", "sent MB", "sent %",
+    "÷ best peer",
 )  # fmt: skip
 RESYNC_PATHS = ("resync-noop", "delta-s3", "delta-local")
 GCS_PATH = "gs-to-meta"
@@ -92,6 +106,7 @@ def _cells(row: dict, resync: bool) -> tuple[str, ...]:
     base = (
         _num(row["wall_s"], ".2f"),
         _num(row["cpu_s"], ".2f"),
+        _num(row.get("cpu_s_per_gib"), ".2f"),
         _num(row["maxrss_mib"], ".0f"),
         _num(row["server_cpu_s"], ".2f"),
     )
@@ -163,6 +178,7 @@ def render(rows: list[dict], repeat: int) -> str:
             f"{_size(first['bytes'])}"
             + (f" · median of {done}" if done else "")
             + (f" (of {repeat} planned)" if 0 < done < repeat else "")
+            + (f" · {first['link']}" if first.get("link") else "")
         )
         if first.get("change"):
             out.append(f"  change: {first['change']}")
@@ -186,6 +202,11 @@ def render(rows: list[dict], repeat: int) -> str:
                 notes.append(
                     f"  {row['tool']}: {server_copied / 1e6:,.1f} of {row['bytes'] / 1e6:,.1f} MB "
                     "copied server-side (no bytes through the client)"
+                )
+            if (row.get("procs_max") or 0) > 1:
+                notes.append(
+                    f"  {row['tool']}: up to {row['procs_max']} processes at once (RSS is "
+                    "their sampled sum when that exceeds the largest one's)"
                 )
             if row["ok"] < row["runs"]:
                 notes.append(

@@ -1,16 +1,21 @@
 """Compare mcsync with s5cmd, rclone and the aws CLI on the same data, on loopback SeaweedFS.
 
     python benchmarks/run.py [--quick] [--repeat N] [--only PATH,...] [--tools T,...]
-                             [--data D,...] [--workdir DIR] [--json OUT] [--verbose]
+                             [--data D,...] [--link-mbit N] [--workdir DIR] [--json OUT]
+                             [--verbose]
 
 Paths: upload (local → meta A), download (s3 A → local), server-copy (s3 A → meta A, same
 endpoint), cross (s3 A → meta B, a second server: bytes flow through the client);
 re-syncs, each after an untimed first sync of the same pair: resync-noop (local → meta A,
-nothing changed; small and shards), delta-s3 / delta-local (the checkpoint changed by
+nothing changed; every set but checkpoint), delta-s3 / delta-local (the checkpoint changed by
 bench_mutate: local → meta A / local → local); gs-to-meta (GCS emulator → meta B, mcsync only,
 beside mcsync's s3 A → meta B).
-Data sets: checkpoint (one safetensors file), shards (64 x 32 MiB), small (10,000 x 16 KiB);
---quick shrinks them to 256 MiB, 8 x 32 MiB and 1,000 x 16 KiB.
+Data sets: checkpoint (one safetensors file), shards (64 x 32 MiB), small (10,000 x 16 KiB),
+midsize (32 x 64 MiB), mixed (a training checkpoint directory of ~2 GiB: safetensors shards,
+index, configs, tokenizer, trainer and optimizer states); --quick shrinks them to 256 MiB,
+8 x 32 MiB, 1,000 x 16 KiB, 16 x 16 MiB and ~256 MiB.
+--link-mbit N puts SeaweedFS B in a network namespace behind a veth pair capped at N Mbit/s
+each way (root only) and moves the upload, resync-noop and delta-s3 targets to B (bench_netns).
 
 Each timed run writes into a fresh empty target (new bucket or directory) that is checked
 (object count and sizes; for the re-sync and gs paths also every object's bytes) and deleted
@@ -36,6 +41,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import bench_netns
 from bench_data import DATASETS, FULL, QUICK, Dataset, prepare
 from bench_measure import (
     ServerCpu,
@@ -58,10 +64,13 @@ FRESH_PATHS = ("upload", "download", "server-copy", "cross")
 PATHS = (*FRESH_PATHS, "resync-noop", "gs-to-meta", "delta-s3", "delta-local")
 # A first sync of the same source and target (untimed), then the timed re-sync.
 RESYNC_PATHS = ("resync-noop", "delta-s3", "delta-local")
-NOOP_SETS = ("small", "shards")  # resync-noop runs on these
+NOOP_SETS = ("small", "shards", "midsize", "mixed")  # resync-noop runs on these
 DELTA_SETS = ("checkpoint",)  # delta-* run on these, once per mutation
 S3_SOURCE_PATHS = ("download", "server-copy", "cross", "gs-to-meta")  # need bench-src on A
 SERVER_B_PATHS = ("cross", "gs-to-meta")
+# With --link-mbit these write to B (behind the capped link) instead of A: with cross, the paths
+# of a migration across clouds.
+LINK_PATHS = ("upload", "resync-noop", "delta-s3")
 S3_REF = "mcsync s3→meta"  # gs-to-meta's reference row: mcsync, s3 A → meta B (as in cross)
 SOURCE_BUCKET = "bench-src"
 PROBE_KEY = ".bench-probe"
@@ -92,7 +101,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Benchmark mcsync against s5cmd, rclone and aws s3 sync on loopback SeaweedFS.",
     )
     p.add_argument(
-        "--quick", action="store_true", help="small data: 256 MiB, 8 x 32 MiB, 1,000 x 16 KiB"
+        "--quick",
+        action="store_true",
+        help="small data: 256 MiB, 8 x 32 MiB, 1,000 x 16 KiB, 16 x 16 MiB, ~256 MiB",
     )
     p.add_argument(
         "--repeat",
@@ -123,6 +134,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"data sets (default all: {','.join(DATASETS)})",
     )
     p.add_argument(
+        "--link-mbit",
+        type=int,
+        metavar="N",
+        help="run SeaweedFS B in a network namespace behind a veth pair capped at N Mbit/s each"
+        " way (HTB; root only, else skipped with a note) and write the upload, resync-noop and"
+        " delta-s3 targets to B",
+    )
+    p.add_argument(
         "--workdir",
         type=Path,
         metavar="DIR",
@@ -151,6 +170,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
+    if args.link_mbit is not None and args.link_mbit < 1:
+        p.error("--link-mbit must be at least 1")
     return args
 
 
@@ -202,6 +223,9 @@ class Bench:
         self.gcs_url: str | None = None
         self.mutations: dict[str, tuple[Path, Mutation]] = {}  # name -> (mutated file, what)
         self.servers: dict[str, object] = {}
+        self.link: bench_netns.Link | None = None  # B's capped link (--link-mbit), if it is up
+        self.link_note: str | None = None  # why --link-mbit was not applied
+        self.link_probe: dict | None = None  # one PUT/GET through the link, timed
         self.clients: dict[str, object] = {}
         self.runs: list[dict] = []
         self.server_cpu = ServerCpu()
@@ -222,14 +246,24 @@ class Bench:
 
     # -- servers and source data --------------------------------------------------------------
 
+    def b_paths(self) -> tuple[str, ...]:
+        """The paths that use server B."""
+        return SERVER_B_PATHS + (LINK_PATHS if self.args.link_mbit else ())
+
     def start_servers(self, stack: contextlib.ExitStack) -> None:
         servers = load_servers()
-        names = ["A", "B"] if set(SERVER_B_PATHS) & set(self.args.only) else ["A"]
+        names = ["A", "B"] if set(self.b_paths()) & set(self.args.only) else ["A"]
+        if self.args.link_mbit and "B" not in names:
+            log(f"note: --link-mbit: none of {','.join(self.b_paths())} is in --only; no link")
         for name in names:
             d = self.workdir / f"seaweedfs-{name.lower()}"
             d.mkdir(parents=True, exist_ok=True)
-            log(f"starting SeaweedFS {name} in {d}")
-            ep = stack.enter_context(servers.seaweedfs(d))
+            ep = None
+            if name == "B" and self.args.link_mbit:
+                ep = self._start_capped_b(stack, d, servers)
+            if ep is None:
+                log(f"starting SeaweedFS {name} in {d}")
+                ep = stack.enter_context(servers.seaweedfs(d))
             self.servers[name] = ep
             self.clients[name] = ep.client()
             log(f"SeaweedFS {name}: {ep.url}")
@@ -244,6 +278,49 @@ class Bench:
             log(f"starting the GCS emulator (gcp-storage-emulator, in memory), log in {d}")
             self.gcs_url = stack.enter_context(gcs.gcs_emulator(d))
             log(f"GCS emulator: {self.gcs_url}")
+
+    def _start_capped_b(self, stack: contextlib.ExitStack, d: Path, servers):
+        """B in its network namespace behind the capped link; None (and a note) if it cannot."""
+        mbit = self.args.link_mbit
+        try:
+            link = bench_netns.open_link(mbit, log)
+        except bench_netns.LinkUnavailable as exc:
+            self.link_note = f"--link-mbit {mbit} not applied ({exc}): B runs uncapped"
+            log(f"note: {self.link_note}")
+            return None
+        stack.callback(link.close)
+        log(f"link to B: {link.describe()}")
+        log(f"starting SeaweedFS B in {d}, inside network namespace {link.ns}")
+        try:
+            ep = stack.enter_context(bench_netns.seaweedfs_in(link, d, servers.S3Endpoint))
+        except (RuntimeError, OSError) as exc:
+            link.close()
+            first = str(exc).splitlines()[0]
+            self.link_note = f"--link-mbit {mbit} not applied ({first}): B runs uncapped"
+            log(f"note: {self.link_note}")
+            return None
+        self.link = link
+        try:
+            self.link_probe = bench_netns.measure(ep)
+        except Exception as exc:  # the runs can go on without the figure
+            log(f"warning: could not time the link: {exc}")
+        log(f"link to B measured: {self.link_capacity()}")
+        return ep
+
+    def link_capacity(self) -> str:
+        m = self.link_probe
+        if not m:
+            return "not measured"
+        return (
+            f"one {m['bytes'] / MIB:.0f} MiB PUT {m['put_s']:.2f} s = {m['put_mb_s']:.1f} MB/s, "
+            f"GET {m['get_s']:.2f} s = {m['get_mb_s']:.1f} MB/s (one TCP stream each)"
+        )
+
+    def link_label(self) -> str:
+        """How B is reached, for the title of a table whose runs use B (--link-mbit only)."""
+        if self.link:
+            return f"B behind {self.link.mbit} Mbit/s"
+        return "B uncapped (--link-mbit not applied)"
 
     def seed_gcs(self, sets: dict[str, Dataset]) -> None:
         """Upload each data set to the emulator under bench-src/<set>/ (not timed).
@@ -342,14 +419,16 @@ class Bench:
     def locations(self, path: str, ds: Dataset, run_id: str, label: str):
         bucket = slug(f"{TARGET_PREFIX}{run_id}-{self.nonce}")[:63]
         src_s3 = S3Loc("A", SOURCE_BUCKET, f"{ds.name}/")
+        # With --link-mbit the local → s3 paths write to B, behind the capped link.
+        to = "B" if self.args.link_mbit and path in LINK_PATHS else "A"
         if path in ("upload", "resync-noop"):
-            return LocalLoc(ds.root), S3Loc("A", bucket)
+            return LocalLoc(ds.root), S3Loc(to, bucket)
         if path == "gs-to-meta":
             if label == S3_REF:
                 return src_s3, S3Loc("B", bucket)
             return GcsLoc(self.gcs_url or "", SOURCE_BUCKET, f"{ds.name}/"), S3Loc("B", bucket)
         if path == "delta-s3":
-            return LocalLoc(self.workdir / "runs" / run_id / "src"), S3Loc("A", bucket)
+            return LocalLoc(self.workdir / "runs" / run_id / "src"), S3Loc(to, bucket)
         if path == "delta-local":
             src = LocalLoc(self.workdir / "runs" / run_id / "src")
             return src, LocalLoc(self.workdir / "targets" / run_id)
@@ -458,7 +537,13 @@ class Bench:
             "maxrss_mib": None, "server_cpu_s": None, "returncode": None,
             "target_objects": None, "target_bytes": None, "report": None,
             "bytes_sent": None, "bytes_sent_assumed": None,
+            "maxrss_wait4_mib": None, "rss_tree_peak_mib": None, "procs_max": None,
+            "link": None,
         }  # fmt: skip
+        if self.args.link_mbit and any(
+            isinstance(loc, S3Loc) and loc.server == "B" for loc in (src, dst)
+        ):
+            record["link"] = self.link_label()
         na = tool.unsupported(src, dst)
         if na:
             record.update(status="n/a", reason=na)
@@ -510,7 +595,12 @@ class Bench:
                 cpu_user_s=res.user_s,
                 cpu_sys_s=res.sys_s,
                 cpu_s=res.cpu_s,
-                maxrss_mib=res.maxrss_kib / 1024,
+                maxrss_mib=res.peak_rss_kib / 1024,
+                maxrss_wait4_mib=res.maxrss_kib / 1024,
+                rss_tree_peak_mib=(
+                    None if res.tree_rss_peak_kib is None else res.tree_rss_peak_kib / 1024
+                ),
+                procs_max=res.tree_procs_max,
                 server_cpu_s=None if srv0 is None or srv1 is None else srv1 - srv0,
             )
             stdout = (ctx.confdir / "stdout.log").read_text(errors="replace")
@@ -670,6 +760,13 @@ def main(argv: list[str] | None = None) -> int:
                     **{n: {"version": v} for n, v in bench.versions.items()},
                     **{n: {"skipped": why} for n, why in bench.skipped.items()},
                 },
+                "link": {
+                    "mbit": args.link_mbit,
+                    "applied": bench.link is not None,
+                    "note": bench.link_note,
+                    "description": bench.link.describe() if bench.link else None,
+                    "probe": bench.link_probe,
+                } if args.link_mbit else None,
                 "elapsed_s": elapsed,
                 "interrupted": interrupted,
                 "runs": bench.runs,
@@ -680,15 +777,31 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     print()
+    where = "SeaweedFS on 127.0.0.1"
+    if bench.link:
+        where = (
+            f"SeaweedFS A on 127.0.0.1, B on {bench.link.ns_ip} behind a "
+            f"{bench.link.mbit} Mbit/s link"
+        )
     print(
         f"mcsync benchmark · {'quick' if args.quick else 'full'} data · "
-        f"{args.repeat} run(s) each · SeaweedFS on 127.0.0.1 · {elapsed / 60:.1f} min"
+        f"{args.repeat} run(s) each · {where} · {elapsed / 60:.1f} min"
     )
     print(
         "wall s / CPU s / RSS: medians for the client process tree (CPU = user + sys); "
         "srv CPU s: the SeaweedFS servers; MB/s = 10^6 bytes/s;"
     )
+    print(
+        "CPU s/GiB: client CPU s per GiB (2^30 bytes) of the data set copied or re-synced; "
+        "RSS: peak of the tree (ru_maxrss, or its sampled sum when larger);"
+    )
     print("÷ best peer: wall time over the fastest non-mcsync tool's (lower is better); * = mcsync")
+    if bench.link:
+        print(f"link to B: {bench.link.describe()}")
+        print(f"  measured: {bench.link_capacity()}")
+        print(f"  targets on B: {', '.join(p for p in bench.b_paths() if p in args.only)}")
+    elif bench.link_note:
+        print(f"note: {bench.link_note}")
     for name, version in bench.versions.items():
         print(f"  {name}: {version}")
     for name, why in bench.skipped.items():
