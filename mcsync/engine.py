@@ -191,7 +191,8 @@ class _Run:
         server_side = (self.options.server_side_copy and isinstance(self.dst, ServerSideCopier)
                        and self.dst.can_copy_from(self.src))
         trust = (self.manifest is not None and self.manifest.established
-                 and not (self.options.delete or self.options.verify or self.options.checksum))
+                 and not (self.options.delete or self.options.verify or self.options.checksum)
+                 and await self._target_kept_its_manifest())
         deletes, markers = Spool(), Spool()  # held back until every copy is done
         main = asyncio.current_task()
         watchdog = asyncio.create_task(self._watchdog(main)) if main else None
@@ -238,6 +239,22 @@ class _Run:
                 await self._upload_manifest()
         self.sink.emit(RunFinished(report))
         return report
+
+    async def _target_kept_its_manifest(self) -> bool:
+        """A manifest stands in for a listing of the target only while the target still holds
+        the copy of it that mcsync keeps there: a target emptied or replaced since (a wiped
+        prefix, a new directory) is listed, not trusted. One HEAD per run."""
+        try:
+            async with self.limits.requests:
+                await self.dst.head(target_manifest_key(self.src, self.dst))
+        except NotFound:
+            log.info("%s holds no copy of this pair's manifest: listing it", self.dst.url)
+            return False
+        except (MCSyncError, OSError) as exc:
+            log.warning("could not look for the manifest's copy at %s (%s): listing it",
+                        self.dst.url, exc)
+            return False
+        return True
 
     async def _watchdog(self, main: asyncio.Task[Any]) -> None:
         await self.stop.wait()

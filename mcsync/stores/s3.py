@@ -3,7 +3,7 @@
 Two clients, each where it is strongest (measured against SeaweedFS on loopback, 16 KiB objects,
 64 in flight: aiobotocore spends ~1.2 ms of client CPU per PUT and ~1.7 ms per GET, obstore's
 Rust client ~0.2 ms): obstore carries listing pages, whole-object PUTs, every GET (whole or
-ranged) and DELETE; aiobotocore everything obstore lacks: HEAD, multipart uploads with their
+ranged), HEAD and DELETE; aiobotocore everything obstore lacks: multipart uploads with their
 ids (``s3_upload``), UploadPartCopy, CopyObject. For parts of 8 MiB and more the per-request
 cost is noise. obstore refuses keys it cannot spell ("a//b", "x/../y"): those go by botocore.
 
@@ -113,7 +113,7 @@ class S3Store:
     # -- clients ------------------------------------------------------------------------------
 
     async def botocore(self) -> Any:
-        """The botocore client (multipart uploads, copies, HEAD), opened on first use."""
+        """The botocore client (multipart uploads, copies), opened on first use."""
         if self._botocore is None:
             async with self._client_lock:
                 if self._botocore is None:
@@ -323,11 +323,17 @@ class S3Store:
     # -- reads ------------------------------------------------------------------------------------
 
     async def head(self, key: str) -> ObjectInfo:
-        client = await self.botocore()
-        with self.translating(key):
+        async def fast(client: Any) -> ObjectInfo:
+            meta = await obstore.head_async(client, self.full_key(key))
+            return ObjectInfo(key, meta["size"], unquote_etag(meta["e_tag"]),
+                              meta["last_modified"].timestamp())
+
+        async def slow(client: Any) -> ObjectInfo:
             r = await client.head_object(Bucket=self.bucket, Key=self.full_key(key))
-        return ObjectInfo(key, r["ContentLength"], unquote_etag(r.get("ETag")),
-                          r["LastModified"].timestamp())
+            return ObjectInfo(key, r["ContentLength"], unquote_etag(r.get("ETag")),
+                              r["LastModified"].timestamp())
+
+        return await self._either(key, fast, slow)
 
     async def get(
         self, key: str, rng: ByteRange | None = None, *, expect: ObjectInfo | None = None

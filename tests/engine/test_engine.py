@@ -216,3 +216,15 @@ def test_an_unsafe_key_fails_that_object_only(make_src: Callable[[], MemoryStore
     assert [k for k, _ in report.failures] == ["../escape"]
     assert (tmp_path / "target" / "ok").read_bytes() == b"fine"
     assert not (tmp_path / "escape").exists()
+
+
+def test_a_target_emptied_behind_mcsyncs_back_is_listed_and_filled_again(pair, tmp_path):
+    src, dst = pair
+    seed(src, {"a": b"a", "big.bin": payload(PART + 9, 6)})
+    assert sync(src, dst, tmp_path, part_size=PART).objects_copied == 2
+    dst.endpoint.objects.clear()  # the prefix wiped, mcsync's copy of the manifest with it
+    again = sync(src, dst, tmp_path, part_size=PART)
+    assert again.ok and again.objects_copied == 2 and again.objects_skipped == 0
+    assert contents(dst) == contents(src)
+    third = sync(src, dst, tmp_path, part_size=PART)  # and the manifest is trusted again
+    assert third.objects_skipped == 2
