@@ -1,11 +1,14 @@
-"""The two global limits every transfer runs under: requests in flight and bytes buffered."""
+"""The limits every transfer runs under: requests in flight, bytes buffered, and how many
+data-bearing requests (parts, large objects) are on the wire at once."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncIterator
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 
 
 class ByteBudget:
@@ -63,9 +66,143 @@ class ByteBudget:
             self.release(got)
 
 
+class GoodputSlots:
+    """How many data-bearing requests are on the wire at once, found by measuring.
+
+    More parts in flight help until the link, or the server, is full; past that they only
+    hold memory and contend (on SeaweedFS with 2 cores, 8 parts of one 512 MiB upload took
+    3.9 s, 128 took 4.9 s; a real link to a distant region needs dozens). So the limit starts
+    at ``initial`` and climbs: every ``interval_s`` in which requests had to wait for a slot,
+    the bytes acknowledged per second are compared with the best rate seen — at least 10%
+    more, and the limit grows by half (up to ``ceiling``); a quarter less after a growth, and
+    it steps back to the limit that gave the best rate; anything between is a plateau, held.
+    ``throttled()`` (the store said slow down) halves it. ``peak`` is the most ever allowed.
+    FIFO, and correct under cancellation, as ByteBudget."""
+
+    GROW, GAIN, LOSS = 1.5, 1.10, 0.75
+
+    def __init__(self, initial: int, ceiling: int, *, floor: int = 2, interval_s: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ceiling = max(ceiling, 1)
+        self.floor = min(max(floor, 1), self.ceiling)
+        self.limit = min(max(initial, self.floor), self.ceiling)
+        self.peak = self.limit
+        self.busy = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._clock = clock
+        self._interval = interval_s
+        self._since = clock()
+        self._bytes = 0
+        self._waited = False  # a request waited for a slot in this interval
+        self._best_rate = 0.0
+        self._best_limit = self.limit
+
+    async def acquire(self) -> None:
+        if not self._waiters and self.busy < self.limit:
+            self.busy += 1
+            return
+        self._waited = True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # granted just as we were cancelled: give it back
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(fut)
+            raise
+
+    def release(self) -> None:
+        self.busy -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.busy < self.limit:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.busy += 1
+                fut.set_result(None)
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        await self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def moved(self, nbytes: int) -> None:
+        """``nbytes`` were acknowledged: the measure the limit climbs by."""
+        self._bytes += nbytes
+        now = self._clock()
+        elapsed = now - self._since
+        if elapsed < self._interval:
+            return
+        if self._waited:
+            self._adapt(self._bytes / elapsed)
+        self._since, self._bytes, self._waited = now, 0, False
+
+    def _adapt(self, rate: float) -> None:
+        if rate > self._best_rate * self.GAIN:
+            self._best_rate, self._best_limit = rate, self.limit
+            self._set(math.ceil(self.limit * self.GROW))
+        elif rate < self._best_rate * self.LOSS and self.limit > self._best_limit:
+            self._set(self._best_limit)
+
+    def throttled(self) -> None:
+        """The store asked us to slow down: half as many in flight, and measure afresh."""
+        self._set(self.limit // 2)
+        self._best_rate, self._best_limit = 0.0, self.limit
+
+    def _set(self, limit: int) -> None:
+        self.limit = min(max(limit, self.floor), self.ceiling)
+        self.peak = max(self.peak, self.limit)
+        self._wake()
+
+
+class BufferPool:
+    """Buffers for parts, reused from part to part instead of made for each: a fresh 8 MiB
+    buffer is 2,048 page faults when the allocator maps it anew, or, kept in the allocator's
+    heaps, stays behind in whichever worker thread's arena freed it (an upload of 8 x 32 MiB
+    held ~400 MiB of RSS for ~130 MiB of live buffers). Sizes are rounded up to whole MiB;
+    at most ``keep`` free buffers of a size are kept."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._free: dict[int, list[bytearray]] = {}
+
+    def take(self, size: int) -> bytearray:
+        rounded = -(-size // (1 << 20)) << 20
+        free = self._free.get(rounded)
+        return free.pop() if free else bytearray(rounded)
+
+    def give(self, buf: bytearray) -> None:
+        free = self._free.setdefault(len(buf), [])
+        if len(free) < self.keep:
+            free.append(buf)
+
+    @contextlib.contextmanager
+    def lent(self, size: int) -> Iterator[bytearray]:
+        buf = self.take(size)
+        try:
+            yield buf
+        finally:
+            self.give(buf)
+
+
+# Data-bearing requests on the wire when a run starts: what the peers default to (rclone 4
+# transfers x 4 chunks, aws 10, s5cmd 5 parts a file) and, measured on loopback SeaweedFS, as
+# fast as more (see GoodputSlots).
+INITIAL_PARTS_IN_FLIGHT = 8
+
+
 class Limits:
     """Shared by every task of a run."""
 
     def __init__(self, concurrency: int, memory_limit: int) -> None:
         self.requests = asyncio.Semaphore(concurrency)
         self.memory = ByteBudget(memory_limit)
+        self.parts = GoodputSlots(min(INITIAL_PARTS_IN_FLIGHT, concurrency), concurrency)
+        self.buffers = BufferPool(keep=INITIAL_PARTS_IN_FLIGHT * 2)

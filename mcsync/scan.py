@@ -50,9 +50,10 @@ async def scan_chunks(store: ReadStore, info: ObjectInfo, chunks: list[ByteRange
         try:
             rng = ByteRange(chunks[first].start, chunks[last - 1].end)
             whole = rng.length == info.size
-            async with limits.memory.hold(rng.length), limits.requests:
+            async with limits.parts.slot(), limits.memory.hold(rng.length), limits.requests:
                 data = await store.get(info.key, None if whole else rng,
                                        expect=info if pinned else None)
+                limits.parts.moved(len(data))
                 if len(data) != rng.length:
                     raise IntegrityError(f"{store.url}{info.key}: read {len(data)} bytes of "
                                          f"{rng.length} at {rng.start}")

@@ -238,6 +238,7 @@ class Uploads:
 
         async def one(spec: PartSpec) -> PartRef:
             moved = await move(spec, live)
+            self.limits.parts.moved(spec.sent)
             _place(digests, spec, list(moved.digests))
             if self.journal is not None:
                 self.journal.record_part(key, JournalPart(spec.number, moved.ref.etag,
@@ -285,18 +286,26 @@ class Uploads:
         """Move parts concurrently, ``part_concurrency`` at a time. A failure aborts the
         upload and re-raises the first error. A stop request lets the parts in flight finish,
         schedules no more and raises Interrupted, keeping the upload for the next run, as
-        does cancellation. Each part's bytes are taken from the memory budget before its task
-        starts and returned when it ends, however it ends (a task cancelled before its first
-        step never runs its own ``finally``)."""
+        does cancellation. A part that carries bytes takes one of the run's slots for parts on
+        the wire (``Limits.parts``) and its bytes from the memory budget before its task
+        starts, and gives both back when it ends, however it ends (a task cancelled before its
+        first step never runs its own ``finally``)."""
         held: dict[int, int] = {}
-        memory = self.limits.memory
+        slotted: set[int] = set()
+        memory, slots = self.limits.memory, self.limits.parts
         charge = 1 + self.dst.caps.send_copies  # the part read, plus the client's copies
+
+        def give_back(number: int) -> None:
+            memory.release(held.pop(number, 0))
+            if number in slotted:
+                slotted.discard(number)
+                slots.release()
 
         async def windowed(spec: PartSpec) -> PartRef:
             try:
                 return await move(spec)
             finally:
-                memory.release(held.pop(spec.number, 0))
+                give_back(spec.number)
                 window.release()
 
         tasks: list[asyncio.Task[PartRef]] = []
@@ -309,6 +318,8 @@ class Uploads:
                         window.release()
                         break
                     if spec.sent:  # a copied part holds no bytes
+                        await slots.acquire()
+                        slotted.add(spec.number)
                         need = min(spec.sent, STREAM_PART_HOLD) if streamed and spec.plain \
                             else spec.sent
                         held[spec.number] = await memory.acquire(need * charge)
@@ -321,8 +332,8 @@ class Uploads:
                 self._forget(key)
             raise first_error(exc) from None
         finally:
-            for n in list(held):
-                memory.release(held.pop(n))
+            for n in list(held) + list(slotted):
+                give_back(n)
         if len(tasks) < len(parts):
             raise Interrupted(f"{key}: stopped after {len(tasks)} of {len(parts)} parts")
         return [t.result() for t in tasks]

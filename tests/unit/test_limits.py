@@ -53,3 +53,98 @@ def test_cancelled_waiter_returns_nothing_and_unblocks_others():
         return b.in_use
 
     assert asyncio.run(go()) == 10
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def saturate(slots) -> None:
+    """Make the current interval one in which requests waited for a slot."""
+    slots._waited = True
+
+
+def test_goodput_slots_grow_while_goodput_grows_then_hold_on_a_plateau():
+    from mcsync.limits import GoodputSlots
+
+    clock = FakeClock()
+    slots = GoodputSlots(8, 128, interval_s=1.0, clock=clock)
+    limits = []
+    for rate in (100, 150, 200, 205, 198, 203):  # MB/s per interval: grows, then flat
+        saturate(slots)
+        clock.now += 1.0
+        slots.moved(rate)
+        limits.append(slots.limit)
+    assert limits == [12, 18, 27, 27, 27, 27]
+    assert slots.peak == 27
+
+
+def test_goodput_slots_step_back_when_more_in_flight_made_it_slower():
+    from mcsync.limits import GoodputSlots
+
+    clock = FakeClock()
+    slots = GoodputSlots(8, 128, interval_s=1.0, clock=clock)
+    for rate in (100, 140):  # 8 → 12 → 18 (140 was the best, at 12)
+        saturate(slots)
+        clock.now += 1.0
+        slots.moved(rate)
+    assert slots.limit == 18
+    saturate(slots)
+    clock.now += 1.0
+    slots.moved(90)  # contention: much worse at 18
+    assert slots.limit == 12
+
+
+def test_goodput_slots_do_not_move_when_nobody_waited():
+    from mcsync.limits import GoodputSlots
+
+    clock = FakeClock()
+    slots = GoodputSlots(8, 128, interval_s=1.0, clock=clock)
+    for rate in (100, 500, 1000):  # the slots were not what limited the run
+        clock.now += 1.0
+        slots.moved(rate)
+    assert slots.limit == 8
+
+
+def test_goodput_slots_halve_on_throttling_within_floor_and_ceiling():
+    from mcsync.limits import GoodputSlots
+
+    slots = GoodputSlots(8, 10, floor=3, clock=FakeClock())
+    slots.throttled()
+    assert slots.limit == 4
+    slots.throttled()
+    assert slots.limit == 3
+    slots._set(1000)
+    assert slots.limit == 10
+
+
+def test_goodput_slots_are_fifo_and_survive_cancellation():
+    from mcsync.limits import GoodputSlots
+
+    async def go():
+        slots = GoodputSlots(1, 4, floor=1, clock=FakeClock())
+        await slots.acquire()
+        order = []
+
+        async def want(tag):
+            async with slots.slot():
+                order.append(tag)
+
+        first = asyncio.create_task(want("first"))
+        cancelled = asyncio.create_task(want("cancelled"))
+        last = asyncio.create_task(want("last"))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await asyncio.sleep(0)
+        slots.release()
+        await asyncio.gather(first, last)
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        return order, slots.busy
+
+    order, busy = asyncio.run(go())
+    assert order == ["first", "last"] and busy == 0
