@@ -130,6 +130,9 @@ async def open_botocore(settings: ClientSettings, creds: S3Credentials,
         # aws-chunked trailers, which some S3-compatibles reject).
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
+        # Bodies are s3_upload.Body (no copy of a part), a type botocore's validation does not
+        # know; the parameters are ours, built in this package, never a user's.
+        parameter_validation=False,
     )
     session: AioSession = get_session()
     if profile:
