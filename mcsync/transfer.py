@@ -12,6 +12,7 @@ requests semaphore while it is on the wire.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -36,18 +37,20 @@ from .stores.base import (
     FileUpload,
     PartCopyUpload,
     RangeStreamer,
+    ReadsInto,
     ReadStore,
     ServerSideCopier,
     Store,
     Upload,
 )
 from .streaming import STREAM_PART_SIZE, drain_into
-from .types import ByteRange, ObjectInfo
+from .types import Buffer, ByteRange, ObjectInfo, PartRef
 from .upload import Moved, PartSpec, UploadPlan, Uploads
 
 log = logging.getLogger(__name__)
 
 SERVER_COPY_MIN_PART = 512 * 1024 * 1024  # objects beyond one CopyObject: copied in these
+LARGE_OBJECT = 1024 * 1024  # a whole object this large takes a slot of Limits.parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +158,10 @@ class Transfer:
 
     async def _copy_whole(self, action: Action, src: ObjectInfo) -> Done:
         charge = src.size * (1 + self.dst.caps.send_copies)
-        async with self.limits.memory.hold(charge), self.limits.requests:
+        # An object of a megabyte or more is a data-bearing request like a part; smaller ones
+        # are bounded by the requests in flight alone.
+        slot = self.limits.parts.slot() if src.size >= LARGE_OBJECT else contextlib.nullcontext()
+        async with slot, self.limits.memory.hold(charge), self.limits.requests:
             data = await self.src.get(action.key, expect=src)
             if len(data) != src.size:
                 raise IntegrityError(
@@ -165,6 +171,8 @@ class Transfer:
             # knows the CRC of what it served); parts are combined and checked below.
             written = await self.dst.put(action.key, data, mtime=src.mtime)
             del data
+        if src.size >= LARGE_OBJECT:
+            self.limits.parts.moved(src.size)
         self.emit(BytesMoved(action.key, src.size))
         whole = Layout(src.size, [ByteRange(0, src.size)])
         return self._done(action, src, written, src.size, [digest], whole)
@@ -304,15 +312,25 @@ class _PartSender:
                     self._pool, drain_into, body, upload, rng, chunks)
                 self._check_second_read(spec, pieces)
                 ref = upload.part_written(spec.number, rng.length)
+            elif isinstance(self.store, ReadsInto):  # into a buffer of the run's, reused
+                with self.limits.buffers.lent(rng.length) as buf:
+                    data = await self.store.read_into(self.key, rng, buf, expect=self.src)
+                    ref, pieces = await self._send(spec, upload, data, chunks)
+                    del data
             else:
                 data = await self.store.get(self.key, rng, expect=self.src)
-                pieces = await chunk_digests_async(data, rng.start, chunks)
-                self._check_second_read(spec, pieces)
-                if self.check_crc:
-                    self._crcs[spec.number] = (await checksums.crc32c_async(data), len(data))
-                ref = await upload.put_part(spec.number, rng.start, data)
+                ref, pieces = await self._send(spec, upload, data, chunks)
                 del data
         return Moved(ref, tuple(pieces))
+
+    async def _send(self, spec: PartSpec, upload: Upload, data: Buffer,
+                    chunks: list[ByteRange]) -> tuple[PartRef, list[bytes]]:
+        """Hash a part read whole, check it, and send it."""
+        pieces = await chunk_digests_async(data, spec.rng.start, chunks)
+        self._check_second_read(spec, pieces)
+        if self.check_crc:
+            self._crcs[spec.number] = (await checksums.crc32c_async(data), len(data))
+        return await upload.put_part(spec.number, spec.rng.start, data), pieces
 
     def _check_second_read(self, spec: PartSpec, pieces: list[bytes]) -> None:
         """Cutting by content read these bytes once already: a second read that hashes

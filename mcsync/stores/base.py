@@ -9,7 +9,8 @@ Two required sides and a few optional abilities (as rclone's ``Fs`` and its opti
 * ``ReadStore`` — every store: list, head, get, check, aclose. A source needs no more.
 * ``Store`` — a target: ``ReadStore`` plus put, uploads in parts, delete, key validation.
 * Abilities, each a protocol the engine discovers with ``isinstance`` (never a flag):
-  ``RangeStreamer`` (a range's bytes in pieces as they arrive), ``ServerSideCopier`` (copy
+  ``RangeStreamer`` (a range's bytes in pieces as they arrive), ``ReadsInto`` (a range into
+  a buffer the caller reuses), ``ServerSideCopier`` (copy
   from another store on the same endpoint, no byte through the client), ``Composer`` (build
   a new version of an object from ranges of the version it holds: the block delta),
   ``ScratchSpace`` (clear mcsync's own scratch objects under a prefix) and ``FileTarget``
@@ -39,6 +40,7 @@ __all__ = [
     "PartCopyUpload",
     "RangeStreamer",
     "ReadStore",
+    "ReadsInto",
     "ScratchSpace",
     "ServerSideCopier",
     "Store",
@@ -187,6 +189,18 @@ class RangeStreamer(Protocol):
         """Request ``rng`` of ``key`` (pinned to ``expect`` as ``get`` is) and return its body
         as a blocking iterator of pieces, for a worker thread to drain. The iterator raises
         Transient if the range comes back short or long."""
+        ...
+
+
+@runtime_checkable
+class ReadsInto(Protocol):
+    """A store that reads a range into a buffer the caller owns (files: ``preadv``), so parts
+    read from it reuse the run's buffers instead of allocating one each."""
+
+    async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
+                        expect: ObjectInfo | None = None) -> memoryview:
+        """Bytes ``rng`` of ``key`` (pinned to ``expect`` as ``get`` is) into the start of
+        ``buf``, which is at least ``rng.length`` long; returns the view of them."""
         ...
 
 

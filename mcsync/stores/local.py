@@ -57,6 +57,9 @@ def _is_tmp(name: str) -> bool:
 
 
 class LocalStore:
+    """A directory. Implements ``Store`` and the abilities ``Composer``, ``FileTarget`` and
+    ``ReadsInto``."""
+
     # Parts are offsets in one file: any size, any number; nothing is copied on the way out.
     caps = Capabilities(min_part_size=1, max_part_size=1 << 62, max_parts=1 << 31,
                         max_copy_size=1 << 62, send_copies=0)
@@ -177,33 +180,48 @@ class LocalStore:
     async def get(
         self, key: str, rng: ByteRange | None = None, *, expect: ObjectInfo | None = None
     ) -> bytes:
-        path = self.path_for(key)
-
-        def read() -> bytes:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except (FileNotFoundError, NotADirectoryError):
-                raise NotFound(f"{self.url}/{key}: no such file") from None
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise NotFound(f"{self.url}/{key}: not a file")
-                if expect is not None and (st.st_size != expect.size
-                                           or st.st_mtime != expect.mtime):
-                    raise PreconditionFailed(
-                        f"{self.url}/{key}: file changed since it was listed")
-                if rng is None:
-                    data = _pread_exact(fd, st.st_size, 0, key)
-                else:
-                    data = _pread_exact(fd, rng.length, rng.start, key)
-                if expect is not None and os.fstat(fd).st_mtime != expect.mtime:
-                    raise PreconditionFailed(f"{self.url}/{key}: file changed while it was read")
-                return data
-            finally:
-                os.close(fd)
+        def read(fd: int, size: int) -> bytes:
+            if rng is None:
+                return _pread_exact(fd, size, 0, key)
+            return _pread_exact(fd, rng.length, rng.start, key)
 
         size = rng.length if rng is not None else expect.size if expect is not None else -1
-        return await self._off_loop(size if size >= 0 else _INLINE_MAX + 1, read)
+        return await self._off_loop(size if size >= 0 else _INLINE_MAX + 1,
+                                    lambda: self._pinned_read(key, expect, read))
+
+    async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
+                        expect: ObjectInfo | None = None) -> memoryview:
+        """Bytes ``rng`` of ``key`` into ``buf`` (pinned as ``get``): no buffer is made."""
+        view = memoryview(buf)[:rng.length]
+
+        def read(fd: int, size: int) -> memoryview:
+            _preadinto_exact(fd, view, rng.start, key)
+            return view
+
+        return await self._off_loop(rng.length, lambda: self._pinned_read(key, expect, read))
+
+    def _pinned_read(self, key: str, expect: ObjectInfo | None,
+                     read: Callable[[int, int], T]) -> T:
+        """``read(fd, size)`` of the file of ``key``, refused (PreconditionFailed) when the
+        file is not the version listed as ``expect`` (size + mtime), before or after. Blocking."""
+        path = self.path_for(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(f"{self.url}/{key}: no such file") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise NotFound(f"{self.url}/{key}: not a file")
+            if expect is not None and (st.st_size != expect.size
+                                       or st.st_mtime != expect.mtime):
+                raise PreconditionFailed(f"{self.url}/{key}: file changed since it was listed")
+            data = read(fd, st.st_size)
+            if expect is not None and os.fstat(fd).st_mtime != expect.mtime:
+                raise PreconditionFailed(f"{self.url}/{key}: file changed while it was read")
+            return data
+        finally:
+            os.close(fd)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -511,6 +529,15 @@ def _pwrite_all(fd: int, data: Buffer, offset: int) -> None:
         n = os.pwrite(fd, view[:_WRITE_SLICE], pos)
         view = view[n:]
         pos += n
+
+
+def _preadinto_exact(fd: int, view: memoryview, offset: int, key: str) -> None:
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            raise PreconditionFailed(f"{key}: file shrank while it was read")
+        got += n
 
 
 def _pread_exact(fd: int, length: int, offset: int, key: str) -> bytes:

@@ -6,7 +6,8 @@ match it: raise an error, wait, cut a read short, or run an action (kill the pro
 the bytes acknowledged, change the source behind the engine's back). Every call is counted
 by operation, so a test can also assert what was asked of a store.
 
-Operations are named after the protocol's methods (``list``, ``head``, ``get``, ``open_range``,
+Operations are named after the protocol's methods (``list``, ``head``, ``get``, ``read_into``,
+``open_range``,
 ``put``, ``delete``, ``open_upload``, ``resume_upload``, ``put_part``, ``write_at``,
 ``part_written``, ``copy_part``, ``complete``, ``abort``, ``copy_object``, ``clear`` ...), each
 at two points: ``before`` the call reaches the store and ``after`` it returned (``list`` has
@@ -35,6 +36,7 @@ from ..stores.base import (
     FileUpload,
     PartCopyUpload,
     RangeStreamer,
+    ReadsInto,
     ReadStore,
     ScratchSpace,
     ServerSideCopier,
@@ -256,6 +258,18 @@ def _pieces(pieces: Iterator[Buffer], key: str, keep: int, faults: Faults) -> It
         keep -= len(piece)
 
 
+class _FaultyReadsInto:
+    _inner: Any
+    faults: Faults
+
+    async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
+                        expect: ObjectInfo | None = None) -> memoryview:
+        short = await self.faults.at("read_into", key, "before")
+        view: memoryview = await self._inner.read_into(key, rng, buf, expect=expect)
+        short = max(short, await self.faults.at("read_into", key, "after", len(view)))
+        return view[:len(view) - short] if short else view
+
+
 class _FaultyCopier:
     _inner: Any
     faults: Faults
@@ -304,6 +318,7 @@ class _FaultyFile:
 _STORE_MIXINS: tuple[tuple[type, type], ...] = (
     (Store, _FaultyWrite),
     (RangeStreamer, _FaultyStreamer),
+    (ReadsInto, _FaultyReadsInto),
     (ServerSideCopier, _FaultyCopier),
     (Composer, _FaultyComposer),
     (ScratchSpace, _FaultyScratch),
