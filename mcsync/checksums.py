@@ -29,9 +29,7 @@ import asyncio
 import base64
 import binascii
 import functools
-from collections.abc import Iterable
-
-from crc32c import crc32c as _crc32c
+from collections.abc import Callable, Iterable
 
 from .errors import IntegrityError
 
@@ -41,17 +39,27 @@ _POLY = 0x82F63B78  # CRC32C (Castagnoli), bit-reflected
 _OFF_LOOP = 1 << 20  # buffers of 1 MiB and more are hashed in a worker thread (GIL released)
 
 
+@functools.cache
+def _implementation() -> Callable[..., int]:
+    # Imported on first use: the crc32c package reads its own metadata when imported (~20 ms
+    # here, through importlib.metadata), which a run that sums no CRC (a download, a no-op
+    # re-sync) should not pay at start-up.
+    from crc32c import crc32c as implementation
+
+    return implementation  # type: ignore[no-any-return]
+
+
 def crc32c(data: Buffer, value: int = 0) -> int:
     """The CRC32C of ``data`` (any buffer: bytes, bytearray, memoryview, obstore.Bytes), or of
     the bytes before it followed by ``data`` when ``value`` is the CRC of those."""
-    return _crc32c(data, value)
+    return _implementation()(data, value)
 
 
 async def crc32c_async(data: Buffer) -> int:
     """``crc32c(data)``, off the event loop for large buffers."""
     if len(data) >= _OFF_LOOP:
-        return await asyncio.to_thread(_crc32c, data)
-    return _crc32c(data)
+        return await asyncio.to_thread(_implementation(), data)
+    return _implementation()(data)
 
 
 # -- combine ------------------------------------------------------------------------------------

@@ -19,18 +19,18 @@ hashed chunk by chunk wherever the parts arrive from.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from dataclasses import dataclass
+from typing import Any
 
-import pyfastcdc
 import xxhash
 
 from .types import ByteRange
 
 CDC_AVG = 2 * 1024 * 1024
-_CDC = pyfastcdc.FastCDC(avg_size=CDC_AVG)  # min = avg / 4, max = avg * 4
-CDC_MAX = _CDC.max_size
+CDC_MAX = 4 * CDC_AVG  # pyfastcdc's bounds: min = avg / 4, max = avg * 4
 
 SAFETENSORS_SUFFIX = ".safetensors"
 # A header larger than this is not a safetensors header (the reference implementation caps it
@@ -149,11 +149,21 @@ def chunks_from_sizes(blob: bytes) -> list[ByteRange]:
     return chunks
 
 
+@functools.cache
+def _fastcdc() -> Any:
+    """The FastCDC cutter, made on first use: most runs never cut by content."""
+    import pyfastcdc
+
+    cutter = pyfastcdc.FastCDC(avg_size=CDC_AVG)
+    assert cutter.max_size == CDC_MAX
+    return cutter
+
+
 def cdc_cut(buf: bytes | memoryview, *, eof: bool) -> list[int]:
     """Content-defined chunk lengths of ``buf``. Unless ``buf`` ends the object, the last chunk
     (cut by the buffer's end, not by content) is left out: cutting resumes there with more
     bytes, and finds the boundaries one pass over the whole object would."""
-    lengths = [c.length for c in _CDC.cut_buf(buf)]
+    lengths = [c.length for c in _fastcdc().cut_buf(buf)]
     return lengths if eof else lengths[:-1]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import json
 import logging
 import signal
@@ -502,8 +503,20 @@ def _keep_freed_buffers() -> None:
     mallopt(m_trim_threshold, 1 << 30)
 
 
+def _collect_less() -> None:
+    """Garbage collection for a command that lives minutes, not days. What was imported is
+    frozen (never garbage, never scanned again), and the youngest generation is collected
+    every 50,000 allocations instead of 700: botocore makes thousands of short-lived objects
+    per request, and the collections they set off were ~7% of an upload's client CPU (perf).
+    Reference cycles are still found, a little later. The command only: a library call leaves
+    its host process's collector alone."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+
+
 def main(seams: Seams | None = None) -> None:
     _keep_freed_buffers()
+    _collect_less()
     cli(prog_name="mcsync", obj=seams or Seams())
 
 

@@ -8,8 +8,6 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from tqdm import tqdm
-
 from ..config import format_size
 from ..events import (
     BytesMoved,
@@ -53,6 +51,8 @@ class TerminalProgress:
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         self._t = _Totals()
+        from tqdm import tqdm  # on a terminal only: ~45 ms of start-up a log run need not pay
+
         self._bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024,
                          dynamic_ncols=True, file=stream or sys.stderr, leave=True,
                          desc="listing")
