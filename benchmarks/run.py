@@ -57,7 +57,17 @@ from bench_measure import (
 )
 from bench_mutate import MUTATIONS, Mutation, mutate
 from bench_report import render, summarize
-from bench_tools import TOOLS, Context, GcsLoc, LocalLoc, S3Loc, Tool, base_env, describe
+from bench_tools import (
+    TOOLS,
+    Context,
+    GcsLoc,
+    LocalLoc,
+    McsyncTool,
+    S3Loc,
+    Tool,
+    base_env,
+    describe,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 FRESH_PATHS = ("upload", "download", "server-copy", "cross")
@@ -243,6 +253,9 @@ class Bench:
                 self.tools.append(tool)
                 self.versions[name] = tool.version()
                 log(f"{name}: {tool.exe} ({self.versions[name]})")
+                if isinstance(tool, McsyncTool):
+                    log(f"mcsync: compiled to bytecode, as an install does: "
+                        f"{tool.compile_bytecode()}")
 
     # -- servers and source data --------------------------------------------------------------
 
