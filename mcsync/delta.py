@@ -1,12 +1,16 @@
-"""The block delta: describe a new version of an object as ranges of the old one plus new bytes,
-and pack that description into the parts of one multipart upload. Pure: no IO.
+"""The block delta: describe a new version of an object as ranges of objects the target holds
+plus new bytes, and pack that description into the parts of one multipart upload. Pure: no IO.
 
-``match`` pairs each chunk of the new version with a chunk of the old version that has the same
-length and xxh3-128 digest (wherever it was: a tensor shifted by a grown header is found at its
-old offset). ``pack`` turns the resulting segments into upload parts that S3 accepts: every part
-but the last at least 5 MiB, at most 10,000 parts. Copy runs shorter than that are sent as new
-bytes, and a short run of new bytes borrows bytes from the copy run after it; the overhead is
-at most one minimum part per changed region and is reported as ``bytes_sent - bytes_changed``.
+``match`` pairs each chunk of the new version with a chunk of the same length and xxh3-128
+digest in one of the *sources* — the object's own previous version, or other objects at the
+target (an earlier checkpoint the new one shares tensors with) — wherever it was: a tensor
+shifted by a grown header is found at its old offset. Sources are given in the caller's order
+of preference; a chunk is taken from the first that has it.
+
+``pack`` turns the resulting segments into upload parts that S3 accepts: every part but the
+last at least 5 MiB, at most 10,000 parts. Copy runs shorter than that are sent as new bytes,
+and a short run of new bytes borrows bytes from the copy run after it; the overhead is at most
+one minimum part per changed region and is reported as ``bytes_sent - bytes_changed``.
 
 With ``stage`` (S3 targets, which copy server-side), a short run of new bytes is not padded
 with unchanged bytes sent again. The target builds a small staging object instead: a copy of
@@ -30,15 +34,16 @@ COPY_PIECE = 4 * 1024**3  # UploadPartCopy takes up to 5 GiB; + a merged remaind
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """Bytes [start, end) of the new version: copied from the old version at ``old_start``, or
-    new bytes when ``old_start`` is None."""
+    """Bytes [start, end) of the new version: copied from source ``source`` at ``old_start``,
+    or new bytes when ``old_start`` is None."""
 
     start: int
     end: int
     old_start: int | None = None
-    # A staged run: its first ``stage`` bytes are the old version's from ``old_start``, the
-    # rest are new bytes (see the module's docstring).
+    # A staged run: its first ``stage`` bytes are the source's from ``old_start``, the rest
+    # are new bytes (see the module's docstring).
     stage: int = 0
+    source: int = 0  # index into the sources given to ``match``
 
     @property
     def length(self) -> int:
@@ -49,8 +54,9 @@ class Segment:
 class PlannedPart:
     number: int
     rng: ByteRange  # in the new version
-    old_start: int | None  # a copy of the old version's bytes from here; None: upload rng
+    old_start: int | None  # a copy of the source's bytes from here; None: upload rng
     stage: int = 0  # > 0: staged; the first ``stage`` bytes copied, the rest new bytes
+    source: int = 0  # which source a copy (or a staged part's copied bytes) comes from
 
     @property
     def is_copy(self) -> bool:
@@ -83,25 +89,43 @@ class DeltaPlan:
     def bytes_reused(self) -> int:
         return self.size - self.bytes_sent
 
-    def fingerprint(self) -> str:
-        """Identifies the part layout, so a resumed upload is only continued with the same one."""
-        text = ";".join(f"{p.rng.start},{p.rng.end},{p.old_start},{p.stage}" for p in self.parts)
+    def reused_by_source(self) -> dict[int, int]:
+        """Bytes composed at the target, per source."""
+        reused: dict[int, int] = {}
+        for p in self.parts:
+            if p.old_start is not None:
+                took = p.rng.length - p.sent
+                reused[p.source] = reused.get(p.source, 0) + took
+        return reused
+
+    def fingerprint(self, sources: Sequence[str] = ()) -> str:
+        """Identifies the part layout and what it copies from (``sources``: one name per
+        source, its key and version), so a resumed upload is only continued with the same."""
+        text = ";".join(f"{p.rng.start},{p.rng.end},{p.old_start},{p.stage},{p.source}"
+                        for p in self.parts)
+        if sources:
+            text += "|" + "|".join(sources)
         return "delta:" + xxhash.xxh3_64_hexdigest(text.encode())
 
 
 Chunk = tuple[ByteRange, bytes]  # a chunk and its xxh3-128 digest
 
 
-def match(new: Sequence[Chunk], old: Sequence[Chunk]) -> list[Segment]:
-    """Segments covering the new version in order, adjacent ones merged where they continue
-    each other (new after new; a copy that continues the previous copy's old range)."""
-    where: dict[tuple[int, bytes], int] = {}
-    for rng, digest in old:
-        where.setdefault((rng.length, digest), rng.start)
+def match(new: Sequence[Chunk], *sources: Sequence[Chunk]) -> list[Segment]:
+    """Segments covering the new version in order, each chunk copied from the first source
+    that has it; adjacent ones merged where they continue each other (new after new; a copy
+    that continues the previous copy's range in the same source)."""
+    where: dict[tuple[int, bytes], tuple[int, int]] = {}
+    for index, chunks in enumerate(sources):
+        for rng, digest in chunks:
+            where.setdefault((rng.length, digest), (index, rng.start))
     segments: list[Segment] = []
     for rng, digest in new:
         found = where.get((rng.length, digest)) if rng.length else None
-        _append(segments, Segment(rng.start, rng.end, found))
+        if found is None:
+            _append(segments, Segment(rng.start, rng.end))
+        else:
+            _append(segments, Segment(rng.start, rng.end, found[1], source=found[0]))
     return segments
 
 
@@ -113,9 +137,9 @@ def _append(segments: list[Segment], s: Segment) -> None:
         continues = not (last.stage or s.stage) and (
             (last.old_start is None and s.old_start is None) or (
                 last.old_start is not None and s.old_start is not None
-                and last.old_start + last.length == s.old_start))
+                and last.source == s.source and last.old_start + last.length == s.old_start))
         if continues and last.end == s.start:
-            segments[-1] = Segment(last.start, s.end, last.old_start)
+            segments[-1] = Segment(last.start, s.end, last.old_start, source=last.source)
             return
     segments.append(s)
 
@@ -155,10 +179,11 @@ def _with_min_parts(segments: Sequence[Segment], min_part: int, stage: bool) -> 
             prev = out.pop()
             take = min_part if prev.length - min_part >= min_part else prev.length
             if take < prev.length:
-                out.append(Segment(prev.start, prev.end - take, prev.old_start))
+                out.append(Segment(prev.start, prev.end - take, prev.old_start,
+                                   source=prev.source))
             assert prev.old_start is not None
             out.append(Segment(prev.end - take, s.end, prev.old_start + prev.length - take,
-                               stage=take))
+                               stage=take, source=prev.source))
             i += 1
             continue
         if short:
@@ -168,7 +193,8 @@ def _with_min_parts(segments: Sequence[Segment], min_part: int, stage: bool) -> 
             last = i + 2 == len(runs)  # what is left of the copy run may be a short last part
             if nxt.length - need >= min_part or (last and nxt.length > need):
                 runs[i] = Segment(s.start, s.end + need, None)
-                runs[i + 1] = Segment(nxt.start + need, nxt.end, nxt.old_start + need)
+                runs[i + 1] = Segment(nxt.start + need, nxt.end, nxt.old_start + need,
+                                      source=nxt.source)
                 _append(out, runs[i])
                 i += 1
                 continue
@@ -189,7 +215,7 @@ def _split(runs: list[Segment], part_size: int, min_part: int) -> list[PlannedPa
     for s in runs:
         if s.stage:  # one part: a staging object copied whole
             parts.append(PlannedPart(len(parts) + 1, ByteRange(s.start, s.end), s.old_start,
-                                     s.stage))
+                                     s.stage, s.source))
             continue
         piece = part_size if s.old_start is None else COPY_PIECE
         pos = s.start
@@ -198,7 +224,8 @@ def _split(runs: list[Segment], part_size: int, min_part: int) -> list[PlannedPa
             if s.end - end < min_part:
                 end = s.end  # a short remainder joins this piece rather than be a short part
             old = None if s.old_start is None else s.old_start + (pos - s.start)
-            parts.append(PlannedPart(len(parts) + 1, ByteRange(pos, end), old))
+            parts.append(PlannedPart(len(parts) + 1, ByteRange(pos, end), old,
+                                     source=s.source))
             pos = end
     return parts
 

@@ -261,3 +261,80 @@ def test_scattered_small_changes_are_staged_not_padded():
     assert staged.bytes_changed == staged.bytes_sent == 64
     assert padded.bytes_sent == 4 * MIN_PART
     assert sum(1 for p in staged.parts if p.stage) == 4
+
+
+def rebuild_from(sources: list[bytes], new: bytes, plan) -> bytes:
+    """``rebuild`` with parts copied from several objects at the target."""
+    out = bytearray()
+    for p in plan.parts:
+        src = sources[p.source]
+        if p.stage:
+            out += src[p.old_start:p.old_start + p.stage]
+            out += new[p.rng.start + p.stage:p.rng.end]
+        elif p.is_copy:
+            out += src[p.old_start:p.old_start + p.rng.length]
+        else:
+            out += new[p.rng.start:p.rng.end]
+    return bytes(out)
+
+
+@st.composite
+def spliced(draw):
+    """Several objects at the target, and a new one made of blocks taken from any of them (at
+    any block offset) and blocks of new bytes: a checkpoint sharing tensors with several
+    earlier ones, or a renamed file."""
+    rnd = random.Random(draw(st.integers(0, 2**32)))
+    block = 16
+    sources = [rnd.randbytes(block * draw(st.integers(1, 40))) for _ in range(draw(
+        st.integers(1, 4)))]
+    new = bytearray()
+    for _ in range(draw(st.integers(1, 60))):
+        if draw(st.booleans()):
+            src = sources[rnd.randrange(len(sources))]
+            at = rnd.randrange(len(src) // block) * block
+            new += src[at:at + block]
+        else:
+            new += rnd.randbytes(block)
+    return sources, bytes(new), block
+
+
+@settings(max_examples=300, deadline=None)
+@given(spliced(), st.booleans(), st.sampled_from([64, 128, 300]))
+def test_a_delta_from_several_objects_rebuilds_exactly(case, stage, part_size):
+    sources, new, block = case
+    segs = match(digests(new, fixed_chunks(len(new), block)),
+                 *(digests(s, fixed_chunks(len(s), block)) for s in sources))
+    plan = pack(segs, len(new), part_size=part_size, min_part=MIN_PART, max_parts=10_000,
+                stage=stage)
+    check_parts(plan, len(new), 10_000)
+    assert rebuild_from(sources, new, plan) == new
+    assert sum(plan.reused_by_source().values()) == plan.bytes_reused
+    assert set(plan.reused_by_source()) <= set(range(len(sources)))
+
+
+def test_a_chunk_in_several_sources_comes_from_the_first():
+    rnd = random.Random(3)
+    base = rnd.randbytes(640)
+    fresh = rnd.randbytes(640)
+    new = base[:320] + fresh[320:]  # half from both candidates, half from the second only
+    own = digests(base, fixed_chunks(640, 64))
+    other = digests(base[:320] + fresh[320:], fixed_chunks(640, 64))
+    segs = match(digests(new, fixed_chunks(640, 64)), own, other)
+    assert [(s.start, s.end, s.source) for s in segs] == [(0, 320, 0), (320, 640, 1)]
+    plan = pack(segs, 640, part_size=128, min_part=MIN_PART, max_parts=100)
+    assert plan.reused_by_source() == {0: 320, 1: 320} and plan.bytes_sent == 0
+    assert rebuild_from([base, base[:320] + fresh[320:]], new, plan) == new
+
+
+def test_a_renamed_object_is_one_copy_from_its_old_name():
+    data = random.Random(4).randbytes(1000)
+    chunks = digests(data, fixed_chunks(1000, 100))
+    plan = pack(match(chunks, [], chunks), 1000, part_size=128, min_part=MIN_PART, max_parts=9)
+    assert [(p.old_start, p.source, p.rng.length) for p in plan.parts] == [(0, 1, 1000)]
+
+
+def test_the_fingerprint_names_the_sources():
+    data = random.Random(5).randbytes(300)
+    chunks = digests(data, fixed_chunks(300, 100))
+    plan = pack(match(chunks, chunks), 300, part_size=128, min_part=MIN_PART, max_parts=9)
+    assert plan.fingerprint(["a@e1"]) != plan.fingerprint(["a@e2"]) != plan.fingerprint()
