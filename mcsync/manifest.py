@@ -26,11 +26,13 @@ from typing import Any
 
 from .chunking import chunks_from_sizes, fixed_chunks
 from .hashing import object_digest
+from .index import SCHEMA as INDEX_SCHEMA
+from .index import ChunkIndex
 from .types import ByteRange, ObjectInfo
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DIGEST_SIZE = 16  # xxh3-128
 
 
@@ -94,11 +96,17 @@ _OBJECT_COLUMNS = ("key, src_size, src_etag, src_mtime, src_version, dst_size, d
                    "chunker")
 
 
-def _migrate_from_v1(db: sqlite3.Connection) -> None:
-    """Version 2 added chunk maps cut by content and the layout of open uploads."""
-    db.execute("ALTER TABLE objects ADD COLUMN chunk_sizes BLOB NOT NULL DEFAULT x''")
-    db.execute("ALTER TABLE objects ADD COLUMN chunker TEXT NOT NULL DEFAULT 'fixed'")
-    db.execute("ALTER TABLE uploads ADD COLUMN layout TEXT")
+def _migrate(db: sqlite3.Connection, version: str) -> None:
+    """Bring a manifest of an older schema up to this one, in place, step by step."""
+    if version == "1":  # version 2 added chunk maps cut by content, and upload layouts
+        db.execute("ALTER TABLE objects ADD COLUMN chunk_sizes BLOB NOT NULL DEFAULT x''")
+        db.execute("ALTER TABLE objects ADD COLUMN chunker TEXT NOT NULL DEFAULT 'fixed'")
+        db.execute("ALTER TABLE uploads ADD COLUMN layout TEXT")
+        version = "2"
+    if version == "2":  # version 3 added the chunk index (created empty by _SCHEMA)
+        rows = db.execute(f"SELECT {_OBJECT_COLUMNS} FROM objects").fetchall()
+        entries = (ManifestEntry(*row) for row in rows)
+        ChunkIndex(db).rebuild((e.key, e.dst_size, e.chunks()) for e in entries)
     db.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
@@ -261,6 +269,7 @@ class Manifest:
         except sqlite3.DatabaseError as exc:
             self._set_aside(f"unreadable ({exc})")
             self._db = self._connect()
+        self.index = ChunkIndex(self._db)  # the chunks of recorded objects (compose)
 
     # -- opening --------------------------------------------------------------------------------
 
@@ -273,7 +282,7 @@ class Manifest:
                 (verdict,) = db.execute("PRAGMA quick_check").fetchone()
                 if verdict != "ok":
                     raise sqlite3.DatabaseError(f"quick_check: {verdict}")
-            db.executescript(_SCHEMA)
+            db.executescript(_SCHEMA + INDEX_SCHEMA)
             meta = dict(db.execute("SELECT k, v FROM meta").fetchall())
             if not meta:
                 db.executemany("INSERT INTO meta VALUES (?, ?)", [
@@ -281,8 +290,8 @@ class Manifest:
                     ("dst", self.dst_url), ("created_at", str(time.time()))])
             elif meta.get("dst") != self.dst_url or meta.get("src") != self.src_url:
                 raise sqlite3.DatabaseError("it belongs to another sync pair")
-            elif meta.get("schema_version") == "1":
-                _migrate_from_v1(db)
+            elif meta.get("schema_version") in ("1", "2"):
+                _migrate(db, meta["schema_version"])
             elif meta.get("schema_version") != str(SCHEMA_VERSION):
                 raise sqlite3.DatabaseError(
                     f"schema version {meta.get('schema_version')}, expected {SCHEMA_VERSION}")
@@ -343,6 +352,7 @@ class Manifest:
             (e.key, e.src_size, e.src_etag, e.src_mtime, e.src_version, e.dst_size, e.dst_etag,
              e.dst_mtime, e.block_size, e.block_hashes, e.xxh3, e.crc32c, e.written_at,
              e.chunk_sizes, e.chunker))
+        self.index.replace(e.key, e.dst_size, e.chunks())
         self.records_changed = True
         if e.key in self._journalled:
             self._drop_upload_rows(e.key)
@@ -352,6 +362,7 @@ class Manifest:
     def forget(self, key: str) -> None:
         self.records_changed = True
         self._db.execute("DELETE FROM objects WHERE key = ?", (key,))
+        self.index.drop(key)
         self._changed()
 
     # -- journal of open uploads ------------------------------------------------------------------
