@@ -14,18 +14,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import xxhash
 
-from . import delta
+from . import bases, delta
+from .bases import Base
 from .chunking import Layout
 from .config import SyncOptions
-from .errors import MCSyncError, NotFound, Permanent
+from .errors import MCSyncError, NotFound, Permanent, PreconditionFailed
 from .events import DeltaPlanned, Event
 from .limits import Limits
-from .manifest import OpenUpload
+from .manifest import Manifest, OpenUpload
 from .plan import RESERVED_PREFIX, Action
 from .scan import cut, scan_chunks
 from .stores.base import (
@@ -48,33 +50,48 @@ STAGING_PREFIX = f"{RESERVED_PREFIX}stage/"  # a block delta's staging objects a
 
 @dataclass(frozen=True, slots=True)
 class DeltaFound:
-    """A delta worth sending: the target's version it composes from, the new version's
-    chunks and digests, and the parts."""
+    """A delta worth sending: the objects at the target it composes from (``bases``, the
+    parts' ``source`` indices), the new version's chunks and digests, and the parts."""
 
-    current: ObjectInfo
+    bases: tuple[Base, ...]
     layout: Layout
     digests: list[bytes]
     plan: delta.DeltaPlan
     changed_tensors: tuple[str, ...]
 
+    def reused_from(self) -> tuple[tuple[str, int], ...]:
+        """Bytes composed from each base, by key, largest first."""
+        by_source = self.plan.reused_by_source()
+        return tuple(sorted(((self.bases[i].key, n) for i, n in by_source.items() if n),
+                            key=lambda kv: (-kv[1], kv[0])))
+
+    def reused_from_own(self) -> int:
+        by_source = self.plan.reused_by_source()
+        return sum(n for i, n in by_source.items() if self.bases[i].own)
+
     def event(self, key: str) -> DeltaPlanned:
         p = self.plan
         return DeltaPlanned(key, p.size, p.bytes_changed, p.bytes_sent, p.bytes_reused,
-                            len(p.parts), self.changed_tensors)
+                            len(p.parts), self.changed_tensors, self.reused_from(),
+                            self.reused_from_own())
 
     def specs(self) -> tuple[PartSpec, ...]:
-        return tuple(PartSpec(p.number, p.rng, old_start=p.old_start, stage=p.stage)
-                     for p in self.plan.parts)
+        return tuple(PartSpec(p.number, p.rng, old_start=p.old_start, stage=p.stage,
+                              source=p.source) for p in self.plan.parts)
+
+    def fingerprint(self) -> str:
+        return self.plan.fingerprint([b.name for b in self.bases])
 
 
 @dataclass(frozen=True, slots=True)
 class Composed:
     """A delta that was sent: its plan, the upload's result, and the bytes composed at the
-    target instead of sent."""
+    target instead of sent (in all, and from the object's own previous version)."""
 
     found: DeltaFound
     uploaded: Uploaded
     reused: int
+    reused_own: int
 
 
 class ComposeRefused(MCSyncError):
@@ -90,35 +107,78 @@ class Deltas:
     options: SyncOptions
     limits: Limits
     emit: Callable[[Event], None]
+    manifest: Manifest | None = None  # the records and chunk index composed from
     refused: bool = False  # the target refused a ranged part copy: no more deltas this run
     _stage_creates: set[asyncio.Future[Upload]] = field(default_factory=set)
 
     def possible(self, action: Action) -> bool:
-        """Could this action go as a block delta (before looking at any byte)?"""
+        """Could this action go as a block delta (before looking at any byte)? A changed
+        object mcsync wrote, or any large object when the chunk index may hold its chunks."""
         src = action.src
-        return (action.kind == "copy" and action.known is not None and src is not None
+        if not (action.kind == "copy" and src is not None and self.options.delta
                 and src.size > self.options.multipart_threshold
-                and isinstance(self.dst, Composer) and not self.refused)
+                and isinstance(self.dst, Composer) and not self.refused):
+            return False
+        return action.known is not None or self._index_may_help()
 
-    def recorded_cut(self, action: Action) -> tuple[int, str]:
-        """Block size and chunker to cut the new version with: as the recorded version was
-        cut, unless told otherwise."""
+    def _index_may_help(self) -> bool:
+        return (self.options.delta_scope != "key" and self.manifest is not None
+                and not self.manifest.index.empty)
+
+    def cut_of(self, action: Action, size: int) -> tuple[int, str]:
+        """Block size and chunker to cut the new version with: as the recorded version of the
+        key was cut, unless told otherwise; a key without one as a copy of it would be."""
         known = action.known
-        assert known is not None
-        chunker = known.chunker if self.options.chunker == "auto" else self.options.chunker
-        return known.block_size, chunker
+        if known is not None and known.block_size > 0:
+            chunker = known.chunker if self.options.chunker == "auto" else self.options.chunker
+            return known.block_size, chunker
+        return self.options.part_size_for(size, self.dst.caps), self.options.chunker
 
     async def plan(self, action: Action, src: ObjectInfo) -> DeltaFound | str:
-        """The delta for a changed object mcsync wrote before, or why there is none. Reads
-        (and hashes) the whole source; sends nothing."""
-        known = action.known
-        if known is None or not self.options.delta:
+        """The delta for an object, or why there is none: composed from its own previous
+        version and from objects sharing its chunks (see ``bases``). Reads and hashes the
+        whole source (a new object: a few chunks first, and all only if one is found at the
+        target); sends nothing."""
+        if not self.options.delta:
             return "no delta asked for"
+        if not isinstance(self.dst, Composer):
+            return f"{self.dst.url} cannot build objects from ranges"
+        own = await self._own_base(action)
+        if isinstance(own, str) and not self._index_may_help():
+            return own
+        block, chunker = self.cut_of(action, src.size)
+        layout = await cut(self.src, src, block, chunker, self.limits)
+        part_size = self.options.part_size_for(src.size, self.dst.caps)
+        if isinstance(own, str) and not layout.digests:  # a new object: look before reading
+            picked = bases.samples(layout.chunks, layout.header is not None)
+            sampled = await scan_chunks(self.src, src, picked, 1, self.limits)
+            if not self._holders(action.key, zip(picked, sampled, strict=True)):
+                return f"{own}, and no chunk of it is at the target"
+        digests = layout.digests or await scan_chunks(self.src, src, layout.chunks, part_size,
+                                                      self.limits)
+        new = list(zip(layout.chunks, digests, strict=True))
+        found = [own] if isinstance(own, Base) else []
+        found += self._other_bases(action.key, new)
+        segments = delta.match(new, *(b.chunks for b in found))
+        caps = self.dst.caps
+        plan = delta.pack(segments, src.size, part_size=part_size, min_part=caps.min_part_size,
+                          max_parts=caps.max_parts, stage=_can_stage(self.dst))
+        if plan is None:
+            return "too many changed regions for one upload"
+        if plan.bytes_reused == 0:
+            return own if isinstance(own, str) else "nothing at the target can be reused"
+        tensors = () if layout.header is None else tuple(delta.changed_tensors(
+            segments, [(t.name, t.start, t.end) for t in layout.header.tensors]))
+        return DeltaFound(tuple(found), layout, digests, plan, tensors)
+
+    async def _own_base(self, action: Action) -> Base | str:
+        """The key's own version at the target, as mcsync recorded it, or why it is none."""
+        known = action.known
+        if known is None:
+            return "not at the target before"
         old = known.chunks()
         if not old:
             return "no block hashes recorded for the target's version"
-        if not isinstance(self.dst, Composer):
-            return f"{self.dst.url} cannot build objects from ranges"
         current = action.dst
         if current is None:
             try:
@@ -128,22 +188,23 @@ class Deltas:
                 return "not at the target any more"
         if not known.matches_target(current):
             return "the target changed behind mcsync's back"
-        part_size = self.options.part_size_for(src.size, self.dst.caps)
-        block, chunker = self.recorded_cut(action)
-        layout = await cut(self.src, src, block, chunker, self.limits)
-        digests = layout.digests or await scan_chunks(self.src, src, layout.chunks, part_size,
-                                                      self.limits)
-        segments = delta.match(list(zip(layout.chunks, digests, strict=True)), old)
-        caps = self.dst.caps
-        plan = delta.pack(segments, src.size, part_size=part_size, min_part=caps.min_part_size,
-                          max_parts=caps.max_parts, stage=_can_stage(self.dst))
-        if plan is None:
-            return "too many changed regions for one upload"
-        if plan.bytes_reused == 0:
-            return "nothing of the target's version can be reused"
-        tensors = () if layout.header is None else tuple(delta.changed_tensors(
-            segments, [(t.name, t.start, t.end) for t in layout.header.tensors]))
-        return DeltaFound(current, layout, digests, plan, tensors)
+        return Base(action.key, current, old, own=True)
+
+    def _holders(self, key: str, chunks: Iterable[tuple[ByteRange, bytes]]) -> Counter[str]:
+        if self.manifest is None or self.options.delta_scope == "key":
+            return Counter()
+        hits = self.manifest.index.holders((rng.length, d) for rng, d in chunks if rng.length)
+        return Counter({k: n for k, n in hits.items()
+                        if bases.in_scope(k, key, self.options.delta_scope)})
+
+    def _other_bases(self, key: str, new: list[tuple[ByteRange, bytes]]) -> list[Base]:
+        """Other objects at the target holding chunks of ``new``, best first."""
+        hits = self._holders(key, new)
+        if not hits or self.manifest is None:
+            return []
+        records = {k: e for k in hits if (e := self.manifest.get(k)) is not None}
+        return [Base(k, records[k].as_target(), records[k].chunks())
+                for k in bases.rank(key, hits, records, self.options.delta_scope)]
 
     async def send(self, action: Action, src: ObjectInfo, prior: OpenUpload | None,
                    uploads: Uploads, send_part: MovePart, *, streamed: bool) -> Composed | str:
@@ -156,22 +217,32 @@ class Deltas:
         self.emit(found.event(action.key))
         key, dst = action.key, self.dst
         assert isinstance(dst, Composer)  # plan() said so
-        source = dst.compose_source(found.current)
+        sources = [dst.compose_source(b.info) for b in found.bases]
         specs = found.specs()
         staged = any(spec.stage for spec in specs)
         if staged:  # what a killed run of this key left (a lock keeps other runs away)
             await self.clear_staging(key)
 
         async def move(spec: PartSpec, upload: Upload) -> Moved:
-            if spec.stage:
-                return await self._staged_part(key, src, upload, spec, source)
-            if spec.old_start is not None:
+            if spec.old_start is None:
+                return await send_part(spec, upload)
+            base = found.bases[spec.source]
+            try:
+                if spec.stage:
+                    return await self._staged_part(key, src, upload, spec, sources[spec.source])
                 old = ByteRange(spec.old_start, spec.old_start + spec.rng.length)
-                return await self._copy_part(key, upload, spec, source, old)
-            return await send_part(spec, upload)
+                return await self._copy_part(key, upload, spec, sources[spec.source], old)
+            except PreconditionFailed:
+                # The base is no longer the version recorded: never compose from it again.
+                # Raised on, the object is planned afresh (transfer), without it.
+                if self.manifest is not None:
+                    self.manifest.index.drop(base.key)
+                log.info("%s: %s changed behind mcsync's back; not composing from it",
+                         key, base.key)
+                raise
 
         plan = UploadPlan(key, src, specs, self.options.part_size_for(src.size, dst.caps),
-                          found.plan.fingerprint(), streamed=streamed)
+                          found.fingerprint(), streamed=streamed)
         try:
             uploaded = await uploads.run(plan, prior, move, n_chunks=len(found.layout.chunks))
         except ComposeRefused as exc:
@@ -184,7 +255,7 @@ class Deltas:
                 await self.clear_staging(key)
             raise
         reused = sum(spec.rng.length - spec.sent for spec in specs)
-        return Composed(found, uploaded, reused)
+        return Composed(found, uploaded, reused, found.reused_from_own())
 
     async def _copy_part(self, key: str, upload: Upload, spec: PartSpec, source: CopySource,
                          old: ByteRange) -> Moved:

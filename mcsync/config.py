@@ -26,6 +26,7 @@ S3_LIMITS = Capabilities()
 S3_MIN_PART_SIZE = S3_LIMITS.min_part_size
 S3_MAX_PART_SIZE = S3_LIMITS.max_part_size
 CHUNKERS = ("auto", "fixed", "safetensors", "cdc")
+DELTA_SCOPES = ("key", "prefix", "target")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,9 @@ class SyncOptions:
     # auto: as the recorded version was cut; new objects by tensor for .safetensors files,
     # else fixed blocks. fixed, safetensors, cdc (content-defined): see mcsync.chunking.
     chunker: str = "auto"
+    # Where a delta may copy from: the key's own previous version (key), objects under the
+    # same parent as its directory (prefix: a run's other steps), or the whole pair (target).
+    delta_scope: str = "target"
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -72,6 +76,9 @@ class SyncOptions:
             raise UsageError(
                 f"--part-size must be between 5 MiB and 5 GiB, got {format_size(self.part_size)}"
             )
+        if self.delta_scope not in DELTA_SCOPES:
+            raise UsageError(f"--delta-scope must be one of {', '.join(DELTA_SCOPES)}, got "
+                             f"{self.delta_scope}")
         if self.chunker not in CHUNKERS:
             raise UsageError(f"--chunker must be one of {', '.join(CHUNKERS)}, got {self.chunker}")
         if self.memory_limit < S3_MIN_PART_SIZE:

@@ -172,7 +172,8 @@ class _Run:
         writing = manifest if not options.dry_run else None
         self.transfer = Transfer(src, dst, options, self.limits, self.sink.emit,
                                  journal=writing, stop=stop,
-                                 open_uploads=writing.open_uploads() if writing else {})
+                                 open_uploads=writing.open_uploads() if writing else {},
+                                 manifest=manifest)
         # Objects in motion at once; their parts share the requests limit beneath.
         self.objects = asyncio.Semaphore(options.concurrency)
         self.interrupted = False

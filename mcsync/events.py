@@ -44,6 +44,8 @@ class DeltaPlanned:
     bytes_reused: int
     parts: int
     changed_tensors: tuple[str, ...] = ()  # safetensors files: tensors with new bytes
+    reused_from: tuple[tuple[str, int], ...] = ()  # (key, bytes composed from it), largest first
+    reused_own: int = 0  # of bytes_reused: from the key's own previous version
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +139,7 @@ class StatsCollector:
                 r.record_planned(action, size)
             case DeltaPlanned() if self.dry_run:
                 r.record_planned_delta(event.size, event.bytes_changed, event.bytes_to_send,
-                                       event.bytes_reused)
+                                       event.bytes_reused, event.reused_own)
             case ObjectDone(result=result):
                 r.record_done(result)
             case ObjectFailed(key=key, error=error):

@@ -19,8 +19,10 @@ class ObjectResult:
     xxh3_128: str | None = None  # digest of the bytes moved; None for server-side copies/deletes
     hash_block_size: int | None = None  # digest = leaf if one block, else xxh3_128(leaves)
     etag: str | None = None  # the target's ETag after the write
-    bytes_reused: int = 0  # composed at the target from its previous version (block delta)
+    bytes_reused: int = 0  # composed at the target from objects it holds (block delta)
     bytes_changed: int | None = None  # new bytes (the whole object unless sent as a delta)
+    bytes_reused_own: int = 0  # of bytes_reused: from the key's own previous version
+    reused_from: tuple[tuple[str, int], ...] = ()  # (key, bytes composed from it)
 
 
 @dataclass
@@ -38,9 +40,13 @@ class SyncReport:
     bytes_server_copied: int = 0
     bytes_skipped: int = 0
     # The block delta: bytes of copied objects that were new (no old chunk matched), and bytes
-    # the target composed from the versions it held. A full copy counts as all changed.
+    # the target composed from objects it held, split into those from the key's own previous
+    # version and those from other objects (a new checkpoint from earlier ones). A full copy
+    # counts as all changed.
     bytes_changed: int = 0
     bytes_reused: int = 0
+    bytes_reused_same_key: int = 0
+    bytes_reused_cross_object: int = 0
     # --checksum: objects whose bytes were read and hashed to decide skip or copy, and the
     # bytes read for it (source, and target where no recorded hash stood in for it)
     objects_compared: int = 0
@@ -90,16 +96,21 @@ class SyncReport:
         elif action == "delete":
             self.objects_deleted += 1
 
-    def record_planned_delta(self, size: int, changed: int, to_send: int, reused: int) -> None:
+    def record_planned_delta(self, size: int, changed: int, to_send: int, reused: int,
+                             reused_own: int) -> None:
         """Dry run: a copy planned as a delta; record_planned counted it as a full copy."""
         self.bytes_changed += changed - size
         self.bytes_sent += to_send - size
         self.bytes_reused += reused
+        self.bytes_reused_same_key += reused_own
+        self.bytes_reused_cross_object += reused - reused_own
 
     def record_done(self, result: ObjectResult) -> None:
         self.objects.append(result)
         self.bytes_sent += result.bytes_sent
         self.bytes_reused += result.bytes_reused
+        self.bytes_reused_same_key += result.bytes_reused_own
+        self.bytes_reused_cross_object += result.bytes_reused - result.bytes_reused_own
         if result.bytes_changed is not None:
             self.bytes_changed += result.bytes_changed
         if result.action == "copy":

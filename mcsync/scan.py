@@ -43,7 +43,8 @@ async def scan_chunks(store: ReadStore, info: ObjectInfo, chunks: list[ByteRange
     groups = group_parts(chunks, read_size)
     # A source that keeps a CRC32C (GCS) is checked against it on the way: the delta records
     # these digests and sends some of these bytes without reading them again whole.
-    check_crc = pinned and info.crc32c is not None
+    check_crc = (pinned and info.crc32c is not None and bool(chunks) and chunks[0].start == 0
+                 and sum(c.length for c in chunks) == info.size)  # the whole object only
     crcs: list[tuple[int, int]] = [(0, 0)] * len(groups)
 
     async def one(index: int, first: int, last: int) -> None:

@@ -67,7 +67,10 @@ class Transfer:
     def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, limits: Limits,
                  emit: Callable[[Event], None], *, journal: Manifest | None = None,
                  stop: asyncio.Event | None = None,
-                 open_uploads: dict[str, OpenUpload] | None = None) -> None:
+                 open_uploads: dict[str, OpenUpload] | None = None,
+                 manifest: Manifest | None = None) -> None:
+        """``journal``: the manifest this run writes (None for a dry run); ``manifest``: the
+        one it reads records and chunks from (the same, or read-only for a dry run)."""
         self.src = src
         self.dst = dst
         self.options = options
@@ -75,7 +78,7 @@ class Transfer:
         self.emit = emit
         self.uploads = Uploads(dst, limits, emit, options.part_concurrency, journal,
                                dict(open_uploads or {}), stop or asyncio.Event())
-        self.deltas = Deltas(src, dst, options, limits, emit)
+        self.deltas = Deltas(src, dst, options, limits, emit, manifest or journal)
         # A previous run left uploads open: it was stopped, and may have left staging objects
         # of a block delta behind too.
         self.after_stop = bool(open_uploads)
@@ -136,7 +139,9 @@ class Transfer:
                 found = composed.found
                 return self._done(action, src, composed.uploaded.written,
                                   composed.uploaded.sent, found.digests, found.layout,
-                                  reused=composed.reused, changed=found.plan.bytes_changed)
+                                  reused=composed.reused, reused_own=composed.reused_own,
+                                  changed=found.plan.bytes_changed,
+                                  reused_from=found.reused_from())
             log.info("%s: %s; sending it whole", action.key, composed)
         return await self._copy_parts(action, src, prior)
 
@@ -144,8 +149,8 @@ class Transfer:
         """A killed run's upload of this version is gone: if it completed, record it (cut as
         that upload was: a delta's in the recorded version's blocks)."""
         part_size = self.options.part_size_for(src.size, self.dst.caps)
-        was_delta = (prior.layout or "").startswith("delta:") and action.known is not None
-        block, chunker = (self.deltas.recorded_cut(action) if was_delta
+        was_delta = (prior.layout or "").startswith("delta:")
+        block, chunker = (self.deltas.cut_of(action, src.size) if was_delta
                           else (part_size, self.options.chunker))
         layout = await cut(self.src, src, block, chunker, self.limits)
         found = await self.uploads.recognise(prior, src, layout, self.src, part_size)
@@ -259,7 +264,8 @@ class Transfer:
 
     def _done(self, action: Action, src: ObjectInfo, written: ObjectInfo, sent: int,
               digests: list[bytes], layout: Layout | None, *, reused: int = 0,
-              changed: int | None = None) -> Done:
+              reused_own: int = 0, changed: int | None = None,
+              reused_from: tuple[tuple[str, int], ...] = ()) -> Done:
         """``layout`` None: a server-side copy, no byte of which passed through us."""
         entry = entry_for(src, written, digests=digests,
                           block_size=layout.block if layout is not None else 0,
@@ -268,7 +274,8 @@ class Transfer:
         server = layout is None
         result = ObjectResult(action.key, "server_copy" if server else "copy", src.size, sent,
                               entry.xxh3, None if server else entry.block_size, written.etag,
-                              bytes_reused=reused,
+                              bytes_reused=reused, bytes_reused_own=reused_own,
+                              reused_from=reused_from,
                               bytes_changed=None if server else (
                                   src.size if changed is None else changed))
         return Done(result, entry)

@@ -46,6 +46,7 @@ class PartSpec:
     chunks: tuple[ByteRange, ...] = ()  # the chunks the part is hashed in; (): rng, whole
     first_chunk: int | None = None  # index of its first chunk in the object's chunk list
     stage: int = 0  # > 0: a staged part (see ``delta``): ``stage`` bytes copied, then new bytes
+    source: int = 0  # which object a copy's bytes come from (the delta's bases)
 
     @property
     def sent(self) -> int:

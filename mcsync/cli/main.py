@@ -23,6 +23,7 @@ from ..config import (
     CHUNKERS,
     DEFAULT_CONCURRENCY,
     DEFAULT_PART_CONCURRENCY,
+    DELTA_SCOPES,
     SyncOptions,
     format_size,
     parse_size,
@@ -107,7 +108,14 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "modification time: list the target, skip on equal ETags or recorded "
                           "xxh3-128 hashes, otherwise read and hash both sides (costs reads)."),
         click.option("--no-delta", "no_delta", is_flag=True,
-                     help="Send changed objects whole instead of only their changed chunks."),
+                     help="Send changed objects whole instead of only their changed chunks, "
+                          "and new ones whole even where the target holds their chunks."),
+        click.option("--delta-scope", type=click.Choice(DELTA_SCOPES), default="target",
+                     show_default=True,
+                     help="Where a delta may copy chunks from: key (the object's own previous "
+                          "version), prefix (objects under the parent of its directory: a "
+                          "run's other steps), target (any object mcsync wrote to this "
+                          "target)."),
         click.option("--chunker", type=click.Choice(CHUNKERS), default="auto", show_default=True,
                      help="How objects are cut for the block delta. auto: as the target's "
                           "version was cut; new .safetensors files by tensor (a tensor keeps "
@@ -421,6 +429,10 @@ def _delta_line(e: DeltaPlanned) -> str:
         names = ", ".join(e.changed_tensors[:8])
         more = len(e.changed_tensors) - 8
         line += f"\n{'':<25}changed tensors: {names}" + (f" and {more} more" if more > 0 else "")
+    if e.reused_from and [k for k, _ in e.reused_from] != [e.key]:
+        shown = ", ".join(f"{k} ({format_size(n)})" for k, n in e.reused_from[:4])
+        more = len(e.reused_from) - 4
+        line += f"\n{'':<25}composed from: {shown}" + (f" and {more} more" if more > 0 else "")
     return line
 
 

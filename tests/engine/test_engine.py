@@ -228,3 +228,71 @@ def test_a_target_emptied_behind_mcsyncs_back_is_listed_and_filled_again(pair, t
     assert contents(dst) == contents(src)
     third = sync(src, dst, tmp_path, part_size=PART)  # and the manifest is trusted again
     assert third.objects_skipped == 2
+
+
+def test_a_new_step_directory_is_composed_from_the_previous_one(pair, tmp_path):
+    src, dst = pair
+    step1 = payload(8 * PART, 7)
+    seed(src, {"run/step-1/model.bin": step1})
+    assert sync(src, dst, tmp_path, part_size=PART).ok
+    step2 = bytearray(step1)
+    step2[5 * PART:5 * PART + 100] = payload(100, 8)  # one block of eight changed
+    seed(src, {"run/step-2/model.bin": bytes(step2)})
+    report = sync(src, dst, tmp_path, part_size=PART)
+    assert report.ok and contents(dst) == contents(src)
+    assert report.bytes_sent == PART and report.bytes_reused == 7 * PART
+    assert report.bytes_reused_cross_object == 7 * PART and report.bytes_reused_same_key == 0
+    (result,) = [r for r in report.objects if r.key == "run/step-2/model.bin"]
+    assert result.reused_from == (("run/step-1/model.bin", 7 * PART),)
+
+
+def test_a_renamed_object_is_copied_at_the_target_not_sent(pair, tmp_path):
+    src, dst = pair
+    data = payload(6 * PART + 3, 9)
+    seed(src, {"old-name.bin": data})
+    assert sync(src, dst, tmp_path, part_size=PART).ok
+    del src.endpoint.objects[src.prefix + "old-name.bin"]
+    seed(src, {"new-name.bin": data})
+    report = sync(src, dst, tmp_path, part_size=PART, delete=True)
+    assert report.ok and contents(dst) == {"new-name.bin": data}
+    assert report.bytes_sent == 0 and report.bytes_reused_cross_object == len(data)
+    assert report.objects_deleted == 1  # the base may go once the copy is complete
+
+
+def test_a_base_changed_behind_mcsyncs_back_is_not_composed_from(pair, tmp_path):
+    src, dst = pair
+    step1 = payload(4 * PART, 10)
+    seed(src, {"a/step-1/w.bin": step1})
+    assert sync(src, dst, tmp_path, part_size=PART).ok
+    seed(dst, {"a/step-1/w.bin": payload(4 * PART, 11)})  # overwritten at the target
+    seed(src, {"a/step-2/w.bin": step1})
+    report = sync(src, dst, tmp_path, part_size=PART)
+    assert report.ok and contents(dst)["a/step-2/w.bin"] == step1
+    assert report.bytes_sent == 4 * PART and report.bytes_reused == 0
+
+
+def test_scope_key_and_no_delta_send_a_new_object_whole(pair, tmp_path):
+    src, dst = pair
+    data = payload(4 * PART, 12)
+    seed(src, {"x/1/w.bin": data})
+    assert sync(src, dst, tmp_path, part_size=PART).ok
+    seed(src, {"x/2/w.bin": data, "x/3/w.bin": data})
+    report = sync(src, dst, tmp_path, part_size=PART, delta_scope="key")
+    assert report.bytes_reused == 0 and report.bytes_sent == 8 * PART
+    seed(src, {"x/4/w.bin": data})
+    report = sync(src, dst, tmp_path, part_size=PART, delta=False)
+    assert report.bytes_reused == 0 and report.bytes_sent == 4 * PART
+    assert contents(dst) == contents(src)
+
+
+def test_scope_prefix_stays_within_the_run(pair, tmp_path):
+    src, dst = pair
+    data = payload(4 * PART, 13)
+    seed(src, {"run-a/1/w.bin": data})
+    assert sync(src, dst, tmp_path, part_size=PART).ok
+    seed(src, {"run-b/1/w.bin": data, "run-a/2/w.bin": data})
+    report = sync(src, dst, tmp_path, part_size=PART, delta_scope="prefix")
+    by_key = {r.key: r for r in report.objects}
+    assert by_key["run-a/2/w.bin"].bytes_sent == 0
+    assert by_key["run-b/1/w.bin"].bytes_sent == 4 * PART
+    assert contents(dst) == contents(src)

@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
      "events", "stores.base"),
     ("streaming", "stores.s3_errors", "stores.s3_clients", "stores.s3_upload", "stores.s3",
      "stores.local", "stores.gcs", "stores.memory", "stores.registry"),
-    ("manifest", "listing", "plan", "spool", "lock"),
+    ("index", "manifest", "listing", "plan", "spool", "lock", "bases"),
     ("scan", "compare", "verify"),
     ("upload", "compose", "transfer"),
     ("engine",),
