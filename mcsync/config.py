@@ -63,6 +63,9 @@ class SyncOptions:
     # Where a delta may copy from: the key's own previous version (key), objects under the
     # same parent as its directory (prefix: a run's other steps), or the whole pair (target).
     delta_scope: str = "target"
+    # A source file modified less than this long ago is still being written: deferred to a
+    # later run (0 for one-shot runs; --watch makes it 30 s).
+    min_age_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -131,6 +134,10 @@ def parse_size(text: str) -> int:
         value = float(num)
     except ValueError:
         raise UsageError(f"not a size: {text!r} (examples: 8MiB, 512K, 2G)") from None
+    # float() also reads "1e400" (infinity) and "-5": no size is either
+    if not 0 <= value * _UNITS[unit] < 2**63:
+        raise UsageError(f"not a size: {text!r} (sizes go from 0 B to 8 EiB; examples: 8MiB, "
+                         "512K, 2G)")
     return int(value * _UNITS[unit])
 
 

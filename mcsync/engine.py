@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .checkpoints import Completion
 from .compare import Verdict, compare
 from .config import SyncOptions
 from .errors import (
@@ -22,6 +23,7 @@ from .errors import (
     ListingOrderError,
     MCSyncError,
     NotFound,
+    PreconditionFailed,
     UnsafeKey,
     UsageError,
     first_error,
@@ -31,6 +33,7 @@ from .events import (
     FanOut,
     ListingDone,
     NullSink,
+    ObjectDeferred,
     ObjectDone,
     ObjectFailed,
     ObjectPlanned,
@@ -46,7 +49,7 @@ from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
 from .report import SyncReport
 from .retry import RetryPolicy, retrying
 from .spool import Spool
-from .stores.base import ReadStore, ServerSideCopier, Store
+from .stores.base import LocalTree, ReadStore, ServerSideCopier, Store
 from .stores.registry import StoreOptions, open_store
 from .transfer import Transfer
 from .types import ObjectInfo
@@ -55,6 +58,7 @@ from .verify import verify_entries
 log = logging.getLogger(__name__)
 
 MANIFEST_UPLOAD_EVERY_S = 300.0
+MOVES = ("copy", "server_copy", "compare")  # actions that would write the key at the target
 
 
 ManifestFactory = Callable[[Path, str, str], Manifest]
@@ -70,32 +74,53 @@ def target_lock_key(src: ReadStore, dst: ReadStore) -> str:
 
 async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOptions,
                    sink: EventSink | None = None, *, stop: asyncio.Event | None = None,
-                   manifest_factory: ManifestFactory = Manifest) -> SyncReport:
+                   manifest_factory: ManifestFactory = Manifest, preflight: bool = True,
+                   check_manifest_copy: bool = True) -> SyncReport:
     """Sync ``src`` to ``dst``, each an address or a store object (the caller keeps a store it
     passed in: it is not closed here). Raises UsageError/ConfigError (exit 2) before any byte
     moves when either side cannot be used, and Locked (exit 3) when another run holds the
     pair; per-object failures are in the report (exit 1). Setting ``stop`` asks the run to
     wind down: work in flight gets ``options.grace_s`` seconds, the rest resumes next run.
-    ``manifest_factory`` opens the pair's manifest (tests hand in one that crashes)."""
+    ``manifest_factory`` opens the pair's manifest (tests hand in one that crashes). A watch's
+    later cycles skip the stores' checks (``preflight``) and, mostly, the look for the
+    manifest's copy at the target (``check_manifest_copy``): they cost a listing of the source
+    and nothing at the target."""
     stop = stop or asyncio.Event()
     async with contextlib.AsyncExitStack() as opened:
         source = await _store(src, options, opened)
         target = await _store(dst, options, opened)
-        await source.check(mode="read")
-        if not isinstance(target, Store):
-            raise UsageError(f"{target.url}: a source only: mcsync reads it but cannot "
-                             "write to it")
-        await target.check(mode="plan" if options.dry_run else "write")
-        path = (Path(options.manifest) if options.manifest
-                else default_path(source.url, target.url))
+        if preflight:
+            target = await check_pair(source, target, options)
+        assert isinstance(target, Store)
+        path = manifest_path(source, target, options)
         if options.dry_run or not options.lock:
             return await _run_with_manifest(source, target, options, sink, stop, path,
-                                            manifest_factory)
-        async with run_lock(path.with_name(path.name + ".lock"), target,
-                            target_lock_key(source, target)):
+                                            manifest_factory, check_manifest_copy)
+        async with pair_lock(source, target, options):
             return await _run_with_manifest(source, target, options, sink, stop, path,
-                                            manifest_factory)
+                                            manifest_factory, check_manifest_copy)
     raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
+
+
+async def check_pair(source: ReadStore, target: ReadStore, options: SyncOptions) -> Store:
+    """Both sides usable (ConfigError, exit 2, when not); the target as a Store."""
+    await source.check(mode="read")
+    if not isinstance(target, Store):
+        raise UsageError(f"{target.url}: a source only: mcsync reads it but cannot write to it")
+    await target.check(mode="plan" if options.dry_run else "write")
+    return target
+
+
+def manifest_path(source: ReadStore, target: ReadStore, options: SyncOptions) -> Path:
+    return Path(options.manifest) if options.manifest else default_path(source.url, target.url)
+
+
+def pair_lock(source: ReadStore, target: Store,
+              options: SyncOptions) -> contextlib.AbstractAsyncContextManager[None]:
+    """The lock that keeps a second run of the pair away (exit 3): see ``lock``."""
+    path = manifest_path(source, target, options)
+    return run_lock(path.with_name(path.name + ".lock"), target,
+                    target_lock_key(source, target))
 
 
 async def _store(where: str | ReadStore, options: SyncOptions,
@@ -121,7 +146,8 @@ async def close_quietly(store: ReadStore) -> None:
 
 async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
                              sink: EventSink | None, stop: asyncio.Event, path: Path,
-                             manifest_factory: ManifestFactory) -> SyncReport:
+                             manifest_factory: ManifestFactory,
+                             check_manifest_copy: bool) -> SyncReport:
     manifest: Manifest | None = None
     if options.use_manifest and (path.exists() or not options.dry_run):
         if not path.exists():
@@ -135,7 +161,8 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
 
     try:  # each side may need to switch to an ordered listing once
         return await retrying(
-            lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop).run(),
+            lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop,
+                         check_manifest_copy).run(),
             RetryPolicy.immediate(3), retry_on=ListingOrderError, before_retry=list_in_order)
     finally:
         if manifest is not None:
@@ -160,7 +187,9 @@ async def _fetch_target_copy(src: ReadStore, dst: Store, path: Path) -> None:
 
 class _Run:
     def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, sink: EventSink,
-                 manifest: Manifest | None, stop: asyncio.Event) -> None:
+                 manifest: Manifest | None, stop: asyncio.Event,
+                 check_manifest_copy: bool = True) -> None:
+        self.check_manifest_copy = check_manifest_copy
         self.src = src
         self.dst = dst
         self.options = options
@@ -178,6 +207,8 @@ class _Run:
         self.objects = asyncio.Semaphore(options.concurrency)
         self.interrupted = False
         self._adopted = 0
+        self.completion = Completion(src, min_age_s=options.min_age_s,
+                                     atomic_renames=isinstance(src, LocalTree))
         self.compared = 0  # objects whose content was read and hashed (--checksum)
         self.bytes_compared = 0
 
@@ -193,7 +224,7 @@ class _Run:
                        and self.dst.can_copy_from(self.src))
         trust = (self.manifest is not None and self.manifest.established
                  and not (self.options.delete or self.options.verify or self.options.checksum)
-                 and await self._target_kept_its_manifest())
+                 and (not self.check_manifest_copy or await self._target_kept_its_manifest()))
         deletes, markers = Spool(), Spool()  # held back until every copy is done
         main = asyncio.current_task()
         watchdog = asyncio.create_task(self._watchdog(main)) if main else None
@@ -302,6 +333,11 @@ class _Run:
                               target_listed=not trust)
                 if action is None:
                     continue
+                if action.kind in MOVES and action.src is not None:
+                    why = await self.completion.waiting(action.src)
+                    if why:  # a checkpoint not complete yet: a later run takes it
+                        self.sink.emit(ObjectDeferred(action.key, action.size, why))
+                        continue
                 if action.kind == "compare":  # --checksum: read and hash, then decide
                     await self.objects.acquire()
                     tg.create_task(self._compare(pair, server_side, markers))
@@ -437,6 +473,9 @@ class _Run:
             done = await self.transfer.run(action)
         except Interrupted:
             self.interrupted = True
+        except PreconditionFailed as exc:  # changed again while its new version was copied
+            self.sink.emit(ObjectDeferred(action.key, action.size,
+                                          f"still being written: {exc}; a later run takes it"))
         except (MCSyncError, OSError) as exc:
             self.sink.emit(ObjectFailed(action.key, action.kind, action.size, _describe(exc)))
         except Exception as exc:  # a bug must not take the other objects down with it

@@ -14,6 +14,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 from .report import ObjectResult, SyncReport
 
+MAX_LISTED_DEFERRED = 1000  # deferred objects named in the report; all are counted
+
 ActionKind = Literal["copy", "server_copy", "skip", "delete"]
 
 
@@ -73,13 +75,23 @@ class ObjectFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class ObjectDeferred:
+    """Not copied this run, by design: its checkpoint is not complete yet, or it is still
+    being written. Not recorded and not a failure: a later run picks it up."""
+
+    key: str
+    size: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunFinished:
     report: SyncReport
 
 
 Event = (
     RunStarted | ObjectPlanned | DeltaPlanned | ListingDone | BytesMoved | ObjectDone
-    | ObjectFailed | RunFinished
+    | ObjectFailed | ObjectDeferred | RunFinished
 )
 
 
@@ -145,6 +157,11 @@ class StatsCollector:
             case ObjectFailed(key=key, error=error):
                 r.objects_failed += 1
                 r.failures.append((key, error))
+            case ObjectDeferred(key=key, size=size, reason=reason):
+                r.objects_deferred += 1
+                r.bytes_deferred += size
+                if len(r.deferred) < MAX_LISTED_DEFERRED:
+                    r.deferred.append((key, reason))
             case _:
                 pass
 

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from .checkpoints import MARKERS
 from .config import SyncOptions
 from .events import ActionKind
 from .manifest import ManifestEntry
@@ -22,15 +23,11 @@ RESERVED_PREFIX = ".mcsync/"  # mcsync's own state at a target: never synced or 
 # lists as "older" than its source. Times this close count as equal (rclone's modify window).
 MODIFY_WINDOW_S = 1.0
 
-# Files a reader opens first to discover a checkpoint. They are written after everything else
-# of the run, so an index never points at shards that are not there yet.
-_COMMIT_MARKERS = ("*.index.json", "config.json", "latest", "LATEST", "COMMIT", "_SUCCESS",
-                   "latest_checkpointed_iteration.txt")
-
-
 def is_commit_marker(key: str) -> bool:
+    """A file readers open first to find a checkpoint (``checkpoints.MARKERS``): written
+    after everything else of the run."""
     name = key.rsplit("/", 1)[-1]
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in _COMMIT_MARKERS)
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in MARKERS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,206 @@
+"""Only complete checkpoints move: the frameworks' own completion signals, in one table.
+
+A trainer on spot capacity writes a checkpoint every few minutes; a sync that starts while one
+is being written must not copy half of it, and a reader at the target must never find a
+completion marker whose checkpoint's files are not all there. Each framework tells when a
+checkpoint directory is complete in its own way; ``FRAMEWORKS`` holds one line per framework.
+A key under a checkpoint that is not complete yet is deferred (not copied, not recorded, not
+a failure) with the reason, and picked up by a later run or ``--watch`` cycle. Completion
+markers are written after every other object of the run (``plan.is_commit_marker``).
+
+The signals are read from the source, once per directory per run: a HEAD (or a small GET,
+for the files that name the latest step) for the first key of each checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from .errors import MCSyncError, NotFound
+from .stores.base import ReadStore
+from .types import ObjectInfo
+
+MarkerCheck = Callable[["Source", str], Awaitable[str | None]]
+
+
+@dataclass
+class Source:
+    """The source as the completion checks read it, with what they read cached.
+    ``atomic_renames``: a filesystem, where a framework can publish a directory by rename."""
+
+    store: ReadStore
+    atomic_renames: bool = False
+    _present: dict[str, bool] = field(default_factory=dict)
+    _text: dict[str, str | None] = field(default_factory=dict)
+
+    async def has(self, key: str) -> bool:
+        if key not in self._present:
+            try:
+                await self.store.head(key)
+                self._present[key] = True
+            except NotFound:
+                self._present[key] = False
+        return self._present[key]
+
+    async def text(self, key: str) -> str | None:
+        """A small marker file's text (None when it is not there)."""
+        if key not in self._text:
+            try:
+                data = await self.store.get(key)
+                self._text[key] = bytes(data[:4096]).decode("utf-8", "replace").strip()
+            except NotFound:
+                self._text[key] = None
+        return self._text[key]
+
+
+def has_file(name: str) -> MarkerCheck:
+    """Complete once ``<dir>/<name>`` exists (it is written last)."""
+
+    async def check(src: Source, directory: str) -> str | None:
+        if await src.has(f"{directory}/{name}"):
+            return None
+        return f"no {name} yet"
+
+    return check
+
+
+def named_by(marker: str, number: str) -> MarkerCheck:
+    """Complete once ``<parent>/<marker>`` names this directory's step or a later one (a
+    trainer writes it after the step's directory): ``number`` finds the step in the
+    directory's name and in the marker's text."""
+    pattern = re.compile(number)
+
+    async def check(src: Source, directory: str) -> str | None:
+        parent, _, name = directory.rpartition("/")
+        mine = pattern.search(name)
+        text = await src.text(f"{parent}/{marker}" if parent else marker)
+        theirs = pattern.search(text or "")
+        if mine is None:
+            return None
+        if theirs is None:
+            return f"no {marker} naming it yet"
+        if int(theirs.group(1)) < int(mine.group(1)):
+            return f"{marker} names step {int(theirs.group(1))}, not yet this one"
+        return None
+
+    return check
+
+
+def committed(name: str) -> MarkerCheck:
+    """Orbax: on an object store the directory is final once ``<dir>/<name>`` exists; on a
+    filesystem it was renamed from its temporary name when done, so it is final as it is."""
+    marker = has_file(name)
+
+    async def check(src: Source, directory: str) -> str | None:
+        return None if src.atomic_renames else await marker(src, directory)
+
+    return check
+
+
+def no_sibling(suffix: str) -> MarkerCheck:
+    """Complete while no ``<dir><suffix>`` marker stands beside it (NeMo's ``-unfinished``)."""
+
+    async def check(src: Source, directory: str) -> str | None:
+        if await src.has(f"{directory}{suffix}"):
+            return f"{directory.rsplit('/', 1)[-1]}{suffix} is there: still being written"
+        return None
+
+    return check
+
+
+@dataclass(frozen=True, slots=True)
+class Framework:
+    """One framework's checkpoint directories, complete when ``check`` says so. Recognised by
+    the directory's name (``directory``, a regex) and/or a file in it (``contains``: a glob,
+    matched against the directory's first key, or a plain name, looked for with a HEAD —
+    only in directories whose name matched, so no HEAD is spent on ordinary data)."""
+
+    name: str
+    check: MarkerCheck
+    directory: str | None = None
+    contains: str | None = None
+    marker: str | None = None  # the file that says "complete": written after all the others
+
+
+FRAMEWORKS: tuple[Framework, ...] = (
+    Framework("PyTorch DCP", has_file(".metadata"), contains="*.distcp", marker=".metadata"),
+    Framework("DeepSpeed", named_by("latest", r"global_step(\d+)"), directory=r"global_step\d+",
+              marker="latest"),
+    Framework("Megatron-LM", named_by("latest_checkpointed_iteration.txt", r"(\d+)"),
+              directory=r"iter_\d{7}", marker="latest_checkpointed_iteration.txt"),
+    Framework("Orbax", committed("commit_success.txt"), directory=r"(.*[_-])?\d+",
+              contains="_CHECKPOINT_METADATA", marker="commit_success.txt"),
+    Framework("NeMo", no_sibling("-unfinished"), directory=r".*step=\d+.*"),
+    Framework("Hugging Face Trainer", has_file("trainer_state.json"),
+              directory=r"checkpoint-\d+", marker="trainer_state.json"),
+)
+# Files a reader opens first to discover a checkpoint, of any framework: written after every
+# other object of the run, so an index never points at shards that are not there yet.
+MARKERS = ("*.index.json", "config.json", "latest", "LATEST", "COMMIT", "_SUCCESS",
+           *(f.marker for f in FRAMEWORKS if f.marker))
+# Never copied: a framework's directories in the making (Orbax renames them when done).
+IN_THE_MAKING = ("*.orbax-checkpoint-tmp-*",)
+
+
+class Completion:
+    """Per run: is a key's checkpoint complete? ``waiting(info)`` is None when the key may be
+    copied, else why it waits. ``min_age_s``: a file modified more recently than that is
+    still being written (the source's clock is compared with this machine's)."""
+
+    def __init__(self, store: ReadStore, *, min_age_s: float = 0.0,
+                 atomic_renames: bool = False, clock: Callable[[], float] = time.time) -> None:
+        self._src = Source(store, atomic_renames)
+        self._min_age = min_age_s
+        self._clock = clock
+        self._dirs: dict[str, str | None] = {}
+        self.waiting_dirs: dict[str, str] = {}  # checkpoint directory → why it waits
+
+    async def waiting(self, info: ObjectInfo) -> str | None:
+        key = info.key
+        parts = key.split("/")
+        for part in parts[:-1]:
+            if any(fnmatch.fnmatchcase(part, p) for p in IN_THE_MAKING):
+                return f"{part}/ is a checkpoint still being written"
+        if self._min_age and info.mtime is not None and (
+                self._clock() - info.mtime < self._min_age):
+            return f"modified {self._clock() - info.mtime:.0f}s ago, within --min-age"
+        # Every directory above the key may be a checkpoint (Megatron's iter_0000100/ holds
+        # mp_rank_00/); a file name glob (DCP's *.distcp) only speaks for its own directory.
+        for depth in range(1, len(parts)):
+            directory = "/".join(parts[:depth])
+            first = parts[-1] if depth == len(parts) - 1 else None
+            if directory not in self._dirs:
+                self._dirs[directory] = await self._check(directory, first)
+                if self._dirs[directory]:
+                    self.waiting_dirs[directory] = self._dirs[directory] or ""
+            if self._dirs[directory]:
+                return self._dirs[directory]
+        return None
+
+    async def _check(self, directory: str, first_name: str | None) -> str | None:
+        for framework in FRAMEWORKS:
+            if not await self._is_one(framework, directory, first_name):
+                continue
+            try:
+                why = await framework.check(self._src, directory)
+            except MCSyncError as exc:  # the signal could not be read: wait, do not guess
+                why = f"cannot read its completion marker: {exc}"
+            if why:
+                return f"{framework.name} checkpoint not complete: {why}"
+        return None
+
+    async def _is_one(self, framework: Framework, directory: str,
+                      first_name: str | None) -> bool:
+        name = directory.rsplit("/", 1)[-1]
+        if framework.directory is not None and not re.fullmatch(framework.directory, name):
+            return False
+        marker = framework.contains
+        if marker is None:
+            return True
+        if any(c in marker for c in "*?["):
+            return first_name is not None and fnmatch.fnmatchcase(first_name, marker)
+        return await self._src.has(f"{directory}/{marker}")
