@@ -26,6 +26,7 @@ it wraps: since Python 3.12 ``isinstance`` looks a protocol's methods up statica
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from ..types import Buffer, ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
@@ -37,6 +38,7 @@ __all__ = [
     "CopySource",
     "FileTarget",
     "FileUpload",
+    "LocalTree",
     "PartCopyUpload",
     "RangeStreamer",
     "ReadStore",
@@ -202,6 +204,14 @@ class ReadsInto(Protocol):
         """Bytes ``rng`` of ``key`` (pinned to ``expect`` as ``get`` is) into the start of
         ``buf``, which is at least ``rng.length`` long; returns the view of them."""
         ...
+
+
+@runtime_checkable
+class LocalTree(Protocol):
+    """A store that is a directory on this machine: its changes can be watched (``--watch``
+    wakes on file-system events) and its renames are atomic."""
+
+    root: Path
 
 
 @runtime_checkable

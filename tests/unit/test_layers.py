@@ -15,15 +15,15 @@ PACKAGE = Path(__file__).parents[2] / "mcsync"
 LAYERS: list[tuple[str, ...]] = [
     ("_version", "types", "errors"),
     ("config", "retry", "limits", "hashing", "checksums", "chunking", "delta", "report",
-     "events", "stores.base"),
+     "events", "stores.base", "stores.wrap"),
     ("streaming", "stores.s3_errors", "stores.s3_clients", "stores.s3_upload", "stores.s3",
-     "stores.local", "stores.gcs", "stores.memory", "stores.registry"),
-    ("index", "manifest", "listing", "plan", "spool", "lock", "bases"),
+     "stores.local", "stores.gcs", "stores.memory", "stores.registry", "metrics"),
+    ("index", "manifest", "listing", "checkpoints", "plan", "spool", "lock", "bases"),
     ("scan", "compare", "verify"),
     ("upload", "compose", "transfer"),
-    ("engine",),
+    ("engine", "watch"),
     ("__init__", "cli.main", "cli.progress", "testing.processes", "testing.servers",
-     "testing.gcs", "testing.faults"),
+     "testing.gcs", "testing.faults", "testing.faultproxy"),
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 

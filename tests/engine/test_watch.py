@@ -1,0 +1,114 @@
+"""--watch on in-process stores: cycles pick up what appears, a failed cycle does not end the
+watch, a stop ends it, and the pair stays locked for the whole watch."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from mcsync.config import SyncOptions
+from mcsync.engine import run_sync
+from mcsync.errors import Transient
+from mcsync.lock import Locked
+from mcsync.stores.memory import MemoryEndpoint, MemoryObject, MemoryStore
+from mcsync.testing.faults import Faults, Rule, faulty
+from mcsync.watch import Cycle, watch
+
+
+def put(store: MemoryStore, key: str, data: bytes) -> None:
+    store.endpoint.objects[store.prefix + key] = MemoryObject(
+        data, hashlib.md5(data).hexdigest(), store.endpoint.clock())
+
+
+def contents(store: MemoryStore) -> dict[str, bytes]:
+    cut = len(store.prefix)
+    return {k[cut:]: o.data for k, o in store.endpoint.objects.items()
+            if k.startswith(store.prefix) and not k[cut:].startswith(".mcsync/")}
+
+
+def options(tmp_path: Path) -> SyncOptions:
+    return SyncOptions(manifest=str(tmp_path / "m.sqlite"), grace_s=5)
+
+
+def test_cycles_pick_up_new_objects_until_stopped(tmp_path):
+    src = MemoryStore("s", endpoint=MemoryEndpoint("a"))
+    dst = MemoryStore("d", endpoint=MemoryEndpoint("b"))
+    put(src, "step-1/w.bin", b"one")
+    stop = asyncio.Event()
+    cycles: list[Cycle] = []
+
+    def seen(cycle: Cycle) -> None:
+        cycles.append(cycle)
+        if cycle.number == 1:
+            put(src, "step-2/w.bin", b"two")  # the trainer writes a new step meanwhile
+        if cycle.number == 3:
+            stop.set()
+
+    last = asyncio.run(watch(src, dst, options(tmp_path), None, stop, interval_s=0.05,
+                             on_cycle=seen))
+    assert [c.number for c in cycles] == [1, 2, 3] and last is cycles[-1]
+    assert [c.report.objects_copied for c in cycles if c.report] == [1, 1, 0]
+    assert contents(dst) == {"step-1/w.bin": b"one", "step-2/w.bin": b"two"}
+
+
+def test_a_failed_cycle_is_tried_again_and_does_not_end_the_watch(tmp_path):
+    src = MemoryStore("s", endpoint=MemoryEndpoint("a"))
+    put(src, "a.bin", b"a")
+    flaky = faulty(src, Faults([Rule("list", error=Transient("listing broke (test)"))]))
+    dst = MemoryStore("d", endpoint=MemoryEndpoint("b"))
+    stop = asyncio.Event()
+    cycles: list[Cycle] = []
+
+    def seen(cycle: Cycle) -> None:
+        cycles.append(cycle)
+        if len(cycles) == 2:
+            stop.set()
+
+    asyncio.run(watch(flaky, dst, options(tmp_path), None, stop, interval_s=0.05,
+                      on_cycle=seen))
+    assert cycles[0].report is None and "listing broke" in (cycles[0].error or "")
+    assert cycles[1].report is not None and cycles[1].report.objects_copied == 1
+    assert contents(dst) == {"a.bin": b"a"}
+
+
+def test_the_pair_stays_locked_for_the_whole_watch(tmp_path):
+    src = MemoryStore("s", endpoint=MemoryEndpoint("a"))
+    dst = MemoryStore("d", endpoint=MemoryEndpoint("b"))
+    put(src, "a.bin", b"a")
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        first = asyncio.Event()
+        task = asyncio.create_task(watch(src, dst, options(tmp_path), None, stop,
+                                         interval_s=0.05, on_cycle=lambda c: first.set()))
+        await first.wait()
+        with pytest.raises(Locked):  # between cycles too, a second run is refused
+            await run_sync(src, dst, options(tmp_path))
+        stop.set()
+        await task
+        report = await run_sync(src, dst, options(tmp_path))  # free once the watch ended
+        assert report.ok and report.objects_skipped == 1
+
+    asyncio.run(go())
+
+
+def test_later_cycles_ask_the_target_nothing_when_nothing_changed(tmp_path):
+    src = MemoryStore("s", endpoint=MemoryEndpoint("a"))
+    put(src, "a.bin", b"a")
+    counted = Faults([Rule("*", times=None, skip=".mcsync/*")])
+    dst = faulty(MemoryStore("d", endpoint=MemoryEndpoint("b")), counted)
+    stop = asyncio.Event()
+    calls: list[int] = []
+
+    def seen(cycle: Cycle) -> None:
+        calls.append(sum(counted.calls.values()))
+        if cycle.number == 4:
+            stop.set()
+
+    asyncio.run(watch(src, dst, options(tmp_path), None, stop, interval_s=0.02,
+                      on_cycle=seen))
+    # cycle 1 checks the target and copies; cycles 2-4 found nothing to do and asked nothing
+    assert calls[1] == calls[2] == calls[3], calls
