@@ -14,8 +14,8 @@ PACKAGE = Path(__file__).parents[2] / "mcsync"
 # Lowest first. A module may import from its own layer and those below.
 LAYERS: list[tuple[str, ...]] = [
     ("_version", "types", "errors"),
-    ("config", "retry", "limits", "hashing", "checksums", "chunking", "delta", "report",
-     "events", "stores.base", "stores.wrap"),
+    ("config", "retry", "limits", "ratelimit", "hashing", "checksums", "chunking", "delta",
+     "report", "events", "stores.base", "stores.wrap"),
     ("streaming", "stores.s3_errors", "stores.s3_clients", "stores.s3_upload", "stores.s3",
      "stores.local", "stores.gcs", "stores.memory", "stores.registry", "metrics"),
     ("index", "manifest", "listing", "checkpoints", "plan", "spool", "lock", "bases"),
