@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from . import checksums
@@ -25,7 +26,7 @@ from .chunking import (
 from .errors import IntegrityError
 from .hashing import chunk_digests, chunk_digests_async
 from .limits import Limits
-from .stores.base import ReadStore
+from .stores.base import ReadsInto, ReadStore
 from .types import Buffer, ByteRange, ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -51,18 +52,24 @@ async def scan_chunks(store: ReadStore, info: ObjectInfo, chunks: list[ByteRange
         try:
             rng = ByteRange(chunks[first].start, chunks[last - 1].end)
             whole = rng.length == info.size
+            expect = info if pinned else None
             async with limits.parts.slot(), limits.memory.hold(rng.length), limits.requests:
-                data = await store.get(info.key, None if whole else rng,
-                                       expect=info if pinned else None)
-                limits.parts.moved(len(data))
-                if len(data) != rng.length:
-                    raise IntegrityError(f"{store.url}{info.key}: read {len(data)} bytes of "
-                                         f"{rng.length} at {rng.start}")
-                digests[first:last] = await chunk_digests_async(data, rng.start,
-                                                                chunks[first:last])
-                if check_crc:
-                    crcs[index] = (await checksums.crc32c_async(data), len(data))
-                del data
+                # A file is read into a buffer of the run's (see BufferPool), others whole.
+                with contextlib.ExitStack() as held:
+                    if isinstance(store, ReadsInto) and rng.length:
+                        buf = held.enter_context(limits.buffers.lent(rng.length))
+                        data: Buffer = await store.read_into(info.key, rng, buf, expect=expect)
+                    else:
+                        data = await store.get(info.key, None if whole else rng, expect=expect)
+                    limits.parts.moved(len(data))
+                    if len(data) != rng.length:
+                        raise IntegrityError(f"{store.url}{info.key}: read {len(data)} bytes "
+                                             f"of {rng.length} at {rng.start}")
+                    digests[first:last] = await chunk_digests_async(data, rng.start,
+                                                                    chunks[first:last])
+                    if check_crc:
+                        crcs[index] = (await checksums.crc32c_async(data), len(data))
+                    del data
         finally:
             window.release()
 
