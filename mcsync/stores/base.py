@@ -25,7 +25,7 @@ it wraps: since Python 3.12 ``isinstance`` looks a protocol's methods up statica
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
@@ -212,6 +212,18 @@ class LocalTree(Protocol):
     wakes on file-system events) and its renames are atomic."""
 
     root: Path
+
+
+@runtime_checkable
+class TempFileSweeper(Protocol):
+    """A store whose writes go through hidden temporary files that a killed run leaves behind:
+    the next run of the pair removes them."""
+
+    async def sweep_temp_files(self, keep: Collection[str] = (), *,
+                               older_than: float | None = None) -> list[str]:
+        """Remove leftovers but those in ``keep`` (journalled upload ids) and those modified
+        since ``older_than``; the paths removed."""
+        ...
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ key.
 
 The wrapper offers exactly the abilities of the store it wraps (``isinstance`` against the
 protocols of ``mcsync.stores.base`` answers as for the inner store), so the engine takes the
-same paths through it.
+same paths through it: it is ``mcsync.stores.wrap.wrap`` with the rules as its hooks.
 """
 
 from __future__ import annotations
@@ -25,26 +25,18 @@ import asyncio
 import fnmatch
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 from ..errors import Transient
-from ..stores.base import (
-    Composer,
-    FileTarget,
-    FileUpload,
-    PartCopyUpload,
-    RangeStreamer,
-    ReadsInto,
-    ReadStore,
-    ScratchSpace,
-    ServerSideCopier,
-    Store,
-)
-from ..types import Buffer, ByteRange, ObjectInfo, PartClaim, PartRef
+from ..stores.base import ReadStore
+from ..stores.wrap import Op, inner_of, wrap
+from ..types import Buffer, ObjectInfo
 
-__all__ = ["Call", "Faults", "Rule", "faulty"]
+__all__ = ["Call", "Faults", "Rule", "faulty", "inner_of"]
+
+T = TypeVar("T")
 
 Phase = Literal["before", "after"]
 
@@ -137,108 +129,52 @@ class Faults:
 
 def faulty(store: ReadStore, faults: Faults) -> ReadStore:
     """``store`` with ``faults`` applied to every operation, offering the same abilities."""
-    bases = tuple(mixin for ability, mixin in _STORE_MIXINS if isinstance(store, ability))
-    cls = _class_for((*bases, _FaultyRead))
-    wrapped: ReadStore = cls(store, faults)
-    return wrapped
+    return wrap(store, _FaultHooks(faults), name="Faulty")
 
 
-_CLASSES: dict[tuple[type, ...], type] = {}
+# Each operation is a rule's at two points, but these: nothing can follow them (before only),
+# or they are bookkeeping of bytes already written (after only).
+_BEFORE_ONLY = frozenset({"check", "abort_upload", "clear", "confirm_parts", "abort", "write_at"})
+_AFTER_ONLY = frozenset({"part_written"})
+_NAMES = {"open_file": "open_upload"}  # to a rule, a file target's upload is an upload
 
 
-def _class_for(bases: tuple[type, ...]) -> type:
-    if bases not in _CLASSES:
-        name = "Faulty" + "".join(b.__name__.removeprefix("_Faulty") for b in bases[:-1])
-        _CLASSES[bases] = type(name or "FaultyReadStore", bases, {})
-    return _CLASSES[bases]
+class _FaultHooks:
+    """The rules applied around each operation (``mcsync.stores.wrap.Hooks``)."""
 
-
-def inner_of(store: Any) -> Any:
-    """What a faulty store wraps (the store itself for any other)."""
-    return getattr(store, "_inner", store)
-
-
-class _FaultyRead:
-    def __init__(self, inner: Any, faults: Faults) -> None:
-        self._inner = inner
+    def __init__(self, faults: Faults) -> None:
         self.faults = faults
-        self.url: str = inner.url
-        self.caps = inner.caps
 
-    async def list(self) -> AsyncIterator[ObjectInfo]:
+    async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
+        name = _NAMES.get(op.name, op.name)
+        short = 0
+        if name not in _AFTER_ONLY:
+            short = await self.faults.at(name, op.key, "before", op.nbytes)
+        result: Any = await fn()
+        if name in _BEFORE_ONLY:
+            return cast(T, result)
+        if name in ("get", "read_into"):  # what was read, cut short if a rule says so
+            short = max(short, await self.faults.at(name, op.key, "after", len(result)))
+            return cast(T, memoryview(result)[:len(result) - short] if short else result)
+        await self.faults.at(name, op.key, "after", op.nbytes)
+        if name == "open_range":
+            assert op.rng is not None
+            return cast(T, _pieces(result, op.key, op.rng.length - short, self.faults))
+        return cast(T, result)
+
+    def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
+        if op.name not in _AFTER_ONLY:
+            self.faults.at_blocking(op.name, op.key, "before", op.nbytes)
+        result = fn()
+        if op.name not in _BEFORE_ONLY:
+            self.faults.at_blocking(op.name, op.key, "after", op.nbytes)
+        return result
+
+    async def listing(self, entries: AsyncIterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
         await self.faults.at("list", "", "before")
-        async for info in self._inner.list():
+        async for info in entries:
             yield info
             await self.faults.at("list", info.key, "after")
-
-    async def head(self, key: str) -> ObjectInfo:
-        await self.faults.at("head", key, "before")
-        info: ObjectInfo = await self._inner.head(key)
-        await self.faults.at("head", key, "after")
-        return info
-
-    async def get(self, key: str, rng: ByteRange | None = None, *,
-                  expect: ObjectInfo | None = None) -> Buffer:
-        short = await self.faults.at("get", key, "before")
-        data: Buffer = await self._inner.get(key, rng, expect=expect)
-        short = max(short, await self.faults.at("get", key, "after", len(data)))
-        return memoryview(data)[:len(data) - short] if short else data
-
-    async def check(self, *, mode: Any) -> None:
-        await self.faults.at("check", "", "before")
-        await self._inner.check(mode=mode)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class _FaultyWrite:
-    _inner: Any
-    faults: Faults
-
-    async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
-        await self.faults.at("put", key, "before", len(data))
-        info: ObjectInfo = await self._inner.put(key, data, mtime=mtime)
-        await self.faults.at("put", key, "after", len(data))
-        return info
-
-    async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> Any:
-        await self.faults.at("open_upload", key, "before")
-        upload = await self._inner.open_upload(key, size, mtime=mtime)
-        wrapped = _wrap_upload(upload, key, self.faults)
-        await self.faults.at("open_upload", key, "after")
-        return wrapped
-
-    async def resume_upload(self, key: str, upload_id: str, size: int, *,
-                            mtime: float | None = None) -> Any:
-        await self.faults.at("resume_upload", key, "before")
-        upload = await self._inner.resume_upload(key, upload_id, size, mtime=mtime)
-        await self.faults.at("resume_upload", key, "after")
-        return None if upload is None else _wrap_upload(upload, key, self.faults)
-
-    async def abort_upload(self, key: str, upload_id: str) -> None:
-        await self.faults.at("abort_upload", key, "before")
-        await self._inner.abort_upload(key, upload_id)
-
-    async def delete(self, key: str) -> None:
-        await self.faults.at("delete", key, "before")
-        await self._inner.delete(key)
-        await self.faults.at("delete", key, "after")
-
-    def validate_key(self, key: str) -> None:
-        self._inner.validate_key(key)
-
-
-class _FaultyStreamer:
-    _inner: Any
-    faults: Faults
-
-    async def open_range(self, key: str, rng: ByteRange, *,
-                         expect: ObjectInfo | None = None) -> Iterator[Buffer]:
-        short = await self.faults.at("open_range", key, "before")
-        pieces = await self._inner.open_range(key, rng, expect=expect)
-        await self.faults.at("open_range", key, "after")
-        return _pieces(pieces, key, rng.length - short, self.faults)
 
 
 def _pieces(pieces: Iterator[Buffer], key: str, keep: int, faults: Faults) -> Iterator[Buffer]:
@@ -256,141 +192,3 @@ def _pieces(pieces: Iterator[Buffer], key: str, keep: int, faults: Faults) -> It
             continue
         yield piece
         keep -= len(piece)
-
-
-class _FaultyReadsInto:
-    _inner: Any
-    faults: Faults
-
-    async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
-                        expect: ObjectInfo | None = None) -> memoryview:
-        short = await self.faults.at("read_into", key, "before")
-        view: memoryview = await self._inner.read_into(key, rng, buf, expect=expect)
-        short = max(short, await self.faults.at("read_into", key, "after", len(view)))
-        return view[:len(view) - short] if short else view
-
-
-class _FaultyCopier:
-    _inner: Any
-    faults: Faults
-
-    def can_copy_from(self, other: ReadStore) -> bool:
-        return bool(self._inner.can_copy_from(inner_of(other)))
-
-    def copy_source(self, key: str, etag: str | None) -> Any:
-        return self._inner.copy_source(key, etag)
-
-    async def copy_object(self, source: Any, key: str) -> ObjectInfo:
-        await self.faults.at("copy_object", key, "before")
-        info: ObjectInfo = await self._inner.copy_object(source, key)
-        await self.faults.at("copy_object", key, "after")
-        return info
-
-
-class _FaultyComposer:
-    _inner: Any
-
-    def compose_source(self, current: ObjectInfo) -> Any:
-        return self._inner.compose_source(current)
-
-
-class _FaultyScratch:
-    _inner: Any
-    faults: Faults
-
-    async def clear(self, prefix: str) -> None:
-        await self.faults.at("clear", prefix, "before")
-        await self._inner.clear(prefix)
-
-
-class _FaultyFile:
-    _inner: Any
-    faults: Faults
-
-    async def open_file(self, key: str, size: int, *, mtime: float | None = None) -> Any:
-        await self.faults.at("open_upload", key, "before")
-        upload = await self._inner.open_file(key, size, mtime=mtime)
-        wrapped = _wrap_upload(upload, key, self.faults)
-        await self.faults.at("open_upload", key, "after")
-        return wrapped
-
-
-_STORE_MIXINS: tuple[tuple[type, type], ...] = (
-    (Store, _FaultyWrite),
-    (RangeStreamer, _FaultyStreamer),
-    (ReadsInto, _FaultyReadsInto),
-    (ServerSideCopier, _FaultyCopier),
-    (Composer, _FaultyComposer),
-    (ScratchSpace, _FaultyScratch),
-    (FileTarget, _FaultyFile),
-)
-
-
-# -- uploads -------------------------------------------------------------------------------------
-
-
-class _FaultyUpload:
-    def __init__(self, inner: Any, key: str, faults: Faults) -> None:
-        self._inner = inner
-        self.key = key
-        self.faults = faults
-        self.upload_id: str = inner.upload_id
-
-    async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
-        await self.faults.at("put_part", self.key, "before", len(data))
-        ref: PartRef = await self._inner.put_part(number, offset, data)
-        await self.faults.at("put_part", self.key, "after", len(data))
-        return ref
-
-    async def confirm_parts(self, claims: Sequence[PartClaim]) -> set[int]:
-        await self.faults.at("confirm_parts", self.key, "before")
-        return set(await self._inner.confirm_parts(claims))
-
-    async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:
-        await self.faults.at("complete", self.key, "before")
-        info: ObjectInfo = await self._inner.complete(parts)
-        await self.faults.at("complete", self.key, "after")
-        return info
-
-    async def abort(self) -> None:
-        await self.faults.at("abort", self.key, "before")
-        await self._inner.abort()
-
-
-class _FaultyPartCopy:
-    _inner: Any
-    key: str
-    faults: Faults
-
-    async def copy_part(self, number: int, offset: int, source: Any,
-                        rng: ByteRange) -> PartRef:
-        await self.faults.at("copy_part", self.key, "before")
-        ref: PartRef = await self._inner.copy_part(number, offset, source, rng)
-        await self.faults.at("copy_part", self.key, "after")
-        return ref
-
-
-class _FaultyFileUpload:
-    _inner: Any
-    key: str
-    faults: Faults
-
-    def write_at(self, offset: int, data: Buffer) -> None:
-        self.faults.at_blocking("write_at", self.key, "before", len(data))
-        self._inner.write_at(offset, data)
-
-    def part_written(self, number: int, size: int) -> PartRef:
-        ref: PartRef = self._inner.part_written(number, size)
-        self.faults.at_blocking("part_written", self.key, "after", size)
-        return ref
-
-
-_UPLOAD_MIXINS: tuple[tuple[type, type], ...] = (
-    (PartCopyUpload, _FaultyPartCopy),
-    (FileUpload, _FaultyFileUpload),
-)
-
-
-def _wrap_upload(upload: Any, key: str, faults: Faults) -> Any:
-    bases = tuple(mixin for ability, mixin in _UPLOAD_MIXINS if isinstance(upload, ability))
-    return _class_for((*bases, _FaultyUpload))(upload, key, faults)

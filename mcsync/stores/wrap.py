@@ -1,0 +1,319 @@
+"""``wrap(store, hooks)``: a store that passes every operation of another through hooks.
+
+What wraps a store — fault injection for tests (``mcsync.testing.faults``), request metrics
+(``mcsync.metrics``) — must offer exactly the abilities of what it wraps: the engine asks for
+them with ``isinstance``, and since Python 3.12 a protocol's methods are looked up statically,
+so a ``__getattr__`` that forwards everything claims none. ``wrap`` therefore builds (once per
+combination) a class from one mixin per ability the inner store has, and wraps the uploads it
+opens the same way.
+
+Each operation is an ``Op`` named after the protocol's method (``get``, ``put_part``,
+``open_file``, ...) with the key of its object (an upload's operations: its object's key;
+``clear``: the prefix; ``check``: ""). Coroutines run through ``hooks.call``, methods that run
+on worker threads (``write_at``, ``part_written``) through ``hooks.call_blocking``, a listing
+through ``hooks.listing``. A hook may act before and after, time, count, raise, or return
+something in place of the result (a shorter read, a body iterator of its own). Plain lookups
+(``validate_key``, ``can_copy_from``, ``copy_source``, ``compose_source``) and ``aclose`` go
+straight through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from ..types import Buffer, ByteRange, ObjectInfo, PartClaim, PartRef
+from .base import (
+    Composer,
+    FileTarget,
+    FileUpload,
+    LocalTree,
+    PartCopyUpload,
+    RangeStreamer,
+    ReadsInto,
+    ReadStore,
+    ScratchSpace,
+    ServerSideCopier,
+    Store,
+    TempFileSweeper,
+)
+
+__all__ = ["Hooks", "Op", "inner_of", "innermost", "wrap"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation as hooks see it."""
+
+    name: str  # the protocol method
+    key: str
+    nbytes: int = 0  # bytes handed to the store: put, put_part, write_at; part_written: its size
+    rng: ByteRange | None = None  # the range asked for: get, read_into, open_range, copy_part
+
+
+class Hooks(Protocol):
+    async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
+        """Run ``fn()`` (the inner store's coroutine) for ``op``; return its result or a
+        stand-in of the same type."""
+        ...
+
+    def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
+        """The same for a blocking method, called from a worker thread."""
+        ...
+
+    def listing(self, entries: AsyncIterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
+        """The inner store's listing, handed on entry by entry."""
+        ...
+
+
+def wrap(store: ReadStore, hooks: Hooks, *, name: str = "Wrapped") -> ReadStore:
+    """``store`` with every operation passed through ``hooks``, offering the same abilities.
+    ``name`` prefixes the class's name (``FaultyWriteStreamer...``), for messages."""
+    bases = tuple(mixin for ability, mixin in _STORE_MIXINS if isinstance(store, ability))
+    wrapped: ReadStore = _class_for(name, (*bases, _Read), "ReadStore")(store, hooks, name)
+    return wrapped
+
+
+def inner_of(store: Any) -> Any:
+    """What a wrapped store wraps (the store itself for any other)."""
+    return getattr(store, "_inner", store)
+
+
+def innermost(store: Any) -> Any:
+    """The store under every layer of wrapping."""
+    while hasattr(store, "_inner"):
+        store = store._inner
+    return store
+
+
+_CLASSES: dict[tuple[str, tuple[type, ...]], type] = {}
+
+
+def _class_for(name: str, bases: tuple[type, ...], plain: str) -> type:
+    if (name, bases) not in _CLASSES:
+        suffix = "".join(b.__name__.lstrip("_") for b in bases[:-1]) or plain
+        _CLASSES[name, bases] = type(name + suffix, bases, {})
+    return _CLASSES[name, bases]
+
+
+class _Read:
+    def __init__(self, inner: Any, hooks: Hooks, name: str) -> None:
+        self._inner = inner
+        self._hooks = hooks
+        self._name = name
+        self.url: str = inner.url
+        self.caps = inner.caps
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self._inner!r}>"
+
+    def list(self) -> AsyncIterator[ObjectInfo]:
+        return self._hooks.listing(self._inner.list())
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await self._hooks.call(Op("head", key), lambda: self._inner.head(key))
+
+    async def get(self, key: str, rng: ByteRange | None = None, *,
+                  expect: ObjectInfo | None = None) -> Buffer:
+        return await self._hooks.call(Op("get", key, rng=rng),
+                                      lambda: self._inner.get(key, rng, expect=expect))
+
+    async def check(self, *, mode: Any) -> None:
+        await self._hooks.call(Op("check", ""), lambda: self._inner.check(mode=mode))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Write:
+    _inner: Any
+    _hooks: Hooks
+    _name: str
+
+    async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
+        return await self._hooks.call(Op("put", key, len(data)),
+                                      lambda: self._inner.put(key, data, mtime=mtime))
+
+    async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> Any:
+        upload = await self._hooks.call(
+            Op("open_upload", key), lambda: self._inner.open_upload(key, size, mtime=mtime))
+        return _wrap_upload(upload, key, self._hooks, self._name)
+
+    async def resume_upload(self, key: str, upload_id: str, size: int, *,
+                            mtime: float | None = None) -> Any:
+        upload = await self._hooks.call(
+            Op("resume_upload", key),
+            lambda: self._inner.resume_upload(key, upload_id, size, mtime=mtime))
+        return None if upload is None else _wrap_upload(upload, key, self._hooks, self._name)
+
+    async def abort_upload(self, key: str, upload_id: str) -> None:
+        await self._hooks.call(Op("abort_upload", key),
+                               lambda: self._inner.abort_upload(key, upload_id))
+
+    async def delete(self, key: str) -> None:
+        await self._hooks.call(Op("delete", key), lambda: self._inner.delete(key))
+
+    def validate_key(self, key: str) -> None:
+        self._inner.validate_key(key)
+
+
+class _Streamer:
+    _inner: Any
+    _hooks: Hooks
+
+    async def open_range(self, key: str, rng: ByteRange, *,
+                         expect: ObjectInfo | None = None) -> Iterator[Buffer]:
+        return await self._hooks.call(Op("open_range", key, rng=rng),
+                                      lambda: self._inner.open_range(key, rng, expect=expect))
+
+
+class _ReadsInto:
+    _inner: Any
+    _hooks: Hooks
+
+    async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
+                        expect: ObjectInfo | None = None) -> memoryview:
+        return await self._hooks.call(
+            Op("read_into", key, rng=rng),
+            lambda: self._inner.read_into(key, rng, buf, expect=expect))
+
+
+class _Copier:
+    _inner: Any
+    _hooks: Hooks
+
+    def can_copy_from(self, other: ReadStore) -> bool:
+        return bool(self._inner.can_copy_from(innermost(other)))
+
+    def copy_source(self, key: str, etag: str | None) -> Any:
+        return self._inner.copy_source(key, etag)
+
+    async def copy_object(self, source: Any, key: str) -> ObjectInfo:
+        return await self._hooks.call(Op("copy_object", key),
+                                      lambda: self._inner.copy_object(source, key))
+
+
+class _Composer:
+    _inner: Any
+
+    def compose_source(self, current: ObjectInfo) -> Any:
+        return self._inner.compose_source(current)
+
+
+class _Scratch:
+    _inner: Any
+    _hooks: Hooks
+
+    async def clear(self, prefix: str) -> None:
+        await self._hooks.call(Op("clear", prefix), lambda: self._inner.clear(prefix))
+
+
+class _File:
+    _inner: Any
+    _hooks: Hooks
+    _name: str
+
+    async def open_file(self, key: str, size: int, *, mtime: float | None = None) -> Any:
+        upload = await self._hooks.call(
+            Op("open_file", key), lambda: self._inner.open_file(key, size, mtime=mtime))
+        return _wrap_upload(upload, key, self._hooks, self._name)
+
+
+class _Tree:
+    _inner: Any
+
+    @property
+    def root(self) -> Any:
+        return self._inner.root
+
+
+class _Sweeper:
+    _inner: Any
+    _hooks: Hooks
+
+    async def sweep_temp_files(self, keep: Collection[str] = (), *,
+                               older_than: float | None = None) -> list[str]:
+        swept: list[str] = await self._hooks.call(
+            Op("sweep_temp_files", ""),
+            lambda: self._inner.sweep_temp_files(keep, older_than=older_than))
+        return swept
+
+
+_STORE_MIXINS: tuple[tuple[type, type], ...] = (
+    (Store, _Write),
+    (RangeStreamer, _Streamer),
+    (ReadsInto, _ReadsInto),
+    (ServerSideCopier, _Copier),
+    (Composer, _Composer),
+    (ScratchSpace, _Scratch),
+    (FileTarget, _File),
+    (LocalTree, _Tree),
+    (TempFileSweeper, _Sweeper),
+)
+
+
+# -- uploads -------------------------------------------------------------------------------------
+
+
+class _Upload:
+    def __init__(self, inner: Any, key: str, hooks: Hooks) -> None:
+        self._inner = inner
+        self._hooks = hooks
+        self.key = key
+        self.upload_id: str = inner.upload_id
+
+    async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
+        return await self._hooks.call(Op("put_part", self.key, len(data)),
+                                      lambda: self._inner.put_part(number, offset, data))
+
+    async def confirm_parts(self, claims: Sequence[PartClaim]) -> set[int]:
+        confirmed = await self._hooks.call(Op("confirm_parts", self.key),
+                                           lambda: self._inner.confirm_parts(claims))
+        return set(confirmed)
+
+    async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:
+        return await self._hooks.call(Op("complete", self.key),
+                                      lambda: self._inner.complete(parts))
+
+    async def abort(self) -> None:
+        await self._hooks.call(Op("abort", self.key), lambda: self._inner.abort())
+
+
+class _PartCopy:
+    _inner: Any
+    _hooks: Hooks
+    key: str
+
+    async def copy_part(self, number: int, offset: int, source: Any,
+                        rng: ByteRange) -> PartRef:
+        return await self._hooks.call(
+            Op("copy_part", self.key, rng=rng),
+            lambda: self._inner.copy_part(number, offset, source, rng))
+
+
+class _FileUpload:
+    _inner: Any
+    _hooks: Hooks
+    key: str
+
+    def write_at(self, offset: int, data: Buffer) -> None:
+        self._hooks.call_blocking(Op("write_at", self.key, len(data)),
+                                  lambda: self._inner.write_at(offset, data))
+
+    def part_written(self, number: int, size: int) -> PartRef:
+        return self._hooks.call_blocking(Op("part_written", self.key, size),
+                                         lambda: self._inner.part_written(number, size))
+
+
+_UPLOAD_MIXINS: tuple[tuple[type, type], ...] = (
+    (PartCopyUpload, _PartCopy),
+    (FileUpload, _FileUpload),
+)
+
+
+def _wrap_upload(upload: Any, key: str, hooks: Hooks, name: str) -> Any:
+    bases = tuple(mixin for ability, mixin in _UPLOAD_MIXINS if isinstance(upload, ability))
+    return _class_for(name, (*bases, _Upload), "Upload")(upload, key, hooks)
