@@ -77,27 +77,32 @@ def parse_safetensors(head: bytes, size: int) -> SafetensorsHeader:
         raise NotSafetensors("header truncated")
     try:
         meta = json.loads(bytes(head[8:length]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise NotSafetensors(f"header is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError among them
+        # ValueError: also an integer of more digits than int() converts; RecursionError:
+        # arrays nested deeper than the parser recurses
+        raise NotSafetensors(f"header is not JSON: {str(exc)[:200]}") from None
     if not isinstance(meta, dict):
         raise NotSafetensors("header is not a JSON object")
     tensors = []
     for name, info in meta.items():
         if name == "__metadata__":
             continue
-        try:
-            begin, end = info["data_offsets"]
-            begin, end = int(begin), int(end)
-        except (TypeError, KeyError, ValueError):
-            raise NotSafetensors(f"tensor {name!r} has no valid data_offsets") from None
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        # Offsets are whole numbers, as the reference reader (serde, usize) insists: not 1.5,
+        # not true, not Infinity (which Python's json accepts).
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(type(x) is int for x in offsets)):
+            raise NotSafetensors(f"tensor {name[:200]!r} has no valid data_offsets")
+        begin, end = offsets
         if not 0 <= begin <= end or length + end > size:
-            raise NotSafetensors(f"tensor {name!r}: data_offsets [{begin}, {end}] out of range")
+            raise NotSafetensors(f"tensor {name[:200]!r}: data_offsets [{begin}, {end}] out of "
+                                 f"range for a data section of {size - length} bytes")
         tensors.append(Tensor(name, length + begin, length + end))
     tensors.sort(key=lambda t: (t.start, t.end))
     pos = length
     for t in tensors:
         if t.start != pos:
-            raise NotSafetensors(f"tensor {t.name!r} at {t.start - length}: gap or overlap")
+            raise NotSafetensors(f"tensor {t.name[:200]!r} at {t.start - length}: gap or overlap")
         pos = t.end
     if pos != size:
         raise NotSafetensors(f"tensors end at {pos - length}, data section is {size - length}")

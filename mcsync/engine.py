@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
 from .report import SyncReport
 from .retry import RetryPolicy, retrying
 from .spool import Spool
-from .stores.base import LocalTree, ReadStore, ServerSideCopier, Store
+from .stores.base import LocalTree, ReadStore, ServerSideCopier, Store, TempFileSweeper
 from .stores.registry import StoreOptions, open_store
 from .transfer import Transfer
 from .types import ObjectInfo
@@ -218,6 +219,10 @@ class _Run:
             report_extra["manifest"] = str(self.manifest.path)
             report_extra["manifest_note"] = self.manifest.rebuilt
         writing = self.manifest is not None and not self.options.dry_run
+        # A killed run may have left hidden temporary files that no journal names.
+        sweep = (writing and self.manifest is not None and isinstance(self.dst, TempFileSweeper)
+                 and self.manifest.last_status() in ("running", "interrupted"))
+        started = time.time()
         run_id = self.manifest.start_run() if writing and self.manifest else 0
         self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
         server_side = (self.options.server_side_copy and isinstance(self.dst, ServerSideCopier)
@@ -237,6 +242,8 @@ class _Run:
                 await self._delete(deletes)
             if not self.stop.is_set():
                 await self.transfer.finish()
+            if sweep and not self.stop.is_set():
+                await self._sweep_leftovers(started)
             if self.options.verify and self.manifest is not None and not self.stop.is_set():
                 await self._verify()
         except BaseExceptionGroup as group:  # a TaskGroup wraps what its body raised
@@ -271,6 +278,19 @@ class _Run:
                 await self._upload_manifest()
         self.sink.emit(RunFinished(report))
         return report
+
+    async def _sweep_leftovers(self, started: float) -> None:
+        assert isinstance(self.dst, TempFileSweeper) and self.manifest is not None
+        keep = {u.upload_id for u in self.manifest.open_uploads().values()}
+        try:
+            swept = await self.dst.sweep_temp_files(keep, older_than=started)
+        except OSError as exc:
+            log.warning("could not sweep the temporary files a killed run left in %s: %s",
+                        self.dst.url, exc)
+            return
+        if swept:
+            log.info("removed %d temporary files a killed run left in %s", len(swept),
+                     self.dst.url)
 
     async def _target_kept_its_manifest(self) -> bool:
         """A manifest stands in for a listing of the target only while the target still holds

@@ -14,14 +14,17 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from .errors import MCSyncError, NotFound
+from .errors import ConfigError, MCSyncError, NotFound
 from .stores.base import Store
+
+log = logging.getLogger(__name__)
 
 
 class Locked(MCSyncError):
@@ -33,27 +36,50 @@ def _holder() -> dict[str, object]:
 
 
 def _describe(info: dict[str, object]) -> str:
-    started = info.get("started_at")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(started))) if isinstance(
-        started, int | float) else "?"
-    return f"pid {info.get('pid', '?')} on {info.get('host', '?')}, started {when}"
+    return (f"pid {info.get('pid', '?')} on {info.get('host', '?')}, started "
+            f"{_when(info.get('started_at'), '%Y-%m-%d %H:%M:%S')}")
+
+
+def _when(t: object, fmt: str) -> str:
+    try:
+        return time.strftime(fmt, time.localtime(float(t)))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
+
+
+def _parsed(data: bytes) -> dict[str, object]:
+    """A holder as a lock names it; {} for a lock file or object that holds anything else
+    (empty, truncated by a crash, not JSON, not an object)."""
+    try:
+        info = json.loads(data or b"{}")
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _expires_at(info: dict[str, object]) -> float:
+    value = info.get("expires_at", 0)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 @contextlib.contextmanager
 def _local_lock(path: Path):  # type: ignore[no-untyped-def]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a directory of that name, a read-only or full state directory
+        raise ConfigError(f"cannot open the run lock {path}: {exc.strerror}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            try:
-                info = json.loads(os.pread(fd, 4096, 0) or b"{}")
-            except ValueError:
-                info = {}
+            info = _parsed(os.pread(fd, 4096, 0))
             raise Locked(f"another run of this sync holds {path} ({_describe(info)})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(_holder()).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(_holder()).encode(), 0)
+        except OSError as exc:  # the holder is for messages only; the flock is the lock
+            log.warning("could not write the holder into %s: %s", path, exc.strerror)
         yield
     finally:
         os.close(fd)  # releases the flock
@@ -65,16 +91,17 @@ async def run_lock(local_path: Path, dst: Store, target_key: str, *,
     with _local_lock(local_path):
         me = _holder() | {"expires_at": time.time() + ttl, "token": os.urandom(8).hex()}
         try:
-            current = json.loads(bytes(await dst.get(target_key)))
-        except (NotFound, ValueError):
-            current = None
+            current = _parsed(bytes(await dst.get(target_key)))
+        except NotFound:
+            current = {}
         # Holding the local lock proves no other run of this pair is alive on this host, so a
-        # target lock left by this host belongs to a run that died: take it over at once.
+        # target lock left by this host belongs to a run that died: take it over at once. A
+        # lock object that names no holder or no expiry (damaged) blocks nothing.
         foreign = bool(current) and current.get("host") != me["host"]
-        if foreign and current.get("expires_at", 0) > time.time():
+        if foreign and _expires_at(current) > time.time():
             raise Locked(f"another run of this sync holds the target lock {target_key} "
                          f"({_describe(current)}); it expires at "
-                         f"{time.strftime('%H:%M:%S', time.localtime(current['expires_at']))}")
+                         f"{_when(_expires_at(current), '%H:%M:%S')}")
         await dst.put(target_key, json.dumps(me).encode())
 
         async def renew() -> None:

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sqlite3
+import struct
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from .chunking import chunks_from_sizes, fixed_chunks
+from .errors import ConfigError, UsageError
 from .hashing import object_digest
 from .index import SCHEMA as INDEX_SCHEMA
 from .index import ChunkIndex
+from .lock import Locked
 from .types import ByteRange, ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -249,6 +252,74 @@ def pair_id(src_url: str, dst_url: str) -> str:
     return hashlib.sha256(f"{src_url}\0{dst_url}".encode()).hexdigest()[:20]
 
 
+class _Damaged(sqlite3.DatabaseError):
+    """The database opens but is not a manifest this mcsync can use: set aside and rebuilt."""
+
+
+_TEXT, _NUM = "('text')", "('real', 'integer')"
+_OPT_TEXT, _OPT_NUM = "('text', 'null')", "('real', 'integer', 'null')"
+# Per table, what a row must hold for the code that reads it (SQLite keeps any value in any
+# column): a row that does not is damage, found when the manifest is opened rather than as an
+# exception in the middle of a run. Sizes are never negative; the fixed blocks a record implies
+# are bounded by its digests (a damaged size must not make a list of 2**60 blocks).
+_ROW_RULES = {
+    "objects": f"""typeof(key) != 'text' OR typeof(src_size) != 'integer' OR src_size < 0
+        OR typeof(dst_size) != 'integer' OR dst_size < 0 OR typeof(block_size) != 'integer'
+        OR block_size < 0 OR typeof(src_etag) NOT IN {_OPT_TEXT}
+        OR typeof(src_mtime) NOT IN {_OPT_NUM} OR typeof(src_version) NOT IN {_OPT_TEXT}
+        OR typeof(dst_etag) NOT IN {_OPT_TEXT} OR typeof(dst_mtime) NOT IN {_OPT_NUM}
+        OR typeof(block_hashes) != 'blob' OR length(block_hashes) % {DIGEST_SIZE} != 0
+        OR typeof(xxh3) NOT IN {_OPT_TEXT} OR typeof(crc32c) NOT IN {_OPT_TEXT}
+        OR typeof(written_at) NOT IN {_NUM} OR typeof(chunk_sizes) != 'blob'
+        OR length(chunk_sizes) % 8 != 0 OR typeof(chunker) NOT IN {_TEXT}
+        OR (block_size > 0 AND dst_size / block_size
+            > 64 * (length(block_hashes) / {DIGEST_SIZE}) + 1024)""",
+    "uploads": f"""typeof(key) != 'text' OR typeof(upload_id) != 'text'
+        OR typeof(src_size) != 'integer' OR src_size < 0 OR typeof(src_etag) NOT IN {_OPT_TEXT}
+        OR typeof(src_mtime) NOT IN {_OPT_NUM} OR typeof(part_size) != 'integer'
+        OR typeof(created_at) NOT IN {_NUM} OR typeof(layout) NOT IN {_OPT_TEXT}""",
+    "parts": f"""typeof(key) != 'text' OR typeof(number) != 'integer'
+        OR typeof(etag) != 'text' OR typeof(size) != 'integer' OR size < 0
+        OR typeof(digest) != 'blob' OR length(digest) % {DIGEST_SIZE} != 0""",
+    "runs": f"""typeof(started_at) NOT IN {_NUM} OR typeof(finished_at) NOT IN {_OPT_NUM}
+        OR typeof(status) != 'text' OR typeof(report) NOT IN {_OPT_TEXT}""",
+    "chunks": f"""typeof(digest) != 'blob' OR length(digest) != {DIGEST_SIZE}
+        OR typeof(length) != 'integer' OR length < 0 OR typeof(key) != 'text'
+        OR typeof(offset) != 'integer' OR offset < 0""",
+}
+
+
+def _check_rows(db: sqlite3.Connection) -> None:
+    """Raise _Damaged when a row of the manifest is not what mcsync wrote (one pass over each
+    table, as ``quick_check`` makes over the file)."""
+    for table, bad in _ROW_RULES.items():
+        if db.execute(f"SELECT 1 FROM {table} WHERE {bad} LIMIT 1").fetchone():
+            raise _Damaged(f"damaged (a row of its {table} table holds what mcsync never "
+                           "writes)")
+
+
+# SQLite's primary result codes for a manifest that may well be sound while this process
+# cannot use it: setting it aside would throw away good state (and rename a file another
+# process has open).
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+_SQLITE_UNUSABLE = {3: "permission denied", 7: "out of memory", 8: "read-only", 10: "I/O error",
+                    13: "disk full", 14: "cannot open", 22: "no large-file support",
+                    23: "authorization denied"}
+
+
+def _refuse_unless_damaged(path: Path, exc: sqlite3.DatabaseError) -> None:
+    """Return when ``exc`` says the manifest is damaged (then it is set aside and rebuilt);
+    raise Locked when another process holds it, ConfigError when it cannot be used here."""
+    if isinstance(exc, _Damaged):
+        return
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        raise Locked(f"manifest {path} is locked by another process ({exc})") from None
+    if primary in _SQLITE_UNUSABLE:
+        raise ConfigError(f"manifest {path}: {_SQLITE_UNUSABLE[primary]}: {exc}") from None
+
+
 class Manifest:
     """One sync pair's state. Used from the event-loop thread only; every call is short."""
 
@@ -263,12 +334,24 @@ class Manifest:
         self.records_changed = False
         self._journalled: set[str] = set()  # keys with upload rows, so others skip the DELETEs
         self._last_commit = time.monotonic()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if self.existed and not path.is_file():  # never set a directory or a device aside
+            raise UsageError(f"manifest {path}: not a file (a directory?); give --manifest "
+                             "the path of a file, or of none yet")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"manifest {path}: cannot create its directory: "
+                              f"{exc.strerror}") from None
         try:
             self._db = self._connect()
         except sqlite3.DatabaseError as exc:
-            self._set_aside(f"unreadable ({exc})")
-            self._db = self._connect()
+            _refuse_unless_damaged(path, exc)
+            self._set_aside(str(exc) if isinstance(exc, _Damaged) else f"unreadable ({exc})")
+            try:
+                self._db = self._connect()
+            except sqlite3.DatabaseError as again:
+                _refuse_unless_damaged(path, again)
+                raise ConfigError(f"manifest {path}: cannot be created: {again}") from None
         self.index = ChunkIndex(self._db)  # the chunks of recorded objects (compose)
 
     # -- opening --------------------------------------------------------------------------------
@@ -284,17 +367,32 @@ class Manifest:
                     raise sqlite3.DatabaseError(f"quick_check: {verdict}")
             db.executescript(_SCHEMA + INDEX_SCHEMA)
             meta = dict(db.execute("SELECT k, v FROM meta").fetchall())
+            version = meta.get("schema_version")
             if not meta:
                 db.executemany("INSERT INTO meta VALUES (?, ?)", [
                     ("schema_version", str(SCHEMA_VERSION)), ("src", self.src_url),
                     ("dst", self.dst_url), ("created_at", str(time.time()))])
-            elif meta.get("dst") != self.dst_url or meta.get("src") != self.src_url:
-                raise sqlite3.DatabaseError("it belongs to another sync pair")
-            elif meta.get("schema_version") in ("1", "2"):
-                _migrate(db, meta["schema_version"])
-            elif meta.get("schema_version") != str(SCHEMA_VERSION):
-                raise sqlite3.DatabaseError(
-                    f"schema version {meta.get('schema_version')}, expected {SCHEMA_VERSION}")
+            elif not all(isinstance(meta.get(k), str) for k in ("schema_version", "src", "dst")):
+                raise _Damaged("damaged (its meta table names no schema version or pair)")
+            elif (meta["src"], meta["dst"]) != (self.src_url, self.dst_url):
+                # Not damaged: another pair's state, which setting aside would throw away
+                # (its journal of open uploads among it), run after run if both pairs use it.
+                raise UsageError(f"manifest {self.path} records the sync {meta['src']} -> "
+                                 f"{meta['dst']}, not {self.src_url} -> {self.dst_url}: give "
+                                 "each pair its own --manifest")
+            elif version in ("1", "2"):
+                try:
+                    _migrate(db, version)
+                except (TypeError, ValueError, OverflowError, struct.error) as exc:
+                    raise _Damaged(f"damaged (schema {version} rows that cannot be migrated: "
+                                   f"{exc})") from None
+            elif not version.isdigit() or int(version) > SCHEMA_VERSION:
+                raise _Damaged(f"written by a newer mcsync (schema version {version[:20]}; "
+                               f"this one reads versions up to {SCHEMA_VERSION})")
+            elif version != str(SCHEMA_VERSION):
+                raise _Damaged(f"of an unknown schema version {version[:20]}")
+            if self.existed:
+                _check_rows(db)
             db.execute("BEGIN")
         except BaseException:
             db.close()
@@ -303,9 +401,18 @@ class Manifest:
 
     def _set_aside(self, why: str) -> None:
         bad = self.path.with_name(self.path.name + f".bad-{int(time.time())}")
+        n = 1
+        while bad.exists():  # two set aside within a second: keep both
+            bad = self.path.with_name(self.path.name + f".bad-{int(time.time())}-{n}")
+            n += 1
         for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.replace(f"{self.path}{suffix}", f"{bad}{suffix}")
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise ConfigError(f"manifest {self.path} is {why}, and cannot be set aside: "
+                                  f"{exc.strerror}") from None
         self.rebuilt = f"manifest {self.path} was {why}; set aside as {bad.name} and rebuilt"
         self.existed = False
         log.warning("%s", self.rebuilt)
@@ -404,6 +511,11 @@ class Manifest:
         self._journalled.discard(key)
 
     # -- runs -------------------------------------------------------------------------------------
+
+    def last_status(self) -> str | None:
+        """The status of the newest run recorded: 'running' for one that was killed."""
+        row = self._db.execute("SELECT status FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+        return str(row[0]) if row else None
 
     def start_run(self) -> int:
         cur = self._db.execute("INSERT INTO runs (started_at, status) VALUES (?, 'running')",

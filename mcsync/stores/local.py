@@ -17,12 +17,12 @@ import re
 import secrets
 import stat
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import ConfigError, NotFound, PreconditionFailed, UnsafeKey
+from ..errors import ConfigError, NotFound, Permanent, PreconditionFailed, UnsafeKey, UsageError
 from ..hashing import chunk_digests
 from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
 from .base import Buffer, CheckMode
@@ -30,6 +30,11 @@ from .base import Buffer, CheckMode
 T = TypeVar("T")
 
 TMP_MARK = ".mcsync-tmp-"
+# Exactly the names mcsync gives its hidden files: "." + up to 100 bytes of the file's name +
+# TMP_MARK + 12 hex digits (``_tmp_name``), or the write probe's 8 (``check``). Only these are
+# ever swept (``sweep_temp_files``).
+_TMP_NAME = re.compile(r"\..*" + re.escape(TMP_MARK) + r"[0-9a-f]{8}(?:[0-9a-f]{4})?", re.S)
+NAME_MAX = 255  # bytes in one file name: Linux's limit on every common filesystem
 _LIST_BATCH = 256  # entries handed from the walker thread to the event loop at a time
 # Data is written in slices of this size, never a whole part at once. Linux sizes page-cache
 # folios by the length of each write: one 8 MiB write gets 2 MiB folios, taken from the
@@ -56,6 +61,45 @@ def _is_tmp(name: str) -> bool:
     return name.startswith(".") and TMP_MARK in name
 
 
+def _raw(name: str) -> bytes:
+    """The bytes of a name as the filesystem holds them (``os.fsdecode`` in reverse)."""
+    try:
+        return name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to
+        return name.encode("utf-8", "backslashreplace")
+
+
+def _tmp_name(name: str) -> str:
+    """The hidden temporary name for a file called ``name``: at most 100 bytes of the name, cut
+    at a character (a name of 255 bytes still gets a temporary name of fewer than 255)."""
+    stem = _raw(name)[:100].decode("utf-8", "ignore")
+    return f".{stem}{TMP_MARK}{secrets.token_hex(6)}"
+
+
+def refuse_nested(src: object, dst: object) -> None:
+    """Raise UsageError when ``src`` and ``dst`` are local directories one of which holds the
+    other (or the same one): a target inside the source would be listed as source and copied
+    into itself, run after run; a source inside the target would be written into (and, with
+    --delete, deleted as a target key missing at the source). Paths are compared resolved, so
+    a symlink does not hide the nesting. Stores of other kinds: nothing to say."""
+    if not (isinstance(src, LocalStore) and isinstance(dst, LocalStore)):
+        return
+    real_src, real_dst = os.path.realpath(src.root), os.path.realpath(dst.root)
+    if real_src == real_dst:
+        raise UsageError(f"{dst.url}: the target is the source directory itself")
+    if _inside(real_dst, real_src):
+        raise UsageError(f"{dst.url}: the target is inside the source {src.url}: mcsync would "
+                         "copy its own output back into it; choose a target outside the source")
+    if _inside(real_src, real_dst):
+        raise UsageError(f"{src.url}: the source is inside the target {dst.url}: writing the "
+                         "target would change the source; choose a target outside it")
+
+
+def _inside(path: str, root: str) -> bool:
+    """Is the resolved ``path`` under the resolved directory ``root`` (not root itself)?"""
+    return path.startswith(root.rstrip(os.sep) + os.sep)
+
+
 class LocalStore:
     """A directory. Implements ``Store`` and the abilities ``Composer``, ``FileTarget`` and
     ``ReadsInto``."""
@@ -68,6 +112,15 @@ class LocalStore:
         self.root = Path(os.path.abspath(root))
         self.url = str(self.root)
         self._inline_max = 0  # set by check() once the root's filesystem is known
+        # Hidden files this store is writing now (their paths): never swept.
+        self._in_flight: set[str] = set()
+        # Set by check() when the root's filesystem does not tell names apart by case (an
+        # SMB or vfat mount, a casefolded ext4 directory): then two names that differ only by
+        # case would be one file. ``_names`` holds, per directory, the names in it by their
+        # casefold (filled as directories are first written to), under ``_names_lock``.
+        self._fold_case = False
+        self._names: dict[str, dict[str, str]] = {}
+        self._names_lock = threading.Lock()
 
     async def _off_loop(self, size: int, work: Callable[[], T]) -> T:
         """``work()`` in a worker thread, or right here for a small file on a local disk."""
@@ -78,32 +131,95 @@ class LocalStore:
     # -- keys -------------------------------------------------------------------------------
 
     def path_for(self, key: str) -> Path:
-        """The filesystem path of ``key``; raises UnsafeKey for anything that could escape."""
+        """The filesystem path of ``key``; raises UnsafeKey for anything that could escape,
+        and for names no filesystem holds (over 255 bytes) or that are not text."""
         if not key or "\x00" in key:
             raise UnsafeKey(f"{key!r}: empty key or NUL byte")
         if key.startswith("/"):
             raise UnsafeKey(f"{key!r}: absolute path")
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:  # a file name of bytes that are not UTF-8 (os.fsdecode)
+            raise UnsafeKey(f"{key!r}: not valid UTF-8 (a file name of the bytes "
+                            f"{_raw(key)!r}: rename it)") from None
         parts = key.split("/")
+        if key.endswith("/") and all(p not in ("", ".", "..") for p in parts[:-1]):
+            raise UnsafeKey(f"{key!r}: ends with '/' (an S3 directory marker): a file system "
+                            "holds no file of that name")
         if any(p in ("", ".", "..") for p in parts):
             raise UnsafeKey(f"{key!r}: '.', '..' or empty path component")
         if any(_is_tmp(p) for p in parts):
             raise UnsafeKey(f"{key!r}: collides with mcsync's temporary file names")
+        for p in parts:
+            if len(p.encode()) > NAME_MAX:
+                raise UnsafeKey(f"{key!r}: the name {p[:40]!r}... is {len(p.encode())} bytes; "
+                                f"a file name holds at most {NAME_MAX}")
         return self.root.joinpath(*parts)
 
     def validate_key(self, key: str) -> None:
         self.path_for(key)
 
     def _checked_parent(self, path: Path, key: str) -> Path:
-        """Create the parent directory and make sure it resolves inside the root."""
+        """Create the parent directory and make sure it resolves inside the root: the nearest
+        directory that exists is checked *before* anything is created, so a symlink inside
+        the root that points outside it never gets a directory made at its far end."""
         parent = path.parent
-        parent.mkdir(parents=True, exist_ok=True)
         real_root = os.path.realpath(self.root)
-        real_parent = os.path.realpath(parent)
-        if real_parent != real_root and not real_parent.startswith(real_root + os.sep):
+        existing = parent
+        while not existing.exists() and existing != self.root and existing != existing.parent:
+            existing = existing.parent
+        if existing.exists() and not self._resolves_inside(existing, real_root):
+            raise UnsafeKey(f"{key!r}: resolves outside the target root (symlink)")
+        if self._fold_case:
+            self._claim_name(path, key)
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise UnsafeKey(f"{key!r}: {self._blocking_file(parent)!r} is a file at the target, "
+                            "so it cannot also be a directory") from None
+        if not self._resolves_inside(parent, real_root):
             raise UnsafeKey(f"{key!r}: resolves outside the target root (symlink)")
         if os.path.islink(path):
             raise UnsafeKey(f"{key!r}: target is a symlink")
         return parent
+
+    def _resolves_inside(self, directory: Path, real_root: str) -> bool:
+        real = os.path.realpath(directory)
+        return real == real_root or _inside(real, real_root)
+
+    def _blocking_file(self, parent: Path) -> str:
+        """The key of the first file on the way to ``parent`` (which mkdir refused)."""
+        for p in reversed([parent, *parent.parents]):
+            if p == self.root or self.root not in p.parents:
+                continue
+            if p.exists() and not p.is_dir():
+                return p.relative_to(self.root).as_posix()
+        return parent.relative_to(self.root).as_posix()
+
+    def _claim_name(self, path: Path, key: str) -> None:
+        """On a filesystem that folds case: refuse ``key`` when one of its names (directories
+        and file) differs only by case from a name its directory already holds, or that this
+        store wrote this run; else note its names. A file written there would silently
+        replace (or land in) the other one. Blocking."""
+        rel = path.relative_to(self.root).parts
+        with self._names_lock:
+            directory = self.root
+            for i, name in enumerate(rel):
+                names = self._names.get(str(directory))
+                if names is None:
+                    try:
+                        listed = os.listdir(directory)
+                    except (FileNotFoundError, NotADirectoryError):
+                        listed = []
+                    names = {n.casefold(): n for n in listed if not _is_tmp(n)}
+                    self._names[str(directory)] = names
+                other = names.setdefault(name.casefold(), name)
+                if other != name:
+                    where = "/".join((*rel[:i], other))
+                    raise UnsafeKey(f"{key!r}: the target holds {where!r}, whose name differs "
+                                    "only by case, and its file system does not tell them "
+                                    "apart")
+                directory = directory / name
 
     def _hidden_file(self, path: Path, key: str, flags: int,
                      first: Callable[[int], None]) -> tuple[Path, int]:
@@ -111,15 +227,68 @@ class LocalStore:
         inside the root), opened with ``flags``, after ``first(fd)``; nothing is left behind
         when that fails. Blocking."""
         parent = self._checked_parent(path, key)
-        tmp = parent / f".{path.name[:100]}{TMP_MARK}{secrets.token_hex(6)}"
-        fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        tmp = parent / _tmp_name(path.name)
+        self._in_flight.add(str(tmp))  # before it exists: a sweep never sees it unclaimed
+        try:
+            fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:  # named by the directory that refused, not the hidden name
+            self._in_flight.discard(str(tmp))
+            raise OSError(exc.errno, exc.strerror, str(parent)) from None
+        except BaseException:
+            self._in_flight.discard(str(tmp))
+            raise
         try:
             first(fd)
         except BaseException:
             os.close(fd)
-            tmp.unlink(missing_ok=True)
+            self._done_with(tmp)
             raise
         return tmp, fd
+
+    def _done_with(self, tmp: Path) -> None:
+        """The hidden file is published or given up: remove what is left of it."""
+        try:
+            tmp.unlink(missing_ok=True)
+        finally:
+            self._in_flight.discard(str(tmp))
+
+    # -- leftovers --------------------------------------------------------------------------
+
+    async def sweep_temp_files(self, keep: Collection[str] = (), *,
+                               older_than: float | None = None) -> list[str]:
+        """Remove the hidden temporary files a killed run left under the root; the paths
+        removed. Only files named exactly as mcsync names them (``_TMP_NAME``), only regular
+        files (never a symlink, never through one: the walk does not follow them), never one
+        this store is writing now, never one in ``keep`` (the upload ids of uploads a
+        manifest journals for resuming: their temporary paths), and, with ``older_than`` (a
+        time.time()), never one modified since then: pass the run's start, so that a
+        temporary file of another pair's run writing into the same directories is left to it.
+        """
+
+        def sweep() -> list[str]:
+            kept = {os.path.abspath(p) for p in keep}
+            removed = []
+            for dirpath, _, files in os.walk(self.root):
+                for name in files:
+                    if not _TMP_NAME.fullmatch(name):
+                        continue
+                    path = os.path.join(dirpath, name)
+                    if path in kept or path in self._in_flight:
+                        continue
+                    try:
+                        st = os.lstat(path)
+                        if not stat.S_ISREG(st.st_mode) or (
+                                older_than is not None and st.st_mtime >= older_than):
+                            continue
+                        if path in self._in_flight:  # claimed while we looked
+                            continue
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        continue
+                    removed.append(path)
+            return removed
+
+        return await asyncio.to_thread(sweep)
 
     # -- listing ----------------------------------------------------------------------------
 
@@ -131,6 +300,8 @@ class LocalStore:
                 entries = list(it)
         except FileNotFoundError:
             return
+        except OSError as exc:  # unreadable: what is in it is unknown, so no run may go on
+            raise Permanent(f"{directory}: cannot list this directory: {exc.strerror}") from None
         keyed: list[tuple[str, os.DirEntry[str], bool]] = []
         for e in entries:
             if _is_tmp(e.name):
@@ -232,7 +403,10 @@ class LocalStore:
             tmp, fd = self._hidden_file(path, key, os.O_WRONLY,
                                         lambda fd: _pwrite_all(fd, data, 0))
             os.close(fd)
-            return _publish(tmp, path, key, mtime)
+            try:
+                return _publish(tmp, path, key, mtime)
+            finally:
+                self._in_flight.discard(str(tmp))
 
         return await self._off_loop(len(data), write)
 
@@ -247,7 +421,7 @@ class LocalStore:
         def create() -> LocalUpload:
             # sparse; parts land at their offsets in any order
             tmp, fd = self._hidden_file(path, key, os.O_RDWR, lambda fd: os.ftruncate(fd, size))
-            return LocalUpload(key, path, tmp, fd, mtime)
+            return LocalUpload(key, path, tmp, fd, mtime, self._in_flight.discard)
 
         return await asyncio.to_thread(create)
 
@@ -260,14 +434,17 @@ class LocalStore:
             return None  # not one of ours for this key: never reopen an arbitrary path
 
         def reopen() -> LocalUpload | None:
+            self._in_flight.add(str(tmp))
             try:
                 fd = os.open(tmp, os.O_RDWR)
             except FileNotFoundError:
+                self._in_flight.discard(str(tmp))
                 return None
             if os.fstat(fd).st_size != size:
                 os.close(fd)
+                self._in_flight.discard(str(tmp))
                 return None
-            return LocalUpload(key, path, tmp, fd, mtime)
+            return LocalUpload(key, path, tmp, fd, mtime, self._in_flight.discard)
 
         return await asyncio.to_thread(reopen)
 
@@ -309,6 +486,9 @@ class LocalStore:
                     raise ConfigError(f"{self.url}: cannot create or write this directory")
                 return
             if mode == "read":
+                if self.root.exists() and not self.root.is_dir():
+                    raise ConfigError(f"{self.url}: not a directory (a source is a directory "
+                                      "of files)")
                 if not self.root.is_dir():
                     raise ConfigError(f"{self.url}: no such directory")
                 if not os.access(self.root, os.R_OK | os.X_OK):
@@ -323,7 +503,10 @@ class LocalStore:
             probe_path = self.root / f".probe{TMP_MARK}{secrets.token_hex(4)}"
             try:
                 probe_path.touch(exist_ok=False)
-                probe_path.unlink()
+                try:
+                    self._fold_case = self._folds_case(probe_path)
+                finally:
+                    probe_path.unlink()
             except OSError as exc:
                 raise ConfigError(
                     f"{self.url}: directory is not writable: {exc.strerror}") from None
@@ -331,6 +514,11 @@ class LocalStore:
         await asyncio.to_thread(probe)
         fs = await asyncio.to_thread(filesystem_type, self.root)
         self._inline_max = _INLINE_MAX if fs in _LOCAL_FILESYSTEMS else 0
+
+    @staticmethod
+    def _folds_case(probe: Path) -> bool:
+        """Does the filesystem of ``probe`` (a file just made) find it by another case?"""
+        return probe.with_name(probe.name.upper()).exists()
 
     async def aclose(self) -> None:
         pass
@@ -349,8 +537,10 @@ class LocalCopySource:
 class LocalUpload:
     """A temporary file that parts are written into at their offsets, renamed on complete."""
 
-    def __init__(self, key: str, path: Path, tmp: Path, fd: int, mtime: float | None) -> None:
+    def __init__(self, key: str, path: Path, tmp: Path, fd: int, mtime: float | None,
+                 release: Callable[[str], None] = lambda tmp: None) -> None:
         self.key = key
+        self._release = release  # tells the store the hidden file is no longer written
         self._mtime = mtime
         self.upload_id = str(tmp)
         self._path = path
@@ -440,6 +630,8 @@ class LocalUpload:
                     raise
                 # completed through another handle, or aborted by id (abort_upload)
                 raise NotFound(f"{self.key}: upload already completed or aborted") from None
+            finally:
+                self._release(str(self._tmp))
 
         return await asyncio.to_thread(finish)
 
@@ -449,7 +641,10 @@ class LocalUpload:
                 if self._fd >= 0:
                     os.close(self._fd)
                     self._fd = -1
-            self._tmp.unlink(missing_ok=True)
+            try:
+                self._tmp.unlink(missing_ok=True)
+            finally:
+                self._release(str(self._tmp))
 
         await asyncio.to_thread(drop)
 
@@ -491,7 +686,8 @@ def _publish(tmp: Path, path: Path, key: str, mtime: float | None) -> ObjectInfo
         if mtime is not None:
             os.utime(tmp, (mtime, mtime))
         if path.is_dir() and not path.is_symlink():
-            raise UnsafeKey(f"{key!r}: a directory of that name exists at the target")
+            raise UnsafeKey(f"{key!r}: a directory of that name exists at the target (keys "
+                            f"under {key + '/'!r}), so it cannot also be a file")
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

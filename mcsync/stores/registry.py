@@ -20,6 +20,7 @@ from .local import LocalStore
 from .s3 import S3Credentials, S3Store
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,253}[a-z0-9]$")
+_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
 META_CONFIG = Path("~/.config/mcsync/config.toml")
 
 
@@ -34,21 +35,28 @@ def parse_url(url: str) -> Location:
     """Split a source/target address; raises UsageError naming what is wrong."""
     if not url:
         raise UsageError("empty address")
+    shown = url if url.isprintable() else repr(url)  # one line, whatever the address holds
     if "://" not in url:
         return Location("file", "", url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
-            raise UsageError(f"{url}: file:// URLs must be local (file:///path)")
+            raise UsageError(f"{shown}: file:// URLs must be local (file:///path)")
         return Location("file", "", unquote(parts.path) or "/")
     if scheme not in ("s3", "meta", "gs"):
-        raise UsageError(f"{url}: unknown scheme {scheme!r} (use s3://, meta://, gs:// or a path)")
+        raise UsageError(f"{shown}: unknown scheme {scheme!r} (use s3://, meta://, gs:// or a "
+                         "path)")
     # Keep the raw path: keys may hold '%', '?', '#' and must not be URL-decoded.
     rest = url.split("://", 1)[1]
     bucket, _, prefix = rest.partition("/")
-    if not bucket or not _BUCKET.match(bucket):
-        raise UsageError(f"{url}: {bucket!r} is not a valid bucket name")
+    if not bucket or not _BUCKET.fullmatch(bucket):
+        raise UsageError(f"{shown}: {bucket!r} is not a valid bucket name")
+    if _IPV4.fullmatch(bucket):
+        # S3's rules: a bucket name is never formatted as an IP address (it would also make
+        # virtual-hosted addressing send the request to that address)
+        raise UsageError(f"{shown}: {bucket!r} is not a valid bucket name (an IP address; an "
+                         "endpoint's address goes in --endpoint-url or MCSYNC_META_ENDPOINT_URL)")
     prefix = prefix.lstrip("/")
     if prefix and not prefix.endswith("/"):
         prefix += "/"  # a prefix names a "directory", as in rclone and aws s3 sync
@@ -115,18 +123,13 @@ def meta_settings(environ: dict[str, str] | None = None,
     settings: dict[str, str] = {}
     profile = env.get("MCSYNC_META_PROFILE", "default")
     if path.exists():
-        try:
-            doc: dict[str, Any] = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise UsageError(f"{path}: cannot read mcsync config: {exc}") from None
-        section = doc.get("meta", {}).get(profile)
+        section = _profile(path, profile)
         if section is None and "MCSYNC_META_PROFILE" in env:
             raise UsageError(f"{path}: no [meta.{profile}] profile")
-        settings.update({k: str(v) for k, v in (section or {}).items()})
+        settings.update(section or {})
     elif "MCSYNC_META_PROFILE" in env:
         raise UsageError(f"MCSYNC_META_PROFILE={profile} but {path} does not exist")
-    for name in ("endpoint_url", "access_key_id", "secret_access_key", "session_token",
-                 "region", "path_style"):
+    for name in _SETTINGS:
         value = env.get(f"MCSYNC_META_{name.upper()}")
         if value:
             settings[name] = value
@@ -134,3 +137,44 @@ def meta_settings(environ: dict[str, str] | None = None,
         raise UsageError("meta:// needs an endpoint: set MCSYNC_META_ENDPOINT_URL or "
                          f"endpoint_url in [meta.{profile}] of {path}")
     return settings
+
+
+_SETTINGS = ("endpoint_url", "access_key_id", "secret_access_key", "session_token", "region",
+             "path_style")
+
+
+def _profile(path: Path, profile: str) -> dict[str, str] | None:
+    """The ``[meta.<profile>]`` table of the config file, its values as strings; None when the
+    file has no such profile. Raises UsageError, naming the file and what is wrong, for a file
+    that cannot be read, is not TOML (the parser's line and column), or is not shaped as
+    documented (``meta`` a table of tables of strings, booleans and numbers)."""
+    try:
+        doc: dict[str, Any] = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read mcsync config: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: cannot read mcsync config: not UTF-8 text (byte "
+                         f"{exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: cannot read mcsync config: {exc}") from None
+    meta = doc.get("meta", {})
+    if not isinstance(meta, dict):
+        raise UsageError(f"{path}: 'meta' must be a table of profiles ([meta.{profile}])")
+    section = meta.get(profile)
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise UsageError(f"{path}: [meta.{profile}] must be a table of settings")
+    out = {}
+    for k, v in section.items():
+        if k not in _SETTINGS:
+            raise UsageError(f"{path}: [meta.{profile}]: unknown setting {k!r} (known: "
+                             f"{', '.join(_SETTINGS)})")
+        if isinstance(v, bool):
+            out[k] = "true" if v else "false"
+        elif isinstance(v, str | int | float):
+            out[k] = str(v)
+        else:
+            raise UsageError(f"{path}: [meta.{profile}] {k} must be a string, got "
+                             f"{type(v).__name__}")
+    return out

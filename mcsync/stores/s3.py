@@ -437,7 +437,11 @@ class S3Store:
     def validate_key(self, key: str) -> None:
         if not key:  # it would name the prefix itself: a "directory marker" listings hide
             raise UnsafeKey(f"{key!r}: empty key")
-        if len(self.full_key(key).encode()) > 1024:
+        try:
+            encoded = self.full_key(key).encode()
+        except UnicodeEncodeError:  # a file name of bytes that are not UTF-8 (os.fsdecode)
+            raise UnsafeKey(f"{key!r}: not valid UTF-8 (S3 keys are text): rename it") from None
+        if len(encoded) > 1024:
             raise UnsafeKey(f"{key!r}: longer than S3's 1024-byte key limit with the prefix")
 
     async def resume_upload(
