@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -105,11 +106,31 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
 
 async def check_pair(source: ReadStore, target: ReadStore, options: SyncOptions) -> Store:
     """Both sides usable (ConfigError, exit 2, when not); the target as a Store."""
+    refuse_nested(source, target)  # before check(), which may create the target directory
     await source.check(mode="read")
     if not isinstance(target, Store):
         raise UsageError(f"{target.url}: a source only: mcsync reads it but cannot write to it")
     await target.check(mode="plan" if options.dry_run else "write")
     return target
+
+
+def refuse_nested(src: ReadStore, dst: ReadStore) -> None:
+    """Raise UsageError when ``src`` and ``dst`` are local directories one of which holds the
+    other (or the same one): a target inside the source would be listed as source and copied
+    into itself, run after run; a source inside the target would be written into (and, with
+    --delete, deleted as a target key missing at the source). Paths are compared resolved, so
+    a symlink does not hide the nesting. Stores of other kinds: nothing to say."""
+    if not (isinstance(src, LocalTree) and isinstance(dst, LocalTree)):
+        return
+    real_src, real_dst = os.path.realpath(src.root), os.path.realpath(dst.root)
+    if real_src == real_dst:
+        raise UsageError(f"{dst.url}: the target is the source directory itself")
+    if real_dst.startswith(real_src.rstrip(os.sep) + os.sep):
+        raise UsageError(f"{dst.url}: the target is inside the source {src.url}: mcsync would "
+                         "copy its own output back into it; choose a target outside the source")
+    if real_src.startswith(real_dst.rstrip(os.sep) + os.sep):
+        raise UsageError(f"{src.url}: the source is inside the target {dst.url}: writing the "
+                         "target would change the source; choose a target outside it")
 
 
 def manifest_path(source: ReadStore, target: ReadStore, options: SyncOptions) -> Path:

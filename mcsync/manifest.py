@@ -442,8 +442,11 @@ class Manifest:
             last = rows[-1][0]
 
     def get(self, key: str) -> ManifestEntry | None:
-        row = self._db.execute(f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE key = ?",
-                               (key,)).fetchone()
+        try:
+            row = self._db.execute(f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE key = ?",
+                                   (key,)).fetchone()
+        except UnicodeEncodeError:  # a file name that is not UTF-8: never recorded; the
+            return None             # target refuses it as that object's failure
         return ManifestEntry(*row) if row else None
 
     def record_object(self, e: ManifestEntry, *, durable: bool = True) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import ConfigError, NotFound, Permanent, PreconditionFailed, UnsafeKey, UsageError
+from ..errors import ConfigError, NotFound, Permanent, PreconditionFailed, UnsafeKey
 from ..hashing import chunk_digests
 from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
 from .base import Buffer, CheckMode
@@ -74,25 +74,6 @@ def _tmp_name(name: str) -> str:
     at a character (a name of 255 bytes still gets a temporary name of fewer than 255)."""
     stem = _raw(name)[:100].decode("utf-8", "ignore")
     return f".{stem}{TMP_MARK}{secrets.token_hex(6)}"
-
-
-def refuse_nested(src: object, dst: object) -> None:
-    """Raise UsageError when ``src`` and ``dst`` are local directories one of which holds the
-    other (or the same one): a target inside the source would be listed as source and copied
-    into itself, run after run; a source inside the target would be written into (and, with
-    --delete, deleted as a target key missing at the source). Paths are compared resolved, so
-    a symlink does not hide the nesting. Stores of other kinds: nothing to say."""
-    if not (isinstance(src, LocalStore) and isinstance(dst, LocalStore)):
-        return
-    real_src, real_dst = os.path.realpath(src.root), os.path.realpath(dst.root)
-    if real_src == real_dst:
-        raise UsageError(f"{dst.url}: the target is the source directory itself")
-    if _inside(real_dst, real_src):
-        raise UsageError(f"{dst.url}: the target is inside the source {src.url}: mcsync would "
-                         "copy its own output back into it; choose a target outside the source")
-    if _inside(real_src, real_dst):
-        raise UsageError(f"{src.url}: the source is inside the target {dst.url}: writing the "
-                         "target would change the source; choose a target outside it")
 
 
 def _inside(path: str, root: str) -> bool:
