@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -14,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -40,6 +42,9 @@ from ..stores.base import ReadStore
 from ..stores.registry import StoreOptions, open_store
 from ..verify import verify_entries
 from .progress import FailureLines, LogProgress, TerminalProgress, summary
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -67,6 +72,21 @@ class _Size(click.ParamType):
 
 
 SIZE = _Size()
+
+
+class _Addr(click.ParamType):
+    name = "host:port"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value
+        from ..metrics import parse_addr  # prometheus_client only for a run that asks for it
+
+        try:
+            return parse_addr(value)
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -129,6 +149,12 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Write the JSON report to FILE."),
         click.option("--json", "as_json", is_flag=True,
                      help="Print the report as JSON on stdout."),
+        click.option("--metrics-addr", type=_Addr(), default=None, metavar="HOST:PORT",
+                     help="Serve Prometheus metrics at http://HOST:PORT/metrics while the "
+                          "command runs (0.0.0.0:9108: every interface)."),
+        click.option("--metrics-file", default=None, metavar="PATH",
+                     help="At the end, write the metrics to PATH in the node_exporter "
+                          "textfile format (a temporary file renamed into place)."),
         click.option("--quiet", "-q", is_flag=True, help="No progress, no summary; failures only."),
         click.option("--verbose", "-v", is_flag=True, help="Debug logging."),
     ]
@@ -297,7 +323,9 @@ def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: boo
 
 def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, quiet: bool,
          verbose: bool, no_server_side_copy: bool, no_manifest: bool, no_delta: bool,
-         report_path: str | None, long: bool = False, **kw: Any) -> int:
+         report_path: str | None, long: bool = False,
+         metrics_addr: tuple[str, int] | None = None, metrics_file: str | None = None,
+         **kw: Any) -> int:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr,
                         force=True)
@@ -309,6 +337,9 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
     except UsageError as exc:
         click.echo(f"mcsync: error: {exc}", err=True)
         return EXIT_USAGE
+    metrics = _metrics_for(metrics_addr, metrics_file)
+    if isinstance(metrics, int):
+        return metrics
     if quiet:
         display: Any = FailureLines()
     elif sys.stderr.isatty():
@@ -323,14 +354,28 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
     async def go(stop: asyncio.Event) -> SyncReport:
         opened: list[ReadStore] = []
         try:
-            for url, open_one in ((src, seams.open_source), (dst, seams.open_target)):
-                opened.append(open_one(url, store_options(options)))
-            return await run_sync(opened[0], opened[1], options, FanOut(sinks), stop=stop,
+            for url, open_one, role in ((src, seams.open_source, "source"),
+                                        (dst, seams.open_target, "target")):
+                store = open_one(url, store_options(options))
+                opened.append(store if metrics is None else metrics.wrap(store, role))
+            fanout = FanOut(sinks if metrics is None else [*sinks, metrics])
+            return await run_sync(opened[0], opened[1], options, fanout, stop=stop,
                                   manifest_factory=seams.open_manifest)
         finally:
             await asyncio.gather(*(close_quietly(store) for store in opened))
 
-    result = _guarded(lambda: run_blocking(_until_signalled(go, options.grace_s)))
+    with contextlib.ExitStack() as serving:
+        if metrics is not None and metrics_addr is not None:
+            try:
+                serving.enter_context(metrics.serving(*metrics_addr))
+            except OSError as exc:
+                click.echo(f"mcsync: error: --metrics-addr {metrics_addr[0]}:{metrics_addr[1]}"
+                           f": {exc.strerror or exc}", err=True)
+                display.close()
+                return EXIT_USAGE
+        result = _guarded(lambda: run_blocking(_until_signalled(go, options.grace_s)))
+    if metrics is not None:
+        _metrics_done(metrics, result, metrics_file)
     display.close()
     if isinstance(result, SyncReport):
         for sink in sinks[1:]:
@@ -349,6 +394,45 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
         click.echo("mcsync: interrupted: state saved; run the same command again to resume",
                    err=True)
     return result.exit_code
+
+
+def _metrics_for(addr: tuple[str, int] | None, path: str | None) -> Metrics | int | None:
+    """The run's metrics when --metrics-addr or --metrics-file asks for them (None otherwise),
+    or EXIT_USAGE when the file could never be written: found out before anything moves."""
+    if addr is None and path is None:
+        return None
+    from prometheus_client import disable_created_metrics
+
+    from ..metrics import Metrics
+
+    disable_created_metrics()  # no *_created series: this process is the command's own
+    metrics = Metrics()
+    if path is not None:
+        where = Path(path).parent
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            click.echo(f"mcsync: error: --metrics-file {path}: {exc.strerror or exc}", err=True)
+            return EXIT_USAGE
+        if not os.access(where, os.W_OK | os.X_OK):
+            click.echo(f"mcsync: error: --metrics-file {path}: {where} is not writable",
+                       err=True)
+            return EXIT_USAGE
+        metrics.carry_over(Path(path))
+    return metrics
+
+
+def _metrics_done(metrics: Metrics, result: SyncReport | int, path: str | None) -> None:
+    """Count a run that ended without a report, and write the textfile."""
+    if not isinstance(result, SyncReport):
+        metrics.run_aborted("locked" if result == EXIT_LOCKED else
+                            "interrupted" if result == EXIT_INTERRUPTED else "error")
+    if path is not None:
+        try:
+            metrics.write_textfile(Path(path))
+        except OSError as exc:
+            click.echo(f"mcsync: warning: could not write --metrics-file {path}: "
+                       f"{exc.strerror or exc}", err=True)
 
 
 @dataclass(frozen=True)
