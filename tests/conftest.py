@@ -7,6 +7,10 @@ Servers (session-scoped, started on first use, stopped at the end of the run):
 * ``seaweed_b`` -- a second, independent SeaweedFS server with other keys, for cross-endpoint
   tests (its keys are refused by ``seaweed`` and the other way round).
 * ``s3``        -- parametrized over ``moto`` and ``seaweed``: a test that takes it runs on both.
+* ``seaweed_proxy``, ``moto_proxy`` -- a ``mcsync.testing.faultproxy.FaultProxy`` (per test, no
+  rules yet, seed 0) in front of that server; ``proxy.endpoint`` is an ``S3Endpoint`` at the
+  proxy with the server's keys, so ``meta_env()``, ``aws_env()`` and ``client()`` go through it.
+  Create buckets on the server itself (``bucket_factory(seaweed)``), not through the proxy.
 * ``gcs``       -- the GCS emulator (``mcsync.testing.gcs``); its URL. ``gcs_bucket``: a fresh,
   uniquely named bucket in it. (tests/gcs/conftest.py keeps the gs:// tests' own fixtures.)
 
@@ -30,6 +34,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from mcsync.testing.faultproxy import FaultProxy
 from mcsync.testing.servers import S3Endpoint, moto_server, seaweedfs
 
 # --------------------------------------------------------------------------------------------
@@ -93,6 +98,18 @@ def gcs_bucket(gcs: str) -> str:
     name = f"gcs-{uuid.uuid4().hex[:12]}"
     create_bucket(gcs, name)
     return name
+
+
+@pytest.fixture
+def seaweed_proxy(seaweed: S3Endpoint) -> Iterator[FaultProxy]:
+    with FaultProxy(seaweed).running() as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def moto_proxy(moto: S3Endpoint) -> Iterator[FaultProxy]:
+    with FaultProxy(moto).running() as proxy:
+        yield proxy
 
 
 @pytest.fixture(params=["moto", "seaweed"])

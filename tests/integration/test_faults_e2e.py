@@ -1,0 +1,248 @@
+"""mcsync end to end through the fault-injecting proxy: a local directory of 60 objects synced to
+``meta://`` (SeaweedFS behind ``mcsync.testing.faultproxy``) while the proxy throttles, resets
+and stalls requests.
+
+What mcsync survives today is asserted as it is. What it does not survive is written as the
+behaviour we want (exit 0, every object byte-identical, no upload left open, the throttling
+shown in the report or the log) and marked ``xfail(strict=True)`` with what was measured: the
+client path (obstore carries listings, whole-object PUTs, GETs and deletes; botocore the
+multipart uploads, see ``mcsync/stores/s3.py``), the error, and how many tries over how long.
+Run them with ``--runxfail`` to see each failure described from the proxy's record.
+
+The set: 55 small objects (1-512 KiB: obstore PUTs), four of 12-20 MiB and one of 100 MiB
+(botocore multipart uploads in 8 MiB parts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mcsync
+from mcsync.report import SyncReport
+from mcsync.testing.faultproxy import (
+    SLOW_DOWN,
+    TOO_MANY_REQUESTS,
+    FaultProxy,
+    Reset,
+    Rule,
+    ShortBody,
+    Stall,
+)
+from mcsync.testing.servers import S3Endpoint
+
+from .helpers import read_bucket, write_tree
+
+MiB = 1 << 20
+UPLOADS = frozenset({"PutObject", "UploadPart", "CompleteMultipartUpload"})  # with a body
+CLIENT_TIMEOUT_S = 4  # see short_client_timeouts
+
+
+def dataset() -> dict[str, bytes]:
+    rng = random.Random(60)
+    objects = {f"data/small/{i:02d}.bin": rng.randbytes(rng.randint(1, 512) * 1024)
+               for i in range(55)}
+    objects |= {f"data/mp/{n}MiB.bin": rng.randbytes(n * MiB + 99) for n in (12, 14, 17, 20)}
+    objects["data/big.bin"] = rng.randbytes(100 * MiB)
+    return objects
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
+    root = tmp_path_factory.mktemp("e2e") / "src"
+    objects = dataset()
+    write_tree(root, objects)
+    return root, objects
+
+
+@pytest.fixture
+def short_client_timeouts(monkeypatch: pytest.MonkeyPatch) -> Iterator[float]:
+    """mcsync has no request-timeout setting: obstore's is 300 s a request and botocore's read
+    timeout 120 s, fixed in ``stores/s3_clients.py``. For a stall to outlast a client's
+    timeout in a test, the clients mcsync builds are given CLIENT_TIMEOUT_S instead (the
+    classes ``s3_clients`` imports when it builds a client are replaced)."""
+    import aiobotocore.config
+    import obstore.store
+
+    make_obstore = obstore.store.S3Store
+    base_config = aiobotocore.config.AioConfig
+
+    def obstore_store(*args: Any, client_options: dict[str, str] | None = None,
+                      **kwargs: Any) -> Any:
+        options = {**(client_options or {}), "timeout": f"{CLIENT_TIMEOUT_S}s"}
+        return make_obstore(*args, client_options=options, **kwargs)
+
+    class Config(base_config):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["read_timeout"] = CLIENT_TIMEOUT_S
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(obstore.store, "S3Store", obstore_store)
+    monkeypatch.setattr(aiobotocore.config, "AioConfig", Config)
+    yield CLIENT_TIMEOUT_S
+
+
+def sync_through(proxy: FaultProxy, src: Path, bucket: str,
+                 monkeypatch: pytest.MonkeyPatch) -> tuple[SyncReport, float]:
+    for k, v in proxy.endpoint.meta_env().items():
+        monkeypatch.setenv(k, v)
+    start = time.monotonic()
+    report = mcsync.sync(str(src), f"meta://{bucket}/")
+    return report, time.monotonic() - start
+
+
+def describe(report: SyncReport, proxy: FaultProxy, elapsed: float) -> str:
+    """What failed, each with the requests the proxy saw for its key."""
+    lines = [f"exit {report.exit_code} after {elapsed:.1f} s, {report.objects_copied} copied, "
+             f"{report.objects_failed} failed"]
+    for key, error in report.failures[:10]:
+        tries = proxy.exchanges(key=key)
+        span = tries[-1].t - tries[0].t if tries else 0.0
+        seen = Counter(f"{e.op} {e.fault or e.status}" for e in tries)
+        lines.append(f"  {error}\n    {len(tries)} requests over {span:.2f} s: {dict(seen)}")
+    lines.append(f"  proxy: {dict(proxy.summary())}")
+    return "\n".join(lines)
+
+
+def throttling_shown(report: SyncReport, records: list[logging.LogRecord]) -> bool:
+    shown = {k: v for k, v in report.to_dict().items() if k not in ("src", "dst")}  # bucket names
+    said = json.dumps(shown).lower() + " ".join(
+        r.getMessage().lower() for r in records if r.name.startswith("mcsync"))
+    return any(word in said for word in ("throttl", "slowdown", "slow down", "toomanyrequests"))
+
+
+def assert_complete(report: SyncReport, proxy: FaultProxy, elapsed: float, seaweed: S3Endpoint,
+                    bucket: str, objects: dict[str, bytes]) -> None:
+    assert report.exit_code == 0, describe(report, proxy, elapsed)
+    got = read_bucket(seaweed, bucket)
+    assert sorted(set(got) - set(objects)) == []
+    assert sorted(k for k, v in objects.items() if got.get(k) != v) == []  # byte-identical
+    uploads = seaweed.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert [u["Key"] for u in uploads] == []
+
+
+def test_random_slowdowns_resets_and_stalls_are_survived(seaweed, seaweed_proxy, source,
+                                                         bucket_factory, monkeypatch,
+                                                         short_client_timeouts):
+    """(a) 20% of requests answered SlowDown, 5% of uploads reset in the middle of their body,
+    two uploads stalled 10 s, past the clients' 4 s timeout. Both paths retry all three (SeaweedFS
+    measured: ~15 s, against ~2 s without faults, most of it botocore's adaptive rate limiter
+    after SlowDowns). The throttling shows nowhere: see the xfail below."""
+    src, objects = source
+    bucket = bucket_factory(seaweed)
+    proxy = seaweed_proxy
+    proxy.seed = 1
+    proxy.add(Rule(SLOW_DOWN, probability=0.20, name="slow"))
+    proxy.add(Rule(Reset("request"), op=UPLOADS, probability=0.05, name="reset"))
+    proxy.add(Rule(Stall(10), op=UPLOADS, count=2, name="stall"))
+    report, elapsed = sync_through(proxy, src, bucket, monkeypatch)
+    assert_complete(report, proxy, elapsed, seaweed, bucket, objects)
+    assert report.objects_copied == 60
+    applied = Counter(e.fault for e in proxy.exchanges() if e.fault)
+    assert applied["SlowDown"] >= 10 and applied["reset-request"] >= 2, applied
+    stalled = proxy.exchanges(fault="stall")
+    assert stalled and {e.outcome for e in stalled} == {"client-gone"}  # the clients gave up
+    assert {e.op for e in proxy.exchanges(fault="reset-request")} >= {"PutObject", "UploadPart"}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the preflight (S3Store.check: one obstore ListObjectsV2 with RetryPolicy."
+    "preflight_attempts=3) gets SlowDown 3 times within ~0.3 s and mcsync.sync raises "
+    "ConfigError 'meta://b/: SlowDown: Please reduce your request rate.' (CLI exit 2): "
+    "a throttled endpoint is taken for a misconfigured one; nothing moves"))
+def test_a_throttled_start_is_waited_out(seaweed, seaweed_proxy, source, bucket_factory,
+                                         monkeypatch, caplog):
+    """(b) every request answered SlowDown for the first 10 s of the run, then recovery."""
+    caplog.set_level(logging.INFO, logger="mcsync")
+    src, objects = source
+    bucket = bucket_factory(seaweed)
+    seaweed_proxy.add(Rule(SLOW_DOWN, for_s=10), from_now=True)
+    report, elapsed = sync_through(seaweed_proxy, src, bucket, monkeypatch)
+    assert_complete(report, seaweed_proxy, elapsed, seaweed, bucket, objects)
+    assert elapsed >= 10 and throttling_shown(report, caplog.records)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "obstore path (whole-object PutObject, RetryPolicy.obstore: max_retries=9, backoff 0.1 s "
+    "doubling with jitter): each of the 55 small objects gets 10 SlowDowns (1 try + 9 "
+    "retries) over 1.3-8.4 s (median ~2.5 s) and fails 'SlowDown: Please reduce your request "
+    "rate.', exit 1, 55 of 60 failed; the botocore path (adaptive mode, 10 attempts, its rate "
+    "limiter delaying sends) carries the 5 multipart objects past the 10 s"))
+def test_ten_seconds_of_slowdown_on_every_object_is_waited_out(seaweed, seaweed_proxy, source,
+                                                               bucket_factory, monkeypatch,
+                                                               caplog):
+    """(b) every request for the objects answered SlowDown for 10 s, then recovery (the
+    preflight listing, the lock and the manifest go through: see the test above)."""
+    caplog.set_level(logging.INFO, logger="mcsync")
+    src, objects = source
+    bucket = bucket_factory(seaweed)
+    seaweed_proxy.add(Rule(SLOW_DOWN, key="data/*", for_s=10), from_now=True)
+    report, elapsed = sync_through(seaweed_proxy, src, bucket, monkeypatch)
+    assert_complete(report, seaweed_proxy, elapsed, seaweed, bucket, objects)
+    assert elapsed >= 10 and throttling_shown(report, caplog.records)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "botocore path: 429 TooManyRequests is not retried (botocore's standard/adaptive retry "
+    "knows status 500/502/503/504 and codes such as SlowDown or TooManyRequestsException, not "
+    "429 'TooManyRequests'): the first 429 on a CreateMultipartUpload, UploadPart or "
+    "CompleteMultipartUpload fails its object, so all 5 multipart objects fail (exit 1, 55 of "
+    "60 copied), and a 429 on AbortMultipartUpload leaves that upload open; the obstore path "
+    "retries its ~20 429s and every small object arrives"))
+def test_429_is_retried_like_slowdown(seaweed, seaweed_proxy, source, bucket_factory,
+                                      monkeypatch, caplog):
+    """(c) 20% of requests answered 429 TooManyRequests."""
+    caplog.set_level(logging.INFO, logger="mcsync")
+    src, objects = source
+    bucket = bucket_factory(seaweed)
+    seaweed_proxy.seed = 1
+    seaweed_proxy.add(Rule(TOO_MANY_REQUESTS, probability=0.20))
+    report, elapsed = sync_through(seaweed_proxy, src, bucket, monkeypatch)
+    assert_complete(report, seaweed_proxy, elapsed, seaweed, bucket, objects)
+    assert throttling_shown(report, caplog.records)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "obstore path: a GET or listing whose response body breaks off (reset or short) is not "
+    "retried: 'Generic S3 error: Error performing GET ... HTTP error: request or response body "
+    "error' (0 retries of max 9, within 2 ms); on the lock object's GET mcsync.sync raises "
+    "Unreachable (CLI exit 1) and on the preflight listing ConfigError 'cannot reach' (exit "
+    "2), before anything moves"))
+@pytest.mark.parametrize(("op", "key", "fault"), [
+    ("GetObject", ".mcsync/lock-*", Reset("response")),
+    ("GetObject", ".mcsync/lock-*", ShortBody()),
+    ("ListObjectsV2", "", Reset("response")),
+], ids=["lock-get-reset", "lock-get-short", "listing-reset"])
+def test_a_response_body_broken_off_once_is_retried(op, key, fault, seaweed, seaweed_proxy,
+                                                    source, bucket_factory, monkeypatch):
+    src, objects = source
+    bucket = bucket_factory(seaweed)
+    seaweed_proxy.add(Rule(fault, op=op, key=key, count=1))
+    report, elapsed = sync_through(seaweed_proxy, src, bucket, monkeypatch)
+    assert_complete(report, seaweed_proxy, elapsed, seaweed, bucket, objects)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SlowDowns the SDKs retried (3 PutObject on the obstore path, 2 UploadPart on the botocore "
+    "path) leave no trace: the run ends exit 0 with a report and a log (INFO and up) that "
+    "say nothing of throttling"))
+def test_throttling_that_was_survived_shows_in_the_report_or_log(seaweed, seaweed_proxy, source,
+                                                                 bucket_factory, monkeypatch,
+                                                                 caplog):
+    caplog.set_level(logging.INFO, logger="mcsync")
+    src, objects = source
+    bucket = bucket_factory(seaweed)
+    seaweed_proxy.add(Rule(SLOW_DOWN, op="PutObject", key="data/*", count=3))
+    seaweed_proxy.add(Rule(SLOW_DOWN, op="UploadPart", count=2))
+    report, elapsed = sync_through(seaweed_proxy, src, bucket, monkeypatch)
+    assert_complete(report, seaweed_proxy, elapsed, seaweed, bucket, objects)
+    assert len(seaweed_proxy.exchanges(fault="SlowDown")) == 5
+    assert throttling_shown(report, caplog.records)
