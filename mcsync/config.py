@@ -9,12 +9,13 @@ budget allows it.
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass
 
 from .errors import UsageError
 from .types import Capabilities, GiB, KiB, MiB
 
-__all__ = ["GiB", "KiB", "MiB", "SyncOptions", "format_size", "parse_size"]
+__all__ = ["GiB", "KiB", "MiB", "SyncOptions", "format_size", "parse_duration", "parse_size"]
 
 DEFAULT_CONCURRENCY = 128
 DEFAULT_PART_CONCURRENCY = 8
@@ -66,6 +67,11 @@ class SyncOptions:
     # A source file modified less than this long ago is still being written: deferred to a
     # later run (0 for one-shot runs; --watch makes it 30 s).
     min_age_s: float = 0.0
+    # Requests per second across the run (--tpslimit; None: no cap), and bytes per second
+    # through the client, both directions together: a SIZE, or a timetable of them
+    # ("08:00,100MiB 20:00,off"; --bwlimit; None: no cap). See mcsync.ratelimit.
+    tps_limit: float | None = None
+    bw_limit: str | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -109,6 +115,8 @@ class SyncOptions:
     def selects(self, key: str) -> bool:
         """Include/exclude filtering, rsync-like: a key must match an include (if any is given)
         and no exclude. A pattern matches the whole key or its last path component."""
+        if not (self.include or self.exclude):
+            return True  # asked once per key: a million keys, no filters, no work
 
         def matches(pattern: str) -> bool:
             name = key.rsplit("/", 1)[-1]
@@ -139,6 +147,29 @@ def parse_size(text: str) -> int:
         raise UsageError(f"not a size: {text!r} (sizes go from 0 B to 8 EiB; examples: 8MiB, "
                          "512K, 2G)")
     return int(value * _UNITS[unit])
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
+_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``"90s"``, ``"5m"``, ``"1h30m"``, ``"250ms"`` or a plain number of seconds → seconds."""
+    s = text.strip().lower().replace(" ", "")
+    try:
+        value = float(s)
+    except ValueError:
+        pos, value = 0, 0.0
+        for m in _DURATION.finditer(s):
+            if m.start() != pos:
+                break
+            value += float(m.group(1)) * _SECONDS[m.group(2)]
+            pos = m.end()
+        if pos != len(s) or not s:
+            raise UsageError(f"not a duration: {text!r} (examples: 30s, 5m, 1h30m, 90)") from None
+    if not 0 <= value < 10**9:  # also refuses nan and inf
+        raise UsageError(f"not a duration: {text!r} (from 0 s to ~30 years)")
+    return value
 
 
 def format_size(n: float) -> str:

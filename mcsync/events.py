@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from .report import ObjectResult, SyncReport
+from .report import MAX_LISTED_FAILURES, ObjectResult, SyncReport
 
 MAX_LISTED_DEFERRED = 1000  # deferred objects named in the report; all are counted
 
@@ -85,13 +85,23 @@ class ObjectDeferred:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestThrottled:
+    """A store answered "slow down" (SlowDown, 503, 429); the request is tried again, with
+    ``limit`` requests in flight to that store from now on."""
+
+    store: str
+    operation: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class RunFinished:
     report: SyncReport
 
 
 Event = (
     RunStarted | ObjectPlanned | DeltaPlanned | ListingDone | BytesMoved | ObjectDone
-    | ObjectFailed | ObjectDeferred | RunFinished
+    | ObjectFailed | ObjectDeferred | RequestThrottled | RunFinished
 )
 
 
@@ -156,7 +166,10 @@ class StatsCollector:
                 r.record_done(result)
             case ObjectFailed(key=key, error=error):
                 r.objects_failed += 1
-                r.failures.append((key, error))
+                if len(r.failures) < MAX_LISTED_FAILURES:
+                    r.failures.append((key, error))
+                else:
+                    r.failures_not_listed += 1
             case ObjectDeferred(key=key, size=size, reason=reason):
                 r.objects_deferred += 1
                 r.bytes_deferred += size

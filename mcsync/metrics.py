@@ -27,7 +27,15 @@ from prometheus_client.exposition import start_http_server, write_to_textfile
 from prometheus_client.parser import text_string_to_metric_families
 
 from .errors import MCSyncError, Throttled, UsageError
-from .events import Event, ObjectDone, ObjectFailed, ObjectPlanned, RunFinished, RunStarted
+from .events import (
+    Event,
+    ObjectDeferred,
+    ObjectDone,
+    ObjectFailed,
+    ObjectPlanned,
+    RunFinished,
+    RunStarted,
+)
 from .report import SyncReport
 from .stores.base import ReadStore
 from .stores.wrap import Op, wrap
@@ -61,6 +69,7 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._clock = clock
         self._dry_run = False
+        self._waiting: set[str] = set()  # directories of the objects this run deferred
         r = self.registry
         self.sent = Counter("mcsync_sent_bytes", "Bytes of object data sent to the target "
                             "through this client (as the report's bytes_sent), counted as each "
@@ -93,8 +102,10 @@ class Metrics:
         self.last_success = Gauge("mcsync_last_success_timestamp_seconds", "When the last run "
                                   "that synced everything ended (Unix time; 0: none yet).",
                                   registry=r)
-        self.checkpoints_waiting = Gauge("mcsync_checkpoints_waiting", "Checkpoints written "
-                                         "at the source and not yet synced.", registry=r)
+        self.checkpoints_waiting = Gauge("mcsync_checkpoints_waiting", "Directories whose "
+                                         "objects the last run left for a later one: a "
+                                         "checkpoint not complete yet, or files still being "
+                                         "written (--min-age).", registry=r)
         for result in OBJECT_RESULTS:
             self.objects.labels(result)
         for result in RUN_RESULTS:
@@ -106,6 +117,9 @@ class Metrics:
         match event:
             case RunStarted(dry_run=dry_run):
                 self._dry_run = dry_run
+                self._waiting.clear()
+            case ObjectDeferred(key=key):
+                self._waiting.add(key.rpartition("/")[0])
             case _ if self._dry_run and not isinstance(event, RunFinished):
                 pass  # a plan moves nothing: its requests count, its objects do not
             case ObjectPlanned(action="skip"):
@@ -123,6 +137,7 @@ class Metrics:
 
     def _run_finished(self, report: SyncReport) -> None:
         self.run_seconds.observe(report.elapsed_s)
+        self.checkpoints_waiting.set(len(self._waiting))
         if report.dry_run:
             result = "dry_run"
         elif report.interrupted:

@@ -6,6 +6,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 ResultAction = Literal["copy", "server_copy", "delete"]
+# The report names at most this many objects changed and this many failures (the first ones);
+# every one is counted all the same (``objects_*``, ``*_not_listed``). A run of a million
+# keys must not hold a million results: memory stays flat in the number of keys.
+MAX_LISTED_OBJECTS = 10_000
+MAX_LISTED_FAILURES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +60,20 @@ class SyncReport:
     # bytes read for it (source, and target where no recorded hash stood in for it)
     objects_compared: int = 0
     bytes_compared: int = 0
+    # Resilience: answers that said slow down, requests tried again (for any transient
+    # cause), the fewest requests in flight to a store that throttling left, and the most
+    # parts on the wire at once (found by measuring goodput).
+    requests_throttled: int = 0
+    requests_retried: int = 0
+    requests_credentials_expired: int = 0  # refused for expired keys, renewed and retried
+    requests_in_flight_low: int | None = None
+    parts_in_flight_peak: int = 0
     elapsed_s: float = 0.0
-    failures: list[tuple[str, str]] = field(default_factory=list)
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (key, error), capped
     deferred: list[tuple[str, str]] = field(default_factory=list)  # (key, why), the first 1000
-    objects: list[ObjectResult] = field(default_factory=list)
+    objects: list[ObjectResult] = field(default_factory=list)  # the first MAX_LISTED_OBJECTS
+    objects_not_listed: int = 0  # changed objects past that cap: counted, not named
+    failures_not_listed: int = 0  # failures past MAX_LISTED_FAILURES: counted, not named
     interrupted: bool = False
     manifest: str | None = None
     manifest_note: str | None = None  # e.g. a damaged manifest was set aside and rebuilt
@@ -111,7 +126,10 @@ class SyncReport:
         self.bytes_reused_cross_object += reused - reused_own
 
     def record_done(self, result: ObjectResult) -> None:
-        self.objects.append(result)
+        if len(self.objects) < MAX_LISTED_OBJECTS:
+            self.objects.append(result)
+        else:
+            self.objects_not_listed += 1
         self.bytes_sent += result.bytes_sent
         self.bytes_reused += result.bytes_reused
         self.bytes_reused_same_key += result.bytes_reused_own

@@ -113,7 +113,7 @@ async def _until_next(interval_s: float, started: float, wake: asyncio.Event,
             for w in waiters:
                 w.cancel()
         if wake.is_set():
-            early = started + MIN_SPACING_S - time.time()
+            early = min(started + MIN_SPACING_S, deadline) - time.time()
             if early > 0:
                 await asyncio.wait([asyncio.ensure_future(stop.wait())], timeout=early)
             return

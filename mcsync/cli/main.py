@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import ctypes
 import gc
 import json
-import logging
-import os
-import signal
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -28,25 +22,30 @@ from ..config import (
     DELTA_SCOPES,
     SyncOptions,
     format_size,
+    parse_duration,
     parse_size,
 )
-from ..engine import ManifestFactory, close_quietly, run_sync, store_options
-from ..errors import MCSyncError, UsageError
-from ..events import DeltaPlanned, Event, FanOut, ObjectPlanned
+from ..errors import UsageError
 from ..limits import Limits
-from ..lock import Locked
 from ..manifest import Manifest, last_run_status, manifest_dir, pair_of
 from ..plan import RESERVED_PREFIX
-from ..report import SyncReport
-from ..stores.base import ReadStore
 from ..stores.registry import StoreOptions, open_store
 from ..verify import verify_entries
-from .progress import FailureLines, LogProgress, TerminalProgress, summary
+from .run import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_LOCKED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Output,
+    Seams,
+    configure_logging,
+    guarded,
+    run_command,
+)
 
-if TYPE_CHECKING:
-    from ..metrics import Metrics
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_LOCKED", "EXIT_OK", "EXIT_USAGE", "Seams",
+           "cli", "main"]
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -72,6 +71,38 @@ class _Size(click.ParamType):
 
 
 SIZE = _Size()
+
+
+class _Duration(click.ParamType):
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if isinstance(value, float | int):
+            return float(value)
+        try:
+            return parse_duration(value)
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = _Duration()
+
+
+class _Rate(click.ParamType):
+    """A bytes-per-second rate or a timetable of them, checked here, handed on as written."""
+
+    name = "rate"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        from ..ratelimit import Timetable
+
+        try:
+            Timetable.parse(value)
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
+        return str(value)
 
 
 class _Addr(click.ParamType):
@@ -142,6 +173,15 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "its chunks when the header grows), others in fixed blocks of the part "
                           "size. cdc: content-defined chunks (FastCDC, ~2 MiB), for formats "
                           "where inserts shift the rest; costs one more read of new objects."),
+        click.option("--tpslimit", "tps_limit", type=click.FloatRange(min=0, min_open=True),
+                     default=None, metavar="N",
+                     help="At most N requests per second, to both stores together."),
+        click.option("--bwlimit", "bw_limit", type=_Rate(), default=None, metavar="RATE",
+                     help="At most RATE bytes per second through this client, both directions "
+                          "together: 50MiB, or a timetable such as '08:00,100MiB 20:00,off'."),
+        click.option("--min-age", type=DURATION, default=None, metavar="DURATION",
+                     help="Leave files modified less than DURATION ago for a later run: they "
+                          "may still be written (default 0; 30s with --watch)."),
         click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
                      show_default=True, metavar="SECONDS",
                      help="On SIGINT/SIGTERM, how long work in flight may take to finish."),
@@ -174,6 +214,11 @@ def cli() -> None:
 @click.argument("dst")
 @_sync_options
 @click.option("--dry-run", "-n", is_flag=True, help="Plan and report; move nothing.")
+@click.option("--watch", is_flag=True,
+              help="Keep DST current: incremental cycles until SIGTERM/SIGINT (exit 0), under "
+                   "one lock; a local SRC's file changes start a cycle early.")
+@click.option("--interval", type=DURATION, default=None, metavar="DURATION",
+              help="With --watch: time from one cycle's start to the next (default 60s).")
 def sync(src: str, dst: str, dry_run: bool, **kw: Any) -> None:
     """Make DST hold what SRC holds (new and changed objects are copied)."""
     sys.exit(_run(src, dst, dry_run=dry_run, show_plan=dry_run, long=True, **kw))
@@ -253,7 +298,7 @@ def verify(dst: str, manifests: tuple[str, ...], endpoint_url: str | None, profi
         finally:
             await store.aclose()
 
-    result = _guarded(lambda: run_blocking(go()))
+    result = guarded(lambda: run_blocking(go()))
     if not isinstance(result, tuple):
         sys.exit(result)
     checked, problems = result
@@ -313,7 +358,7 @@ def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: boo
             await store.aclose()
         return count, total
 
-    code = _guarded(lambda: run_blocking(go()))
+    code = guarded(lambda: run_blocking(go()))
     if isinstance(code, tuple):
         if not as_json:
             click.echo(f"{code[0]} objects, {format_size(code[1])}", err=True)
@@ -325,260 +370,34 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
          verbose: bool, no_server_side_copy: bool, no_manifest: bool, no_delta: bool,
          report_path: str | None, long: bool = False,
          metrics_addr: tuple[str, int] | None = None, metrics_file: str | None = None,
+         watch: bool = False, interval: float | None = None, min_age: float | None = None,
          **kw: Any) -> int:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr,
-                        force=True)
+    configure_logging(verbose)
     try:
+        if interval is not None and not watch:
+            raise UsageError("--interval is the time between the cycles of --watch")
+        if watch and dry_run:
+            raise UsageError("--watch keeps a target current; it cannot be a --dry-run")
+        if min_age is None:
+            min_age = 30.0 if watch else 0.0  # a watch meets files as they are written
         options = SyncOptions(dry_run=dry_run, server_side_copy=not no_server_side_copy,
                               use_manifest=not no_manifest, delta=not no_delta,
                               include=tuple(kw.pop("include")), exclude=tuple(kw.pop("exclude")),
-                              **kw)
+                              min_age_s=min_age, **kw)
     except UsageError as exc:
         click.echo(f"mcsync: error: {exc}", err=True)
         return EXIT_USAGE
-    metrics = _metrics_for(metrics_addr, metrics_file)
-    if isinstance(metrics, int):
-        return metrics
-    if quiet:
-        display: Any = FailureLines()
-    elif sys.stderr.isatty():
-        display = TerminalProgress()
-    else:
-        display = LogProgress()
-    sinks: list[Any] = [display]
-    if show_plan and not as_json:
-        sinks.append(_PlanPrinter() if long else _PlanSummary())
-    seams = _seams()
-
-    async def go(stop: asyncio.Event) -> SyncReport:
-        opened: list[ReadStore] = []
-        try:
-            for url, open_one, role in ((src, seams.open_source, "source"),
-                                        (dst, seams.open_target, "target")):
-                store = open_one(url, store_options(options))
-                opened.append(store if metrics is None else metrics.wrap(store, role))
-            fanout = FanOut(sinks if metrics is None else [*sinks, metrics])
-            return await run_sync(opened[0], opened[1], options, fanout, stop=stop,
-                                  manifest_factory=seams.open_manifest)
-        finally:
-            await asyncio.gather(*(close_quietly(store) for store in opened))
-
-    with contextlib.ExitStack() as serving:
-        if metrics is not None and metrics_addr is not None:
-            try:
-                serving.enter_context(metrics.serving(*metrics_addr))
-            except OSError as exc:
-                click.echo(f"mcsync: error: --metrics-addr {metrics_addr[0]}:{metrics_addr[1]}"
-                           f": {exc.strerror or exc}", err=True)
-                display.close()
-                return EXIT_USAGE
-        result = _guarded(lambda: run_blocking(_until_signalled(go, options.grace_s)))
-    if metrics is not None:
-        _metrics_done(metrics, result, metrics_file)
-    display.close()
-    if isinstance(result, SyncReport):
-        for sink in sinks[1:]:
-            sink.close()
-    if not isinstance(result, SyncReport):
-        return result
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
-    if report_path:
-        _write_report(Path(report_path), result)
-    if result.manifest_note:
-        click.echo(f"mcsync: note: {result.manifest_note}", err=True)
-    if not quiet:
-        click.echo(summary(result), err=True)
-    if result.interrupted:
-        click.echo("mcsync: interrupted: state saved; run the same command again to resume",
-                   err=True)
-    return result.exit_code
-
-
-def _metrics_for(addr: tuple[str, int] | None, path: str | None) -> Metrics | int | None:
-    """The run's metrics when --metrics-addr or --metrics-file asks for them (None otherwise),
-    or EXIT_USAGE when the file could never be written: found out before anything moves."""
-    if addr is None and path is None:
-        return None
-    from prometheus_client import disable_created_metrics
-
-    from ..metrics import Metrics
-
-    disable_created_metrics()  # no *_created series: this process is the command's own
-    metrics = Metrics()
-    if path is not None:
-        where = Path(path).parent
-        try:
-            where.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            click.echo(f"mcsync: error: --metrics-file {path}: {exc.strerror or exc}", err=True)
-            return EXIT_USAGE
-        if not os.access(where, os.W_OK | os.X_OK):
-            click.echo(f"mcsync: error: --metrics-file {path}: {where} is not writable",
-                       err=True)
-            return EXIT_USAGE
-        metrics.carry_over(Path(path))
-    return metrics
-
-
-def _metrics_done(metrics: Metrics, result: SyncReport | int, path: str | None) -> None:
-    """Count a run that ended without a report, and write the textfile."""
-    if not isinstance(result, SyncReport):
-        metrics.run_aborted("locked" if result == EXIT_LOCKED else
-                            "interrupted" if result == EXIT_INTERRUPTED else "error")
-    if path is not None:
-        try:
-            metrics.write_textfile(Path(path))
-        except OSError as exc:
-            click.echo(f"mcsync: warning: could not write --metrics-file {path}: "
-                       f"{exc.strerror or exc}", err=True)
-
-
-@dataclass(frozen=True)
-class Seams:
-    """What the command builds a run from: the real ones unless a test hands in its own,
-    ``main(Seams(...))`` (the crash harness wraps the stores it opens in faults)."""
-
-    open_source: Callable[[str, StoreOptions], ReadStore] = open_store
-    open_target: Callable[[str, StoreOptions], ReadStore] = open_store
-    open_manifest: ManifestFactory = Manifest
+    out = Output(as_json=as_json, quiet=quiet, show_plan=show_plan, long=long,
+                 report_path=report_path, metrics_addr=metrics_addr, metrics_file=metrics_file)
+    return run_command(src, dst, options, out, _seams(),
+                       watch_interval_s=(60.0 if interval is None else interval) if watch
+                       else None)
 
 
 def _seams() -> Seams:
     ctx = click.get_current_context(silent=True)
     found = ctx.find_object(Seams) if ctx is not None else None
     return found or Seams()
-
-
-def _write_report(path: Path, report: SyncReport) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report.to_dict(), indent=2))
-    tmp.replace(path)
-
-
-async def _until_signalled(start: Callable[[asyncio.Event], Awaitable[Any]],
-                           grace_s: float) -> Any:
-    """Run the engine with SIGINT/SIGTERM turned into a stop request: work in flight gets
-    ``grace_s`` seconds, then the state is saved and the run ends with exit code 130. A second
-    signal stops at once (still saving state)."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    main = asyncio.current_task()
-
-    def on_signal(signame: str) -> None:
-        if stop.is_set():
-            click.echo(f"mcsync: {signame} again: stopping now", err=True)
-            if main is not None:
-                main.cancel()
-            return
-        click.echo(f"mcsync: {signame}: finishing work in flight (up to {grace_s:.0f}s), "
-                   "then saving state", err=True)
-        stop.set()
-
-    installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, on_signal, sig.name)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass  # not the main thread (e.g. embedded): the caller handles signals
-    try:
-        return await start(stop)
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-
-
-class _PlanPrinter:
-    """Each planned change on its own line (``plan --long``)."""
-
-    def emit(self, event: Event) -> None:
-        if isinstance(event, ObjectPlanned) and event.action != "skip":
-            click.echo(f"{event.action:<12} {format_size(event.size):>10}  {event.key}"
-                       f"  ({event.reason})")
-        elif isinstance(event, DeltaPlanned):
-            click.echo(_delta_line(event))
-
-    def close(self) -> None:
-        pass
-
-
-def _delta_line(e: DeltaPlanned) -> str:
-    line = (f"{'  delta':<12} {format_size(e.size):>10}  {e.key}: "
-            f"{format_size(e.bytes_changed)} changed, {format_size(e.bytes_to_send)} to send, "
-            f"{format_size(e.bytes_reused)} composed at the target ({e.parts} parts)")
-    if e.changed_tensors:
-        names = ", ".join(e.changed_tensors[:8])
-        more = len(e.changed_tensors) - 8
-        line += f"\n{'':<25}changed tensors: {names}" + (f" and {more} more" if more > 0 else "")
-    if e.reused_from and [k for k, _ in e.reused_from] != [e.key]:
-        shown = ", ".join(f"{k} ({format_size(n)})" for k, n in e.reused_from[:4])
-        more = len(e.reused_from) - 4
-        line += f"\n{'':<25}composed from: {shown}" + (f" and {more} more" if more > 0 else "")
-    return line
-
-
-class _PlanSummary:
-    """A plan at a glance: objects and bytes per action, and per top-level directory."""
-
-    def __init__(self) -> None:
-        self.by_action: dict[str, list[int]] = {}
-        self.by_dir: dict[str, dict[str, list[int]]] = {}
-        self.deltas: list[DeltaPlanned] = []
-
-    def emit(self, event: Event) -> None:
-        if isinstance(event, DeltaPlanned):
-            self.deltas.append(event)
-        if not isinstance(event, ObjectPlanned):
-            return
-        tally = self.by_action.setdefault(event.action, [0, 0])
-        tally[0] += 1
-        tally[1] += event.size
-        top = event.key.split("/", 1)[0] + "/" if "/" in event.key else "(top level)"
-        if len(self.by_dir) < 50 or top in self.by_dir:  # bounded, whatever the key count
-            d = self.by_dir.setdefault(top, {}).setdefault(event.action, [0, 0])
-            d[0] += 1
-            d[1] += event.size
-
-    def close(self) -> None:
-        click.echo(f"{'action':<12} {'objects':>10} {'bytes':>12}")
-        for action in ("copy", "server_copy", "delete", "skip"):
-            n, size = self.by_action.get(action, (0, 0))
-            click.echo(f"{action:<12} {n:>10} {format_size(size):>12}")
-        if len(self.by_dir) > 1:
-            click.echo("")
-            click.echo(f"{'directory':<28} {'changes':>10} {'bytes to move':>14} {'skipped':>9}")
-            for top, actions in sorted(self.by_dir.items()):
-                moving = [v for a, v in actions.items() if a != "skip"]
-                n = sum(v[0] for v in moving)
-                size = sum(v[1] for v in moving)
-                skipped = actions.get("skip", [0, 0])[0]
-                click.echo(f"{top[:28]:<28} {n:>10} {format_size(size):>14} {skipped:>9}")
-        if self.deltas:
-            click.echo("")
-            click.echo(f"block delta for {len(self.deltas)} changed objects:")
-            for d in sorted(self.deltas, key=lambda d: d.key)[:50]:
-                click.echo(_delta_line(d))
-
-
-def _guarded(fn: Callable[[], Any]) -> Any:
-    """Run ``fn``; turn the errors a user can act on into one line and an exit code."""
-    try:
-        return fn()
-    except UsageError as exc:  # ConfigError included
-        click.echo(f"mcsync: error: {exc}", err=True)
-        return EXIT_USAGE
-    except Locked as exc:
-        click.echo(f"mcsync: locked: {exc}", err=True)
-        return EXIT_LOCKED
-    except MCSyncError as exc:
-        click.echo(f"mcsync: error: {exc}", err=True)
-        return EXIT_FAILED
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        click.echo("mcsync: interrupted", err=True)
-        return EXIT_INTERRUPTED
 
 
 def _keep_freed_buffers() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from ..config import format_size
 from ..events import (
@@ -16,8 +16,12 @@ from ..events import (
     ObjectDone,
     ObjectFailed,
     ObjectPlanned,
+    RequestThrottled,
 )
 from ..report import SyncReport
+
+if TYPE_CHECKING:
+    from ..watch import Cycle
 
 
 class _Totals:
@@ -27,6 +31,13 @@ class _Totals:
         self.bytes_total = 0
         self.bytes_done = 0
         self.listing_done = False
+        self.throttled = 0  # answers that said slow down
+        self.in_flight_limit = 0  # requests in flight to the store that said it, since
+
+    def throttling(self) -> str:
+        if not self.throttled:
+            return ""
+        return f", throttled {self.throttled}x (now {self.in_flight_limit} in flight)"
 
     def count(self, event: Event) -> int:
         """Update the totals; returns the bytes this event moved."""
@@ -38,6 +49,9 @@ class _Totals:
                 self.objects_total += 1
             case ListingDone():
                 self.listing_done = True
+            case RequestThrottled(limit=limit):
+                self.throttled += 1
+                self.in_flight_limit = limit
             case BytesMoved(nbytes=n):
                 self.bytes_done += n
                 return n
@@ -65,10 +79,10 @@ class TerminalProgress:
             bar.refresh()
         if moved:
             bar.update(moved)
-        if isinstance(event, (ObjectDone, ObjectFailed, ListingDone)):
+        if isinstance(event, (ObjectDone, ObjectFailed, ListingDone, RequestThrottled)):
             desc = "syncing" if self._t.listing_done else "listing+syncing"
-            bar.set_description_str(f"{desc} {self._t.objects_done}/{self._t.objects_total} obj",
-                                    refresh=False)
+            bar.set_description_str(f"{desc} {self._t.objects_done}/{self._t.objects_total} obj"
+                                    f"{self._t.throttling()}", refresh=False)
         if isinstance(event, ObjectFailed):
             bar.write(f"failed: {event.key}: {event.error}", file=sys.stderr)
 
@@ -106,7 +120,8 @@ class LogProgress:
         if t.listing_done and rate > 0:
             eta = f", eta {max(t.bytes_total - t.bytes_done, 0) / rate:.0f}s"
         print(f"progress: {t.objects_done}/{t.objects_total} objects, "
-              f"{format_size(t.bytes_done)}/{total}, {format_size(rate)}/s{eta}",
+              f"{format_size(t.bytes_done)}/{total}, {format_size(rate)}/s{eta}"
+              f"{t.throttling()}",
               file=self._out, flush=True)
 
     def close(self) -> None:
@@ -139,9 +154,33 @@ def summary(report: SyncReport) -> str:
     ]
     if not report.dry_run:
         parts.append(f"{format_size(report.throughput_bps)}/s")
+    if report.requests_throttled:
+        parts.append(f"throttled {report.requests_throttled}x, down to "
+                     f"{report.requests_in_flight_low} requests in flight")
     if report.bytes_reused:
         sent = "to send" if report.dry_run else "sent"
         parts.append(f"delta: {format_size(report.bytes_changed)} changed, "
                      f"{format_size(report.bytes_sent)} {sent}, "
                      f"{format_size(report.bytes_reused)} reused at the target")
     return " · ".join(parts)
+
+
+def cycle_line(cycle: Cycle) -> str:
+    """One line per cycle of a watch, for its log."""
+    when = time.strftime("%H:%M:%S", time.localtime(cycle.started))
+    r = cycle.report
+    if r is None:
+        return (f"{when} cycle {cycle.number} failed after {cycle.elapsed_s:.1f}s: "
+                f"{cycle.error}; trying again at the next interval")
+    parts = [f"copied {r.objects_copied + r.objects_server_copied} "
+             f"({format_size(r.bytes_copied + r.bytes_server_copied)})",
+             f"sent {format_size(r.bytes_sent)}"]
+    if r.bytes_reused:
+        parts.append(f"reused {format_size(r.bytes_reused)}")
+    parts += [f"skipped {r.objects_skipped}", f"deleted {r.objects_deleted}",
+              f"failed {r.objects_failed}", f"waiting {r.objects_deferred}"]
+    if r.requests_throttled:
+        parts.append(f"throttled {r.requests_throttled}x")
+    parts.append(f"{cycle.elapsed_s:.1f}s")
+    state = " (interrupted)" if r.interrupted else ""
+    return f"{when} cycle {cycle.number}{state}: " + " · ".join(parts)

@@ -50,6 +50,7 @@ __all__ = ["EXPIRED_TOKEN", "INTERNAL_ERROR", "INVALID_ACCESS_KEY", "SLOW_DOWN",
            "Reset", "Rule", "ShortBody", "Stall", "expire_key", "s3_operation"]
 
 _CHUNK = 1 << 18
+SETTLE_S = 1.0  # see FaultProxy.exchanges
 _LIMIT = 1 << 20  # longest message head
 
 
@@ -368,9 +369,16 @@ class FaultProxy:
     def exchanges(self, op: str | None = None, *, fault: str | None = None,
                   key: str | None = None) -> list[Exchange]:
         """The requests recorded so far; of operation ``op`` (a glob), with ``fault`` (its
-        name; "" for none) and of ``key`` (a glob), as far as given."""
-        with self._lock:
-            found = list(self.log)
+        name; "" for none) and of ``key`` (a glob), as far as given. A client holds its whole
+        answer a moment before the proxy's thread records how the exchange ended: those still
+        "pending" are given up to ``SETTLE_S`` to settle first."""
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            with self._lock:
+                found = list(self.log)
+            if all(e.outcome != "pending" for e in found) or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
         return [e for e in found if (op is None or fnmatch.fnmatchcase(e.op, op))
                 and (fault is None or (e.fault or "") == fault)
                 and (key is None or fnmatch.fnmatchcase(e.key, key))]

@@ -17,13 +17,14 @@ LAYERS: list[tuple[str, ...]] = [
     ("config", "retry", "limits", "ratelimit", "hashing", "checksums", "chunking", "delta",
      "report", "events", "stores.base", "stores.wrap"),
     ("streaming", "stores.s3_errors", "stores.s3_clients", "stores.s3_upload", "stores.s3",
-     "stores.local", "stores.gcs", "stores.memory", "stores.registry", "metrics"),
+     "stores.local", "stores.gcs", "stores.memory", "stores.registry", "metrics", "resilience"),
     ("index", "manifest", "listing", "checkpoints", "plan", "spool", "lock", "bases"),
     ("scan", "compare", "verify"),
     ("upload", "compose", "transfer"),
     ("engine", "watch"),
-    ("__init__", "cli.main", "cli.progress", "testing.processes", "testing.servers",
-     "testing.gcs", "testing.faults", "testing.faultproxy"),
+    ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.processes",
+     "testing.servers", "testing.gcs", "testing.faults", "testing.faultproxy",
+     "testing.synthetic"),
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -1,0 +1,121 @@
+"""What ``plan`` (and ``sync --dry-run``) prints: a summary per action and per top-level
+directory, the block delta of each changed object, and the checkpoints waiting for completion;
+or, with ``--long``, one line per planned change. Event sinks, like the progress display."""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+from ..config import format_size
+from ..events import DeltaPlanned, Event, ObjectDeferred, ObjectPlanned
+
+SHOWN = 50  # rows of any one table: a plan of a million keys stays a screenful
+
+
+class PlanLines:
+    """Each planned change on its own line (``plan --long``)."""
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, ObjectPlanned) and event.action != "skip":
+            click.echo(f"{event.action:<12} {format_size(event.size):>10}  {event.key}"
+                       f"  ({event.reason})")
+        elif isinstance(event, DeltaPlanned):
+            click.echo(delta_line(event))
+        elif isinstance(event, ObjectDeferred):
+            click.echo(f"{'wait':<12} {format_size(event.size):>10}  {event.key}"
+                       f"  ({event.reason})")
+
+    def close(self) -> None:
+        pass
+
+
+def delta_line(e: DeltaPlanned) -> str:
+    line = (f"{'  delta':<12} {format_size(e.size):>10}  {e.key}: "
+            f"{format_size(e.bytes_changed)} changed, {format_size(e.bytes_to_send)} to send, "
+            f"{format_size(e.bytes_reused)} composed at the target ({e.parts} parts)")
+    if e.changed_tensors:
+        names = ", ".join(e.changed_tensors[:8])
+        more = len(e.changed_tensors) - 8
+        line += f"\n{'':<25}changed tensors: {names}" + (f" and {more} more" if more > 0 else "")
+    if e.reused_from and [k for k, _ in e.reused_from] != [e.key]:
+        shown = ", ".join(f"{k} ({format_size(n)})" for k, n in e.reused_from[:4])
+        more = len(e.reused_from) - 4
+        line += f"\n{'':<25}composed from: {shown}" + (f" and {more} more" if more > 0 else "")
+    return line
+
+
+def _waiting_group(e: ObjectDeferred) -> str:
+    """The line a deferred object is counted under: its directory and why it waits (the age of
+    each file left out, so a directory being written is one line)."""
+    directory = e.key.rpartition("/")[0] + "/" if "/" in e.key else "(top level)"
+    return f"{directory}: {_AGE.sub('modified', e.reason)}"
+
+
+_AGE = re.compile(r"modified \d+s ago")
+
+
+class PlanSummary:
+    """A plan at a glance: objects and bytes per action and per top-level directory, the
+    deltas, and what waits for its checkpoint to complete (grouped by why)."""
+
+    def __init__(self) -> None:
+        self.by_action: dict[str, list[int]] = {}
+        self.by_dir: dict[str, dict[str, list[int]]] = {}
+        self.deltas: list[DeltaPlanned] = []  # the SHOWN first by key (more between trims)
+        self.delta_count = 0
+        self.waiting: dict[str, list[int]] = {}  # reason -> [objects, bytes]
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, DeltaPlanned):
+            self.delta_count += 1
+            self.deltas.append(event)
+            if len(self.deltas) >= 4 * SHOWN:  # bounded, whatever the number of deltas
+                self.deltas = sorted(self.deltas, key=lambda d: d.key)[:SHOWN]
+        elif isinstance(event, ObjectDeferred):
+            why = _waiting_group(event)
+            if len(self.waiting) < SHOWN or why in self.waiting:
+                tally = self.waiting.setdefault(why, [0, 0])
+                tally[0] += 1
+                tally[1] += event.size
+            return
+        if not isinstance(event, ObjectPlanned):
+            return
+        tally = self.by_action.setdefault(event.action, [0, 0])
+        tally[0] += 1
+        tally[1] += event.size
+        top = event.key.split("/", 1)[0] + "/" if "/" in event.key else "(top level)"
+        if len(self.by_dir) < SHOWN or top in self.by_dir:  # bounded, whatever the key count
+            d = self.by_dir.setdefault(top, {}).setdefault(event.action, [0, 0])
+            d[0] += 1
+            d[1] += event.size
+
+    def close(self) -> None:
+        click.echo(f"{'action':<12} {'objects':>10} {'bytes':>12}")
+        for action in ("copy", "server_copy", "delete", "skip"):
+            n, size = self.by_action.get(action, (0, 0))
+            click.echo(f"{action:<12} {n:>10} {format_size(size):>12}")
+        if self.waiting:
+            n = sum(v[0] for v in self.waiting.values())
+            size = sum(v[1] for v in self.waiting.values())
+            click.echo(f"{'wait':<12} {n:>10} {format_size(size):>12}")
+        if len(self.by_dir) > 1:
+            click.echo("")
+            click.echo(f"{'directory':<28} {'changes':>10} {'bytes to move':>14} {'skipped':>9}")
+            for top, actions in sorted(self.by_dir.items()):
+                moving = [v for a, v in actions.items() if a != "skip"]
+                n = sum(v[0] for v in moving)
+                size = sum(v[1] for v in moving)
+                skipped = actions.get("skip", [0, 0])[0]
+                click.echo(f"{top[:28]:<28} {n:>10} {format_size(size):>14} {skipped:>9}")
+        if self.deltas:
+            click.echo("")
+            click.echo(f"block delta for {self.delta_count} changed objects:")
+            for d in sorted(self.deltas, key=lambda d: d.key)[:SHOWN]:
+                click.echo(delta_line(d))
+        if self.waiting:
+            click.echo("")
+            click.echo("waiting (not copied until complete; a later run takes them):")
+            for why, (n, size) in sorted(self.waiting.items()):
+                click.echo(f"  {n:>6} objects {format_size(size):>10}  {why}")

@@ -1,0 +1,187 @@
+"""deploy/kubernetes/: every manifest is valid against the Kubernetes API schemas (those that
+kubernetes-validate ships: no cluster, no network), strictly (an unknown or misspelt field
+fails), and says what the README promises: a CronJob of incremental syncs and a training pod
+with mcsync as its sidecar, run with options the command really has."""
+
+from __future__ import annotations
+
+import copy
+import socket
+from pathlib import Path
+from typing import Any
+
+import click
+import kubernetes_validate
+import pytest
+import yaml
+
+from mcsync.cli.main import cli
+
+DEPLOY = Path(__file__).parents[2] / "deploy" / "kubernetes"
+# Native sidecars (an init container with restartPolicy: Always) are GA since 1.33.
+KUBERNETES_VERSION = "1.33.0"
+GRACE_DEFAULT_S = 20.0
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for path in sorted(DEPLOY.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                found.append((path.name, doc))
+    return found
+
+
+def by_kind(kind: str) -> dict[str, Any]:
+    (doc,) = [d for _, d in documents() if d["kind"] == kind]
+    return doc
+
+
+def validate(doc: dict[str, Any]) -> None:
+    """Raises kubernetes_validate.ValidationError for an invalid document, and
+    SchemaNotFoundError for a kind or apiVersion the schemas do not know (which the command-line
+    tool only warns about)."""
+    kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: Any, **__: Any) -> None:
+        raise AssertionError("validation tried to reach the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_the_manifests_are_there() -> None:
+    kinds = sorted(d["kind"] for _, d in documents())
+    assert kinds == ["CronJob", "Pod", "Secret"]
+    assert (DEPLOY / "README.md").exists()
+
+
+@pytest.mark.parametrize(("name", "doc"), documents(), ids=[n for n, _ in documents()])
+def test_every_manifest_is_valid(name: str, doc: dict[str, Any], offline: None) -> None:
+    validate(doc)
+
+
+@pytest.mark.parametrize("mistake", ["misspelt field", "wrong type", "missing field",
+                                     "unknown kind"])
+def test_an_invalid_manifest_is_refused(mistake: str, offline: None) -> None:
+    """The check above can fail: the validator is not one that passes everything."""
+    doc = copy.deepcopy(by_kind("CronJob"))
+    spec = doc["spec"]
+    if mistake == "misspelt field":
+        spec["concurencyPolicy"] = spec.pop("concurrencyPolicy")
+    elif mistake == "wrong type":
+        spec["jobTemplate"]["spec"]["backoffLimit"] = "two"
+    elif mistake == "missing field":
+        del spec["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    else:
+        doc["kind"] = "CronJobs"
+    with pytest.raises((kubernetes_validate.ValidationError,
+                        kubernetes_validate.utils.SchemaNotFoundError)):
+        validate(doc)
+
+
+def mcsync_container(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    (found,) = [c for c in pod_spec.get("initContainers", []) + pod_spec["containers"]
+                if c["name"] == "mcsync"]
+    return found
+
+
+def known_options(command: str) -> set[str]:
+    cmd = cli.commands[command]
+    return {opt for p in cmd.params if isinstance(p, click.Option) for opt in p.opts}
+
+
+def check_command(container: dict[str, Any]) -> list[str]:
+    """The container runs `mcsync sync SRC DST` with options the command has; returns args."""
+    assert container["command"] == ["mcsync"]
+    args: list[str] = container["args"]
+    assert args[0] == "sync" and len([a for a in args[1:3] if not a.startswith("-")]) == 2
+    unknown = {a for a in args if a.startswith("-")} - known_options("sync")
+    assert not unknown, f"options mcsync sync does not have: {unknown}"
+    assert container["image"] == "ghcr.io/example/mcsync:0.1.0"
+    return args
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def check_credentials(container: dict[str, Any], prefixes: tuple[str, ...]) -> None:
+    env = env_of(container)
+    secret = by_kind("Secret")
+    for name, entry in env.items():
+        if name.startswith(("MCSYNC_META_", "AWS_")):
+            assert "value" not in entry, f"{name}: credentials come from the Secret"
+            ref = entry["valueFrom"]["secretKeyRef"]
+            assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret[
+                "stringData"]
+    for prefix in prefixes:
+        assert any(n.startswith(prefix) for n in env), prefix
+    assert {"MCSYNC_META_ACCESS_KEY_ID", "MCSYNC_META_SECRET_ACCESS_KEY"} <= set(env)
+
+
+def mounted_on_empty_dir(pod_spec: dict[str, Any], container: dict[str, Any],
+                         path: str) -> bool:
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    return any(m["mountPath"] == path and "emptyDir" in volumes[m["name"]]
+               for m in container["volumeMounts"])
+
+
+def test_the_cronjob_runs_a_scheduled_incremental_sync() -> None:
+    cron = by_kind("CronJob")
+    spec = cron["spec"]
+    assert spec["schedule"] == "*/15 * * * *" and spec["concurrencyPolicy"] == "Forbid"
+    pod = spec["jobTemplate"]["spec"]["template"]["spec"]
+    container = mcsync_container(pod)
+    args = check_command(container)
+    assert "--quiet" in args and args[args.index("--report") + 1].startswith("/")
+    assert args[args.index("--metrics-file") + 1].endswith(".prom")  # node_exporter's rule
+    check_credentials(container, ("MCSYNC_META_", "AWS_"))
+    state = env_of(container)["XDG_STATE_HOME"]["value"]
+    assert mounted_on_empty_dir(pod, container, state)
+    assert pod["terminationGracePeriodSeconds"] > GRACE_DEFAULT_S
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+
+
+def test_the_training_pod_runs_mcsync_as_a_watching_sidecar() -> None:
+    pod = by_kind("Pod")
+    spec = pod["spec"]
+    container = mcsync_container(spec)
+    assert container.get("restartPolicy") == "Always"  # a native sidecar
+    args = check_command(container)
+    assert args[:3] == ["sync", "/checkpoints", "meta://ckpt-store/llama-ft/run-7/"]
+    assert "--watch" in args
+    assert args[args.index("--metrics-addr") + 1] == "0.0.0.0:9108"
+    (port,) = container["ports"]
+    assert (port["name"], port["containerPort"]) == ("metrics", 9108)
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "9108"
+    check_credentials(container, ("MCSYNC_META_",))
+    assert mounted_on_empty_dir(spec, container, env_of(container)["XDG_STATE_HOME"]["value"])
+    grace = float(args[args.index("--grace") + 1]) if "--grace" in args else GRACE_DEFAULT_S
+    assert spec["terminationGracePeriodSeconds"] > grace
+    trainer = [c for c in spec["containers"] if c["name"] != "mcsync"]
+    assert trainer, "a training container beside the sidecar"
+    shared = {m["name"] for m in container["volumeMounts"] if m["mountPath"] == "/checkpoints"}
+    assert all(shared & {m["name"] for m in c["volumeMounts"]} for c in trainer)
+    for c in [container, *trainer]:
+        assert c["resources"]["requests"] and c["resources"]["limits"], c["name"]
+
+
+def test_the_readme_shows_what_the_manifests_run() -> None:
+    readme = (DEPLOY.parents[1] / "README.md").read_text()
+    assert "deploy/kubernetes" in readme and "## Kubernetes" in readme
+    local = (DEPLOY / "README.md").read_text()
+    assert "ghcr.io/example/mcsync:0.1.0" in local and "placeholder" in local
+    for _, doc in documents():
+        if doc["kind"] == "Secret":
+            assert set(doc["stringData"].values()) - {"REPLACE-ME"} <= {
+                "https://meta-storage.example.internal", "us-east-1"}, "placeholders only"
+    section = readme.split("## Kubernetes", 1)[1].split("\n## ", 1)[0]
+    for name in ("cronjob.yaml", "training-with-sidecar.yaml", "--watch", "--metrics-addr",
+                 "--metrics-file"):
+        assert name in section, name
