@@ -39,6 +39,7 @@ from .events import (
     ObjectDone,
     ObjectFailed,
     ObjectPlanned,
+    RequestThrottled,
     RunFinished,
     RunStarted,
     StatsCollector,
@@ -49,6 +50,7 @@ from .lock import run_lock
 from .manifest import Manifest, ManifestEntry, default_path, entry_for, pair_id, split_digests
 from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
 from .report import SyncReport
+from .resilience import Pacing, pacing_of, resilient
 from .retry import RetryPolicy, retrying
 from .spool import Spool
 from .stores.base import LocalTree, ReadStore, ServerSideCopier, Store, TempFileSweeper
@@ -91,6 +93,11 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
     async with contextlib.AsyncExitStack() as opened:
         source = await _store(src, options, opened)
         target = await _store(dst, options, opened)
+        # Every request of the run, the checks and the lock's among them, goes through one
+        # retry layer; a watch wraps its stores once, for all its cycles.
+        pacing = pacing_of(source) or pacing_of(target) or Pacing.for_options(options)
+        source, target = resilient(source, pacing), resilient(target, pacing)
+        pacing.begin_run()
         if preflight:
             target = await check_pair(source, target, options)
         assert isinstance(target, Store)
@@ -220,6 +227,7 @@ class _Run:
         self.stats = StatsCollector(src.url, dst.url, options.dry_run)
         self.sink = FanOut([self.stats, sink])
         self.limits = Limits(options.concurrency, options.memory_limit)
+        self.pacing = pacing_of(src) or Pacing.for_options(options)
         writing = manifest if not options.dry_run else None
         self.transfer = Transfer(src, dst, options, self.limits, self.sink.emit,
                                  journal=writing, stop=stop,
@@ -253,6 +261,7 @@ class _Run:
                  and (not self.check_manifest_copy or await self._target_kept_its_manifest()))
         deletes, markers = Spool(), Spool()  # held back until every copy is done
         main = asyncio.current_task()
+        self.pacing.listeners.append(self._throttled)
         watchdog = asyncio.create_task(self._watchdog(main)) if main else None
         uploader = asyncio.create_task(self._upload_manifest_periodically()) if writing else None
         try:
@@ -274,6 +283,7 @@ class _Run:
                 raise  # cancelled by our caller, not by the grace period running out
             self.interrupted = True
         finally:
+            self.pacing.listeners.remove(self._throttled)
             for task in (watchdog, uploader):
                 if task is not None:
                     task.cancel()
@@ -288,6 +298,12 @@ class _Run:
         report.manifest = report_extra.get("manifest")
         report.manifest_note = report_extra.get("manifest_note")
         report.objects_compared = self.compared
+        report.requests_throttled = self.pacing.throttled - self.pacing.run_began[0]
+        report.requests_retried = self.pacing.retried - self.pacing.run_began[1]
+        report.requests_credentials_expired = self.pacing.expired - self.pacing.run_began[2]
+        if report.requests_throttled:
+            report.requests_in_flight_low = self.pacing.lowest_limit()
+        report.parts_in_flight_peak = self.limits.parts.peak
         report.bytes_compared = self.bytes_compared
         if writing and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
@@ -299,6 +315,11 @@ class _Run:
                 await self._upload_manifest()
         self.sink.emit(RunFinished(report))
         return report
+
+    def _throttled(self, store: str, operation: str, limit: int) -> None:
+        """A store said slow down: fewer parts on the wire too, and the report hears of it."""
+        self.limits.parts.throttled()
+        self.sink.emit(RequestThrottled(store, operation, limit))
 
     async def _sweep_leftovers(self, started: float) -> None:
         assert isinstance(self.dst, TempFileSweeper) and self.manifest is not None

@@ -55,6 +55,11 @@ class Throttled(Transient):
     """The store asked us to slow down (503 SlowDown, 429): retry, and send less."""
 
 
+class CredentialsExpired(Transient):
+    """The store refused keys that expired (or were replaced) since they were resolved. The
+    store has renewed them (or will before its next request): a new try carries new keys."""
+
+
 class Unreachable(Transient):
     """No answer from the endpoint at all (refused, reset before an answer, name lookup)."""
 

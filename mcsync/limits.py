@@ -162,6 +162,74 @@ class GoodputSlots:
         self._wake()
 
 
+class AdaptiveLimit:
+    """Requests in flight to one endpoint, cut when it throttles and grown back as requests
+    succeed (AIMD, as TCP and botocore's adaptive mode do): a SlowDown or 429 halves the
+    limit — once per ``cooldown_s``, so one burst of refusals is one cut, not a collapse to the
+    floor — and every ``limit`` successes since add one, up to ``ceiling``. ``peak`` and
+    ``low`` are the most and the fewest ever allowed."""
+
+    def __init__(self, ceiling: int, *, floor: int = 1, cooldown_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ceiling = max(ceiling, 1)
+        self.floor = min(max(floor, 1), self.ceiling)
+        self.limit = self.peak = self.low = self.ceiling
+        self._cooldown_s = cooldown_s
+        self._clock = clock
+        self._cut_at = -math.inf
+        self._credit = 0
+        self.busy = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def acquire(self) -> None:
+        if not self._waiters and self.busy < self.limit:
+            self.busy += 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # granted just as we were cancelled
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(fut)
+            raise
+
+    def release(self) -> None:
+        self.busy -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.busy < self.limit:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.busy += 1
+                fut.set_result(None)
+
+    def succeeded(self) -> None:
+        if self.limit >= self.ceiling:
+            return
+        self._credit += 1
+        if self._credit >= self.limit:
+            self._credit = 0
+            self.limit += 1
+            self.peak = max(self.peak, self.limit)
+            self._wake()
+
+    def throttled(self) -> bool:
+        """Cut the limit (unless cut within the cooldown); whether it was cut."""
+        now = self._clock()
+        if now - self._cut_at < self._cooldown_s:
+            return False
+        self._cut_at = now
+        self._credit = 0
+        self.limit = max(self.floor, self.limit // 2)
+        self.low = min(self.low, self.limit)
+        return True
+
+
 class BufferPool:
     """Buffers for parts, reused from part to part instead of made for each: a fresh 8 MiB
     buffer is 2,048 page faults when the allocator maps it anew, or, kept in the allocator's

@@ -27,11 +27,13 @@ class TokenBucket:
     """At most ``rate`` units per second on average, bursts of at most ``burst``."""
 
     def __init__(self, rate: float, *, burst: float | None = None, clock: Clock = time.monotonic,
-                 sleep: Sleep = asyncio.sleep) -> None:
+                 sleep: Sleep = asyncio.sleep, start_full: bool = True) -> None:
         self._clock, self._sleep = clock, sleep
         self._rate = rate
         self._burst = burst if burst is not None else max(rate, 1.0)
-        self._tokens = self._burst
+        # Empty at first for bytes: a run shorter than a few seconds would otherwise move
+        # a whole second's worth more than the rate says.
+        self._tokens = self._burst if start_full else 0.0
         self._stamp = clock()
         self._lock = asyncio.Lock()
 
@@ -118,7 +120,7 @@ class Bandwidth:
                  now: Callable[[], datetime.datetime] = datetime.datetime.now) -> None:
         self._timetable, self._now = timetable, now
         rate = timetable.rate_at(now())
-        self._bucket = TokenBucket(rate or 0.0, clock=clock, sleep=sleep)
+        self._bucket = TokenBucket(rate or 0.0, clock=clock, sleep=sleep, start_full=False)
         self._rate = rate
 
     async def take(self, nbytes: int) -> None:

@@ -1,12 +1,13 @@
-"""The one retry policy, and the one retry loop of ours.
+"""The one retry policy, and the retry loop of ours.
 
-Single requests are retried inside the SDK clients: botocore's adaptive mode (exponential backoff
-with jitter, and a client-side rate limiter that backs off on 503 SlowDown / throttling and
-recovers as requests succeed) and obstore's RetryConfig (backoff with jitter, a deadline); this
-module sets their numbers. Every loop mcsync itself runs — the GCS store's requests (no SDK
-beneath them), the engine's restart of a listing that came out of order, a copy whose source
-changed under it — is ``retrying``: by error type only, never by message, and never after a
-cancellation (CancelledError is no MCSyncError).
+Two levels, never more: the SDK clients retry a request a few times quickly
+(``sdk_attempts``: botocore's standard mode, obstore's RetryConfig, the GCS store's own loop
+for it has no SDK), and ``mcsync.resilience`` retries what outlasts that — throttling until the
+deadline, other transient errors up to ``max_attempts`` — around every request of a run. So a
+request is tried at most ``sdk_attempts`` x ``max_attempts`` times, and throttling is met by
+fewer requests in flight (``limits.AdaptiveLimit``) rather than by two retry loops each
+backing off on its own. Every loop mcsync runs is ``retrying``: by error type only, never by
+message, and never after a cancellation (CancelledError is no MCSyncError).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    max_attempts: int = 10
-    mode: str = "adaptive"
+    max_attempts: int = 10  # tries of a request by mcsync.resilience (throttling: unlimited)
+    sdk_attempts: int = 3  # tries of a request inside the SDK, per try of ours
+    mode: str = "standard"  # botocore's; its adaptive rate limiter would be a second one
 
     init_backoff_s: float = 0.1
     max_backoff_s: float = 20.0
@@ -39,11 +41,11 @@ class RetryPolicy:
     preflight_attempts: int = 3
 
     def botocore(self) -> dict[str, Any]:
-        return {"mode": self.mode, "max_attempts": self.max_attempts}
+        return {"mode": self.mode, "total_max_attempts": self.sdk_attempts}
 
     def obstore(self, *, preflight: bool = False) -> dict[str, Any]:
         """The same policy for obstore's client (exponential backoff with full jitter)."""
-        attempts = self.preflight_attempts if preflight else self.max_attempts
+        attempts = self.preflight_attempts if preflight else self.sdk_attempts
         return {
             "max_retries": attempts - 1,
             "retry_timeout": timedelta(seconds=self.deadline_s),

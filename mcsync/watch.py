@@ -29,6 +29,7 @@ from .events import EventSink
 from .lock import Locked
 from .manifest import Manifest
 from .report import SyncReport
+from .resilience import Pacing, pacing_of, resilient
 from .stores.base import LocalTree, ReadStore
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ async def watch(source: ReadStore, target: ReadStore, options: SyncOptions,
                 on_cycle: Callable[[Cycle], Awaitable[None] | None] | None = None,
                 manifest_factory: ManifestFactory = Manifest) -> Cycle | None:
     """Run cycles of ``source`` → ``target`` until ``stop`` is set; the last cycle."""
+    # One retry layer and one set of rate limits for the whole watch, its lock among it.
+    pacing = pacing_of(source) or pacing_of(target) or Pacing.for_options(options)
+    source, target = resilient(source, pacing), resilient(target, pacing)
     store = await check_pair(source, target, options)  # a bad setup ends the watch (exit 2)
     cycle_options = dataclasses.replace(options, lock=False)  # the watch holds the lock
     wake = asyncio.Event()

@@ -200,7 +200,7 @@ class GCSStore:
         the URL is the bucket's (a listing), so a 404 means the bucket is missing."""
         return await retrying(
             lambda: self._once(url, params, headers, what, bucket_level=bucket_level),
-            self._retry, attempts=attempts)
+            self._retry, attempts=attempts if attempts is not None else self._retry.sdk_attempts)
 
     async def _once(
         self, url: str, params: Mapping[str, str], headers: Mapping[str, str] | None,

@@ -101,6 +101,7 @@ def open_store(url: str, options: StoreOptions | None = None) -> ReadStore:
         endpoint_url=meta.get("endpoint_url"), region=meta.get("region") or "us-east-1",
         credentials=S3Credentials(meta.get("access_key_id"), meta.get("secret_access_key"),
                                   meta.get("session_token")),
+        credential_process=meta.get("credential_process"),
         path_style=meta.get("path_style", "true").lower() not in ("0", "false", "no"),
         max_connections=options.max_connections, retry=options.retry,
     )
@@ -117,6 +118,9 @@ def meta_settings(environ: dict[str, str] | None = None,
         secret_access_key = "..."
         region = "us-east-1"
         path_style = true
+
+    or, for keys that expire, ``credential_process = "/path/to/command args"`` instead of the
+    keys: run as the AWS CLI runs one (its JSON output, renewed before its Expiration).
     """
     env = os.environ if environ is None else environ
     path = (config_path or Path(env.get("MCSYNC_CONFIG", str(META_CONFIG)))).expanduser()
@@ -136,11 +140,17 @@ def meta_settings(environ: dict[str, str] | None = None,
     if not settings.get("endpoint_url"):
         raise UsageError("meta:// needs an endpoint: set MCSYNC_META_ENDPOINT_URL or "
                          f"endpoint_url in [meta.{profile}] of {path}")
+    if settings.get("credential_process") and settings.get("access_key_id"):
+        # Which should win is no guess to make for the user (the AWS CLI's order depends on
+        # which file holds the keys).
+        raise UsageError(f"meta:// profile {profile!r}: both access_key_id and "
+                         "credential_process are set (MCSYNC_META_* or the config file); "
+                         "keep one")
     return settings
 
 
 _SETTINGS = ("endpoint_url", "access_key_id", "secret_access_key", "session_token", "region",
-             "path_style")
+             "path_style", "credential_process")
 
 
 def _profile(path: Path, profile: str) -> dict[str, str] | None:

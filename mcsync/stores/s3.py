@@ -11,6 +11,13 @@ SDK errors are translated into ``mcsync.errors`` by one table (``s3_errors``); o
 makes a configuration error of one. Retries of single requests are the SDKs' (configured once,
 in ``mcsync.retry``); the engine never loops.
 
+Keys that expire mid-run: both clients share one ``Keys`` (``s3_clients``), renewed by
+botocore before they expire. A request refused for expired keys (ExpiredToken; or, with
+refreshable keys, a refusal of a key that a renewal then replaces) raises
+``CredentialsExpired`` and asks for a forced renewal, made before this store's next request
+(a fresh obstore client with it, since obstore keeps a credential until near its stated
+expiry). The store never tries a request again itself: retries live in one layer above it.
+
 Every body sent carries a checksum the target verifies on receipt: UploadPart (and the S3 API
 PUT) an ``x-amz-checksum-crc32c`` (``s3_upload``); obstore's PUT an ``x-amz-checksum-sha256``
 (the digest it computes anyway to sign the payload, so it costs no extra pass). The signed
@@ -33,18 +40,28 @@ import obstore
 import obstore.exceptions as obstore_exc
 
 from ..errors import (
+    AccessDenied,
+    CredentialsExpired,
     ListingOrderError,
     MCSyncError,
     NotFound,
     Transient,
+    Unreachable,
     UnsafeKey,
     as_config_error,
 )
 from ..retry import RetryPolicy
 from ..types import Buffer, ByteRange, Capabilities, ObjectInfo
 from .base import CheckMode, ReadStore
-from .s3_clients import ClientSettings, S3Credentials, make_obstore, open_botocore
-from .s3_errors import translate
+from .s3_clients import (
+    ClientSettings,
+    Keys,
+    S3Credentials,
+    make_obstore,
+    open_botocore,
+    process_keys,
+)
+from .s3_errors import answer_of, translate, unclear_refusal
 from .s3_upload import BodyChecksums, S3Upload, unquote_etag
 
 __all__ = ["S3CopySource", "S3Credentials", "S3Store", "S3Upload"]
@@ -83,6 +100,7 @@ class S3Store:
         endpoint_url: str | None = None,
         region: str | None = None,
         credentials: S3Credentials | None = None,
+        credential_process: str | None = None,
         profile: str | None = None,
         path_style: bool | None = None,
         max_connections: int = 128,
@@ -94,6 +112,7 @@ class S3Store:
         self.endpoint_url = endpoint_url
         self._region = region
         self._credentials = credentials or S3Credentials()
+        self._credential_process = credential_process
         self._profile = profile
         if path_style is None:
             path_style = endpoint_url is not None  # custom endpoints rarely do virtual hosts
@@ -104,7 +123,16 @@ class S3Store:
         self._botocore_cm: Any = None
         self._botocore: Any = None
         self._obstore: Any = None
-        self._creds_used = S3Credentials()
+        self._keys: Keys | None = None  # once resolved: what both clients sign with
+        # Forced renewals: each makes a new generation; a request remembers the one it was
+        # sent in, so the refusals of one expiry ask for one renewal, not one each.
+        self._generation = 0
+        self._renew_wanted = False
+        self._renew_unclear = False
+        self._renew_lock = asyncio.Lock()
+        # A generation whose key an unclear refusal (InvalidAccessKeyId, a bare 403) cannot
+        # blame on age: the renewal that began it kept the key, or was itself for one.
+        self._settled_gen: int | None = None
         # Found out per store: whether the endpoint lists in byte order (see ``list``), and
         # which body checksum it takes (see ``s3_upload``).
         self._tree_listing = False
@@ -114,14 +142,18 @@ class S3Store:
 
     async def botocore(self) -> Any:
         """The botocore client (multipart uploads, copies), opened on first use."""
+        if self._renew_wanted:
+            await self._renew()
         if self._botocore is None:
             async with self._client_lock:
                 if self._botocore is None:
-                    cm, client, creds, region = await open_botocore(
-                        self._settings(self._region or ""), self._credentials, self._profile)
+                    cm, client, keys, region = await open_botocore(
+                        self._settings(self._region or ""), await self._given_keys(),
+                        self._profile)
+                    self._keys = keys
                     if self._obstore is None:
                         self._region = region
-                        self._obstore = self._make_obstore(creds)
+                        self._obstore = self._make_obstore()
                     self._botocore_cm, self._botocore = cm, client
         return self._botocore
 
@@ -129,34 +161,91 @@ class S3Store:
         """The obstore client. Built without botocore when the keys and the region are given
         (meta://, or AWS keys in the environment): importing and starting botocore costs
         ~0.2 s, most of what a no-op scheduled run would otherwise take."""
+        if self._renew_wanted:
+            await self._renew()
         if self._obstore is None:
-            creds = self._given_credentials()
-            if creds is not None and self._region:
-                self._obstore = self._make_obstore(creds)
-            else:
+            async with self._client_lock:
+                if self._obstore is None and self._region and await self._given_keys():
+                    self._obstore = self._make_obstore()
+            if self._obstore is None:
                 await self.botocore()
         return self._obstore
 
-    def _given_credentials(self) -> S3Credentials | None:
-        """Keys known without botocore's chain: explicit ones, else the environment's (the
-        chain's first step) when no profile is named, since a named profile skips that step."""
-        if self._credentials.access_key_id:
-            return self._credentials
-        env = os.environ
-        if self._profile or env.get("AWS_PROFILE") or not env.get("AWS_ACCESS_KEY_ID"):
-            return None
-        if not env.get("AWS_SECRET_ACCESS_KEY"):
-            return None
-        return S3Credentials(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"],
-                             env.get("AWS_SESSION_TOKEN"))
+    async def _given_keys(self) -> Keys | None:
+        """Keys known without botocore's chain (None: the chain's): a meta:// credential
+        process, explicit keys, else the environment's (the chain's first step) when no
+        profile is named, since a named profile skips that step. Called under the client
+        lock, so a credential process runs once."""
+        if self._keys is None:
+            env = os.environ
+            if self._credential_process:
+                self._keys = await process_keys(self._credential_process)
+            elif self._credentials.access_key_id:
+                self._keys = Keys(self._credentials)
+            elif (not self._profile and not env.get("AWS_PROFILE")
+                  and env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY")):
+                self._keys = Keys(S3Credentials(env["AWS_ACCESS_KEY_ID"],
+                                                env["AWS_SECRET_ACCESS_KEY"],
+                                                env.get("AWS_SESSION_TOKEN")))
+        return self._keys
+
+    # -- expired keys ---------------------------------------------------------------------------
+
+    def _refused(self, error: MCSyncError, exc: BaseException, generation: int) -> MCSyncError:
+        """What a refusal of keys sent in ``generation`` means, asking for a renewal where one
+        may help. Sync: it runs inside ``translating``; the renewal is made (awaited) by the
+        next request's ``_fast`` / ``botocore``."""
+        keys = self._keys
+        refreshable = keys is not None and keys.refreshable is not None
+        if isinstance(error, CredentialsExpired):
+            if not refreshable:  # fixed keys stay expired: a configuration error
+                return AccessDenied(f"{error} and cannot be renewed (fixed keys)")
+            self._want_renewal(generation, unclear=False)
+            return error
+        if (refreshable and isinstance(error, AccessDenied) and generation != self._settled_gen
+                and unclear_refusal(answer_of(exc))):
+            self._want_renewal(generation, unclear=True)
+            return CredentialsExpired(f"{error}; renewing the keys")
+        return error
+
+    def _want_renewal(self, generation: int, *, unclear: bool) -> None:
+        if generation == self._generation:  # else a renewal since has replaced those keys
+            self._renew_wanted = True
+            self._renew_unclear = unclear
+
+    async def _renew(self) -> None:
+        """The forced renewal a refusal asked for, once however many requests were refused,
+        and a new obstore client (a new credential cache) for the requests after it."""
+        async with self._renew_lock:
+            if not self._renew_wanted or self._keys is None:
+                return
+            try:
+                changed = await self._keys.force_refresh()
+            except Exception as exc:
+                raise self._renewal_failed(exc) from exc
+            self._generation += 1
+            # Unclear refusals of the new generation are real when the key stayed, or when an
+            # unclear refusal already replaced it once (a refused fresh key is not old).
+            self._settled_gen = (self._generation if not changed or self._renew_unclear
+                                 else None)
+            self._renew_wanted = False
+            self._obstore = self._make_obstore()
+            log.debug("%s: keys renewed after a refusal", self.url)
+
+    def _renewal_failed(self, exc: BaseException) -> MCSyncError:
+        error = translate(exc, self.url, self.bucket)
+        if isinstance(error, Transient) and not isinstance(error, CredentialsExpired):
+            return error  # the source is unreachable for now: worth another try
+        # RuntimeError: botocore's "refreshed, but the refreshed credentials are still expired"
+        detail = str(error) if error is not None else type(exc).__name__
+        return AccessDenied(f"{self.url}: renewing expired keys failed ({detail[:300]})")
 
     def _settings(self, region: str) -> ClientSettings:
         return ClientSettings(self.bucket, self.endpoint_url, region, self._path_style,
                               self._max_connections, self._retry)
 
-    def _make_obstore(self, creds: S3Credentials, *, preflight: bool = False) -> Any:
-        self._creds_used = creds
-        return make_obstore(self._settings(self._region or "us-east-1"), creds,
+    def _make_obstore(self, *, preflight: bool = False) -> Any:
+        return make_obstore(self._settings(self._region or "us-east-1"), self._keys or Keys(),
                             preflight=preflight)
 
     async def aclose(self) -> None:
@@ -170,6 +259,7 @@ class S3Store:
     @contextlib.contextmanager
     def translating(self, key: str | None) -> Iterator[None]:
         """SDK errors raised inside become mcsync errors about ``key`` (None: the store)."""
+        generation = self._generation  # the keys the requests inside are sent with
         try:
             yield
         except Exception as exc:
@@ -177,7 +267,7 @@ class S3Store:
             translated = translate(exc, what, self.bucket)
             if translated is None or translated is exc:
                 raise
-            raise translated from exc
+            raise self._refused(translated, exc, generation) from exc
 
     async def _either(self, key: str, fast: Callable[[Any], Awaitable[T]],
                       slow: Callable[[Any], Awaitable[T]]) -> T:
@@ -196,7 +286,7 @@ class S3Store:
         """Two stores with the same endpoint and access key can copy server-side. Known once
         a client exists (``check`` creates one)."""
         return (self.endpoint_url.rstrip("/") if self.endpoint_url else None,
-                self._creds_used.access_key_id)
+                self._keys.identity if self._keys is not None else None)
 
     def can_copy_from(self, other: ReadStore) -> bool:
         return (isinstance(other, S3Store) and self._obstore is not None
@@ -217,13 +307,19 @@ class S3Store:
         lists in byte order (see ``list``)."""
         try:
             await self._fast()
-            probe = self._make_obstore(self._creds_used, preflight=True)
+            probe = self._make_obstore(preflight=True)
             keys = []
             async with contextlib.aclosing(self._flat(self.prefix, probe)) as page:
                 async for c in page:
                     keys.append(c["Key"])
                     if len(keys) >= 1000:
                         break
+        except Unreachable as exc:  # no answer at all: a wrong address, most likely
+            raise as_config_error(exc, self.url, self.endpoint_url or "S3") from exc
+        except Transient:
+            # Busy (throttled), credentials renewed, an answer broken off: not a wrong
+            # configuration. mcsync.resilience tries the check again.
+            raise
         except MCSyncError as exc:
             raise as_config_error(exc, self.url, self.endpoint_url or "S3") from exc
         if any(a >= b for a, b in itertools.pairwise(keys)):

@@ -8,6 +8,12 @@ come from a credential provider (which replaces the environment's keys and token
 settings that change what a request means — region, addressing, signing, payload signing,
 S3 Express — are given explicitly. Variables that only add to a request (server-side
 encryption, requester pays) still reach obstore's requests, as they would the AWS CLI's.
+
+Keys are ``Keys``: fixed ones, or botocore's credentials object when its source can refresh
+(assume-role, web identity, credential_process, container and instance metadata, SSO). Both
+clients use that one object: botocore signs with it, and obstore's (async) credential provider
+hands out its current keys with their expiry, so obstore asks again shortly before they expire
+and botocore's own refresh machinery renews them.
 """
 
 from __future__ import annotations
@@ -20,8 +26,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._version import __version__
-from ..errors import ConfigError
+from ..errors import AccessDenied, ConfigError
 from ..retry import RetryPolicy
+
+# The profile name under which a meta:// credential_process is handed to botocore's provider.
+_PROCESS_PROFILE = "mcsync-meta"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +43,112 @@ class S3Credentials:
 
     def __repr__(self) -> str:  # keys never reach a log through repr()
         return "S3Credentials(***)"
+
+
+class Keys:
+    """A store's keys: fixed ``S3Credentials``, or botocore's refreshable credentials object
+    (then botocore's refresh machinery renews them, before expiry and when forced). The same
+    object signs botocore's requests and feeds obstore's credential provider."""
+
+    def __init__(self, fixed: S3Credentials | None = None, *, refreshable: Any = None,
+                 identity: str | None = None) -> None:
+        self.fixed = fixed or S3Credentials()
+        self.refreshable = refreshable  # botocore RefreshableCredentials, or None
+        # Who signs, for server-side copy between stores (a refreshable source's keys change).
+        self.identity = identity if refreshable is not None else self.fixed.access_key_id
+
+    def __repr__(self) -> str:  # keys never reach a log through repr()
+        return f"Keys({'refreshable' if self.refreshable is not None else 'fixed'}, ***)"
+
+    @classmethod
+    async def from_botocore(cls, creds: Any, identity: str) -> Keys:
+        """What botocore's chain resolved: kept as is when it can refresh, else frozen."""
+        from botocore.credentials import RefreshableCredentials
+
+        if isinstance(creds, RefreshableCredentials):
+            return cls(refreshable=creds, identity=identity)
+        frozen = await creds.get_frozen_credentials()
+        return cls(S3Credentials(frozen.access_key, frozen.secret_key, frozen.token))
+
+    @property
+    def anonymous(self) -> bool:
+        return self.refreshable is None and not self.fixed.access_key_id
+
+    async def current(self) -> tuple[S3Credentials, datetime | None]:
+        """The keys to sign with now (refreshed by botocore if near expiry), and their expiry."""
+        creds = self.refreshable
+        if creds is None:
+            return self.fixed, None
+        frozen = await creds.get_frozen_credentials()
+        # botocore has no public accessor for the expiry of its refreshable credentials.
+        expiry = getattr(creds, "_expiry_time", None)
+        return (S3Credentials(frozen.access_key, frozen.secret_key, frozen.token),
+                expiry.astimezone(UTC) if isinstance(expiry, datetime) else None)
+
+    async def force_refresh(self) -> bool:
+        """Renew refreshable keys now (the endpoint refused them); whether the key changed.
+        botocore has no public forced refresh: this is the call its own mandatory refresh
+        makes, under the same lock."""
+        creds = self.refreshable
+        if creds is None:
+            return False
+        before, _ = await self.current()
+        async with creds._refresh_lock:
+            await creds._protected_refresh(is_mandatory=True)
+        after, _ = await self.current()
+        return after.access_key_id != before.access_key_id
+
+    def obstore_provider(self) -> Any:
+        """obstore's ``credential_provider``: fixed keys as they are (never expiring); else an
+        async callable returning the current keys and their expiry. obstore caches what it is
+        given until shortly before ``expires_at`` and then asks again."""
+        if self.refreshable is None:
+            fixed = self.fixed
+            frozen = {"access_key_id": fixed.access_key_id or "",
+                      "secret_access_key": fixed.secret_access_key or "",
+                      "token": fixed.session_token, "expires_at": None}
+            return lambda: frozen
+
+        async def provide() -> dict[str, Any]:
+            creds, expiry = await self.current()
+            return {"access_key_id": creds.access_key_id or "",
+                    "secret_access_key": creds.secret_access_key or "",
+                    "token": creds.session_token, "expires_at": expiry}
+
+        return provide
+
+
+async def process_keys(command: str) -> Keys:
+    """Keys from a ``credential_process`` (the AWS CLI's JSON: Version 1, AccessKeyId,
+    SecretAccessKey, SessionToken, Expiration), run by botocore's own provider: with an
+    Expiration they are refreshable credentials that run the command again to renew."""
+    from aiobotocore.credentials import AioProcessProvider
+    from botocore.exceptions import BotoCoreError
+
+    config = {"profiles": {_PROCESS_PROFILE: {"credential_process": command}}}
+    provider = AioProcessProvider(profile_name=_PROCESS_PROFILE, load_config=lambda: config)
+    try:
+        creds = await provider.load()
+    except (BotoCoreError, OSError, ValueError) as exc:  # ValueError: output not JSON
+        # The command line is not shown: it may carry a secret of its own.
+        raise AccessDenied(f"credential_process failed: {type(exc).__name__}: "
+                           f"{_first_line(exc)[:200]}") from None
+    return await Keys.from_botocore(creds, identity=f"process:{command}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+class _Given:
+    """A botocore ``credential_provider`` component that resolves to credentials already held."""
+
+    def __init__(self, creds: Any) -> None:
+        self._creds = creds
+
+    async def load_credentials(self) -> Any:
+        return self._creds
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +181,7 @@ class ClientSettings:
             return True
 
 
-def make_obstore(settings: ClientSettings, creds: S3Credentials, *,
-                 preflight: bool = False) -> Any:
+def make_obstore(settings: ClientSettings, keys: Keys, *, preflight: bool = False) -> Any:
     """obstore's client for one bucket. ``preflight``: tried ``retry.preflight_attempts``
     times only, so a wrong address fails in seconds (``Store.check``)."""
     from obstore.store import S3Store as ObStore
@@ -83,12 +197,9 @@ def make_obstore(settings: ClientSettings, creds: S3Credentials, *,
     if settings.endpoint_url:
         config["aws_endpoint_url_s3"] = settings.endpoint_url
     kwargs: dict[str, Any] = {}
-    if creds.access_key_id:
+    if not keys.anonymous:
         config["aws_skip_signature"] = False
-        frozen = {"access_key_id": creds.access_key_id,
-                  "secret_access_key": creds.secret_access_key or "",
-                  "token": creds.session_token, "expires_at": None}
-        kwargs["credential_provider"] = lambda: frozen
+        kwargs["credential_provider"] = keys.obstore_provider()
     else:
         config["aws_skip_signature"] = True  # anonymous access to a public bucket
     endpoint = settings.endpoint_url or ""
@@ -106,10 +217,11 @@ def make_obstore(settings: ClientSettings, creds: S3Credentials, *,
     )
 
 
-async def open_botocore(settings: ClientSettings, creds: S3Credentials,
-                        profile: str | None) -> tuple[Any, Any, S3Credentials, str]:
-    """botocore's client: (its context manager, the client, the keys it resolved, its
-    region). Imported and started only when a request needs it (~0.2 s)."""
+async def open_botocore(settings: ClientSettings, keys: Keys | None,
+                        profile: str | None) -> tuple[Any, Any, Keys, str]:
+    """botocore's client: (its context manager, the client, its keys, its region); ``keys``
+    None: the standard chain's (kept refreshable where the source can refresh). Imported
+    and started only when a request needs it (~0.2 s)."""
     from aiobotocore.config import AioConfig
     from aiobotocore.session import AioSession, get_session
     from botocore.exceptions import ProfileNotFound
@@ -143,27 +255,31 @@ async def open_botocore(settings: ClientSettings, creds: S3Credentials,
             raise ConfigError(f"AWS profile {profile!r} not found") from None
     session.get_component("response_parser_factory").set_parser_defaults(
         timestamp_parser=parse_timestamp)
+    explicit = S3Credentials()
+    if keys is not None and keys.refreshable is not None:
+        # The client signs with the very object obstore's provider reads: one refresh, both.
+        session.register_component("credential_provider", _Given(keys.refreshable))
+    elif keys is not None:
+        explicit = keys.fixed
     cm = session.create_client(
         "s3",
         endpoint_url=settings.endpoint_url,
         region_name=settings.region or None,
-        aws_access_key_id=creds.access_key_id,
-        aws_secret_access_key=creds.secret_access_key,
-        aws_session_token=creds.session_token,
+        aws_access_key_id=explicit.access_key_id,
+        aws_secret_access_key=explicit.secret_access_key,
+        aws_session_token=explicit.session_token,
         config=config,
         # Plain HTTP has no certificate to check: without this, every client still loads the
         # CA bundle into an SSL context (~40 ms of CPU) it will never use.
         verify=None if (settings.endpoint_url or "https:").startswith("https:") else False,
     )
     client = await cm.__aenter__()
-    resolved = creds
-    if not creds.access_key_id:  # the standard chain: env, profile, IMDS...
-        chain = await session.get_credentials()
-        if chain is not None:
-            frozen = await chain.get_frozen_credentials()
-            resolved = S3Credentials(frozen.access_key, frozen.secret_key, frozen.token)
+    if keys is None:  # the standard chain: env, profile, assume-role, SSO, IMDS...
+        chain = await session.get_credentials()  # the object the client signs with
+        keys = (await Keys.from_botocore(chain, identity=f"chain:{profile or ''}")
+                if chain is not None else Keys())
     region = client.meta.region_name
-    return cm, client, resolved, "us-east-1" if region in (None, "aws-global") else region
+    return cm, client, keys, "us-east-1" if region in (None, "aws-global") else region
 
 
 def parse_timestamp(value: Any) -> datetime:

@@ -21,6 +21,7 @@ import obstore.exceptions as obstore_exc
 
 from ..errors import (
     AccessDenied,
+    CredentialsExpired,
     IntegrityError,
     MCSyncError,
     NoSuchBucket,
@@ -37,15 +38,20 @@ _BY_CODE: dict[str, type[MCSyncError]] = {
     "NoSuchBucket": NoSuchBucket,
     "PreconditionFailed": PreconditionFailed,
     **dict.fromkeys(("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                     "InvalidToken", "ExpiredToken", "AccessDeniedException",
-                     "AllAccessDisabled"), AccessDenied),
+                     "AccessDeniedException", "AllAccessDisabled"), AccessDenied),
+    # Temporary keys past their end: the store renews them and the request is tried again.
+    **dict.fromkeys(("ExpiredToken", "TokenRefreshRequired", "InvalidToken"),
+                    CredentialsExpired),
     # The target computed another checksum than the one sent with the body: the bytes were
     # damaged on the way (or the checksum was wrong). Nothing was stored.
     **dict.fromkeys(("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
                      "XAmzContentSHA256Mismatch"), IntegrityError),
     **dict.fromkeys(("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
                      "TooManyRequests", "ServiceUnavailable"), Throttled),
-    **dict.fromkeys(("RequestTimeout", "InternalError", "RequestTimeTooSkewed"), Transient),
+    # RequestExpired: the signature's date is too old (a request held back), not the keys:
+    # signed again on a new try, with the same keys.
+    **dict.fromkeys(("RequestTimeout", "InternalError", "RequestTimeTooSkewed",
+                     "RequestExpired"), Transient),
 }
 _BY_STATUS: dict[int, type[MCSyncError]] = {
     404: NotFound, 412: PreconditionFailed, 401: AccessDenied, 403: AccessDenied,
@@ -86,6 +92,8 @@ def error_for(answer: Answer, what: str, bucket: str) -> MCSyncError:
         return PreconditionFailed(f"{what}: changed since it was listed")
     if kind is AccessDenied:
         return AccessDenied(f"{what}: access denied{detail}")
+    if kind is CredentialsExpired:
+        return CredentialsExpired(f"{what}: credentials expired{detail}")
     if kind is IntegrityError:
         return IntegrityError(f"{what}: the target refused the bytes: they do not match the "
                               f"checksum sent with them{detail}")
@@ -96,6 +104,8 @@ def error_for(answer: Answer, what: str, bucket: str) -> MCSyncError:
 _CODE = re.compile(r"<Code>([^<]{1,100})</Code>")
 _STATUS = re.compile(r"status code: (\d{3})")
 _MESSAGE = re.compile(r"<Message>([^<]{0,300})</Message>")
+# obstore's words for a response whose head came and whose body did not (reqwest's body error)
+_BODY_BROKE = re.compile(r"response body|body error")
 
 
 def obstore_answer(exc: BaseException) -> Answer:
@@ -103,6 +113,29 @@ def obstore_answer(exc: BaseException) -> Answer:
     code, status, message = _CODE.search(text), _STATUS.search(text), _MESSAGE.search(text)
     return Answer(code.group(1) if code else None, int(status.group(1)) if status else None,
                   message.group(1) if message else "")
+
+
+def answer_of(exc: BaseException) -> Answer | None:
+    """The S3 answer inside either SDK's exception, if it holds one."""
+    if isinstance(exc, obstore_exc.BaseError | FileNotFoundError):
+        return obstore_answer(exc)
+    boto = sys.modules.get("botocore.exceptions")
+    if boto is not None and isinstance(exc, boto.ClientError):
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return Answer(str(err.get("Code") or "") or None, int(status) if status else None,
+                      str(err.get("Message") or ""))
+    return None
+
+
+def unclear_refusal(answer: Answer | None) -> bool:
+    """A refusal that may be of keys replaced since: InvalidAccessKeyId, or a 403 with no code
+    (a HEAD's answer has no body; botocore names its code after the status)."""
+    if answer is None:
+        return False
+    if answer.code == "InvalidAccessKeyId":
+        return True
+    return answer.status == 403 and (answer.code is None or answer.code.isdigit())
 
 
 def translate(exc: BaseException, what: str, bucket: str) -> MCSyncError | None:
@@ -119,16 +152,14 @@ def translate(exc: BaseException, what: str, bucket: str) -> MCSyncError | None:
             return PreconditionFailed(f"{what}: changed since it was listed")
         if isinstance(exc, obstore_exc.PermissionDeniedError | obstore_exc.UnauthenticatedError):
             return AccessDenied(f"{what}: access denied")
+        if _BODY_BROKE.search(str(exc)):  # answered, then the connection broke mid-body
+            return Transient(f"{what}: the answer broke off: {first_line(exc)}")
         # No S3 answer in it: the request never got one (connection refused, reset, timeout).
         return Unreachable(f"{what}: {type(exc).__name__}: {first_line(exc)}")
     boto = sys.modules.get("botocore.exceptions")  # imported only once a request needs it
     if boto is not None:
         if isinstance(exc, boto.ClientError):
-            err = exc.response.get("Error", {})
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return error_for(Answer(str(err.get("Code") or "") or None,
-                                    int(status) if status else None,
-                                    str(err.get("Message") or "")), what, bucket)
+            return error_for(answer_of(exc) or Answer(None, None), what, bucket)
         if isinstance(exc, boto.NoCredentialsError | boto.PartialCredentialsError):
             return AccessDenied(f"{what}: no usable credentials ({type(exc).__name__})")
         if isinstance(exc, boto.ConnectionError | boto.HTTPClientError):

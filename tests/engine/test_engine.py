@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import mcsync
-from mcsync.errors import Transient
+from mcsync.errors import Permanent
 from mcsync.stores.memory import MemoryEndpoint, MemoryObject, MemoryStore
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 
@@ -102,13 +102,13 @@ def test_a_failed_object_holds_back_the_markers_and_the_deletes(pair, tmp_path):
     src, dst = pair
     seed(src, OBJECTS)
     seed(dst, {"stale.bin": b"old"})
-    boom = Rule("put_part", key="ckpt/model-00002*", times=None,
-                error=Transient("ckpt/model-00002-of-00002.safetensors: reset (test)"))
+    boom = Rule("put_part", key="ckpt/model-00002*", times=None,  # refused: not retried
+                error=Permanent("ckpt/model-00002-of-00002.safetensors: refused (test)"))
     report = sync(src, faulty(dst, Faults([boom])), tmp_path, part_size=PART, delete=True,
                   manifest=None, use_manifest=False)
     assert report.exit_code == 1
     failed = dict(report.failures)
-    assert "reset (test)" in failed["ckpt/model-00002-of-00002.safetensors"]
+    assert "refused (test)" in failed["ckpt/model-00002-of-00002.safetensors"]
     assert "held back" in failed["ckpt/config.json"]
     there = contents(dst)
     assert "ckpt/model-00002-of-00002.safetensors" not in there  # nothing half-written

@@ -11,7 +11,7 @@ import pytest
 
 from mcsync.config import SyncOptions
 from mcsync.engine import run_sync
-from mcsync.errors import Transient
+from mcsync.errors import Permanent
 from mcsync.lock import Locked
 from mcsync.stores.memory import MemoryEndpoint, MemoryObject, MemoryStore
 from mcsync.testing.faults import Faults, Rule, faulty
@@ -57,7 +57,7 @@ def test_cycles_pick_up_new_objects_until_stopped(tmp_path):
 def test_a_failed_cycle_is_tried_again_and_does_not_end_the_watch(tmp_path):
     src = MemoryStore("s", endpoint=MemoryEndpoint("a"))
     put(src, "a.bin", b"a")
-    flaky = faulty(src, Faults([Rule("list", error=Transient("listing broke (test)"))]))
+    flaky = faulty(src, Faults([Rule("list", error=Permanent("listing broke (test)"))]))
     dst = MemoryStore("d", endpoint=MemoryEndpoint("b"))
     stop = asyncio.Event()
     cycles: list[Cycle] = []

@@ -153,11 +153,6 @@ def test_random_slowdowns_resets_and_stalls_are_survived(seaweed, seaweed_proxy,
     assert {e.op for e in proxy.exchanges(fault="reset-request")} >= {"PutObject", "UploadPart"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the preflight (S3Store.check: one obstore ListObjectsV2 with RetryPolicy."
-    "preflight_attempts=3) gets SlowDown 3 times within ~0.3 s and mcsync.sync raises "
-    "ConfigError 'meta://b/: SlowDown: Please reduce your request rate.' (CLI exit 2): "
-    "a throttled endpoint is taken for a misconfigured one; nothing moves"))
 def test_a_throttled_start_is_waited_out(seaweed, seaweed_proxy, source, bucket_factory,
                                          monkeypatch, caplog):
     """(b) every request answered SlowDown for the first 10 s of the run, then recovery."""
@@ -170,12 +165,6 @@ def test_a_throttled_start_is_waited_out(seaweed, seaweed_proxy, source, bucket_
     assert elapsed >= 10 and throttling_shown(report, caplog.records)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "obstore path (whole-object PutObject, RetryPolicy.obstore: max_retries=9, backoff 0.1 s "
-    "doubling with jitter): each of the 55 small objects gets 10 SlowDowns (1 try + 9 "
-    "retries) over 1.3-8.4 s (median ~2.5 s) and fails 'SlowDown: Please reduce your request "
-    "rate.', exit 1, 55 of 60 failed; the botocore path (adaptive mode, 10 attempts, its rate "
-    "limiter delaying sends) carries the 5 multipart objects past the 10 s"))
 def test_ten_seconds_of_slowdown_on_every_object_is_waited_out(seaweed, seaweed_proxy, source,
                                                                bucket_factory, monkeypatch,
                                                                caplog):
@@ -190,13 +179,6 @@ def test_ten_seconds_of_slowdown_on_every_object_is_waited_out(seaweed, seaweed_
     assert elapsed >= 10 and throttling_shown(report, caplog.records)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "botocore path: 429 TooManyRequests is not retried (botocore's standard/adaptive retry "
-    "knows status 500/502/503/504 and codes such as SlowDown or TooManyRequestsException, not "
-    "429 'TooManyRequests'): the first 429 on a CreateMultipartUpload, UploadPart or "
-    "CompleteMultipartUpload fails its object, so all 5 multipart objects fail (exit 1, 55 of "
-    "60 copied), and a 429 on AbortMultipartUpload leaves that upload open; the obstore path "
-    "retries its ~20 429s and every small object arrives"))
 def test_429_is_retried_like_slowdown(seaweed, seaweed_proxy, source, bucket_factory,
                                       monkeypatch, caplog):
     """(c) 20% of requests answered 429 TooManyRequests."""
@@ -210,12 +192,6 @@ def test_429_is_retried_like_slowdown(seaweed, seaweed_proxy, source, bucket_fac
     assert throttling_shown(report, caplog.records)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "obstore path: a GET or listing whose response body breaks off (reset or short) is not "
-    "retried: 'Generic S3 error: Error performing GET ... HTTP error: request or response body "
-    "error' (0 retries of max 9, within 2 ms); on the lock object's GET mcsync.sync raises "
-    "Unreachable (CLI exit 1) and on the preflight listing ConfigError 'cannot reach' (exit "
-    "2), before anything moves"))
 @pytest.mark.parametrize(("op", "key", "fault"), [
     ("GetObject", ".mcsync/lock-*", Reset("response")),
     ("GetObject", ".mcsync/lock-*", ShortBody()),
@@ -230,10 +206,6 @@ def test_a_response_body_broken_off_once_is_retried(op, key, fault, seaweed, sea
     assert_complete(report, seaweed_proxy, elapsed, seaweed, bucket, objects)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SlowDowns the SDKs retried (3 PutObject on the obstore path, 2 UploadPart on the botocore "
-    "path) leave no trace: the run ends exit 0 with a report and a log (INFO and up) that "
-    "say nothing of throttling"))
 def test_throttling_that_was_survived_shows_in_the_report_or_log(seaweed, seaweed_proxy, source,
                                                                  bucket_factory, monkeypatch,
                                                                  caplog):

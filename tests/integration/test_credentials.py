@@ -1,0 +1,494 @@
+"""Keys that expire mid-run (moto behind the fault proxy): renewed before they expire, and
+again when the endpoint refuses them (ExpiredToken), on the obstore and the botocore paths.
+
+Keys come from a credential_process the test writes (a new key each call, a short
+Expiration) or from a container-credentials server (the standard chain on s3://). moto takes
+any key; the proxy refuses every key past the Expiration it was handed out with
+(``PastExpiration``), or a named key from a moment on (``expire_key``), as AWS would. botocore
+renews keys 15 (advisory) / 10 (mandatory) minutes before they expire; the tests shorten those
+windows to seconds (``short_windows``) so keys live a few seconds and each is used many times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mcsync
+from mcsync.errors import AccessDenied, CredentialsExpired
+from mcsync.retry import RetryPolicy, retrying
+from mcsync.stores.registry import StoreOptions, open_store
+from mcsync.stores.s3 import S3Store
+from mcsync.testing.faultproxy import (
+    EXPIRED_TOKEN,
+    INVALID_ACCESS_KEY,
+    Exchange,
+    FaultProxy,
+    Rule,
+    expire_key,
+)
+from mcsync.testing.servers import LOOPBACK, S3Endpoint
+
+from .helpers import payload, read_bucket, write_tree
+
+MiB = 1 << 20
+SECRET = "s3cr3t-MARK"  # in every secret and token handed out: must appear in no output
+TOKEN = "t0ken-MARK"
+
+_SCRIPT = r'''
+import fcntl, json, sys, time
+from datetime import datetime, timezone
+state, ttl, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+with open(state, "a+") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    f.seek(0)
+    n = len(f.read().splitlines()) + 1
+    key = "AKIDPROC000001" if mode == "same" else f"AKIDPROC{n:06d}"
+    expires = time.time() + ttl
+    f.write(f"{key} {expires}\n")
+out = {"Version": 1, "AccessKeyId": key, "SecretAccessKey": f"{n}-SECRET",
+       "SessionToken": f"{n}-TOKEN"}
+if ttl > 0:
+    out["Expiration"] = datetime.fromtimestamp(expires, timezone.utc).isoformat()
+print(json.dumps(out))
+'''.replace("SECRET", SECRET).replace("TOKEN", TOKEN)
+
+
+@dataclass
+class Issued:
+    """The keys a credential source handed out: key → when it expires (epoch seconds)."""
+
+    state: Path
+
+    def keys(self) -> dict[str, float]:
+        if not self.state.exists():
+            return {}
+        with self.state.open() as f:
+            fcntl.flock(f, fcntl.LOCK_SH)
+            lines = f.read().splitlines()
+        return {k: float(t) for k, t in (line.split() for line in lines if line)}
+
+    def count(self) -> int:
+        return len(self.state.read_text().splitlines()) if self.state.exists() else 0
+
+
+def process(tmp_path: Path, ttl: float, mode: str = "new") -> tuple[str, Issued]:
+    """A credential_process command (``ttl`` 0: keys without Expiration) and its record."""
+    script = tmp_path / "creds.py"
+    script.write_text(_SCRIPT)
+    state = tmp_path / f"issued-{mode}-{ttl}"
+    return f"{sys.executable} {script} {state} {ttl} {mode}", Issued(state)
+
+
+@dataclass
+class PastExpiration(Rule):
+    """Refuse (403 ExpiredToken) every key used past the Expiration it was handed out with."""
+
+    issued: Issued | None = None
+
+    def matches(self, req: Exchange, age: float) -> bool:
+        expiry = self.issued.keys().get(req.access_key or "") if self.issued else None
+        return expiry is not None and time.time() >= expiry and super().matches(req, age)
+
+
+@pytest.fixture
+def short_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore renews keys with under 1.5 s left (at the latest with 1 s left)."""
+    from botocore.credentials import RefreshableCredentials
+
+    monkeypatch.setattr(RefreshableCredentials, "_advisory_refresh_timeout", 1.5)
+    monkeypatch.setattr(RefreshableCredentials, "_mandatory_refresh_timeout", 1.0)
+
+
+def meta_process_env(monkeypatch: pytest.MonkeyPatch, ep: S3Endpoint, command: str) -> None:
+    monkeypatch.setenv("MCSYNC_META_ENDPOINT_URL", ep.url)
+    monkeypatch.setenv("MCSYNC_META_REGION", ep.region)
+    monkeypatch.setenv("MCSYNC_META_CREDENTIAL_PROCESS", command)
+
+
+def meta_store(monkeypatch: pytest.MonkeyPatch, proxy: FaultProxy, bucket: str,
+               command: str) -> S3Store:
+    meta_process_env(monkeypatch, proxy.endpoint, command)
+    store = open_store(f"meta://{bucket}/p/", StoreOptions(retry=RetryPolicy(max_attempts=1)))
+    assert isinstance(store, S3Store)
+    return store
+
+
+def used_keys(proxy: FaultProxy, op: str = "*") -> list[str]:
+    """Access keys of the requests answered without a fault, in order of first use."""
+    seen: dict[str, None] = {}
+    for e in proxy.exchanges(op, fault=""):
+        if e.access_key:
+            seen.setdefault(e.access_key)
+    return list(seen)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# -- renewed before they expire ------------------------------------------------------------------
+
+
+def test_obstore_path_outlives_expiring_process_keys(moto, moto_proxy, bucket_factory,
+                                                     monkeypatch, short_windows, tmp_path):
+    """Keys living 2.5 s, requests for 6 s through obstore (PUT, GET, HEAD, LIST, DELETE): the
+    keys are renewed before each expires and no request is refused."""
+    bucket = bucket_factory(moto)
+    command, issued = process(tmp_path, ttl=2.5)
+    moto_proxy.add(PastExpiration(EXPIRED_TOKEN, issued=issued, name="past expiration"))
+    store = meta_store(monkeypatch, moto_proxy, bucket, command)
+
+    async def go() -> int:
+        n, until = 0, time.monotonic() + 6
+        while time.monotonic() < until:
+            body = payload(1000 + n, n)
+            await store.put(f"k{n}", body)
+            assert bytes(await store.get(f"k{n}")) == body
+            assert (await store.head(f"k{n}")).size == len(body)
+            if n % 5 == 0:
+                assert len([o async for o in store.list()]) == n + 1
+            n += 1
+            await asyncio.sleep(0.1)
+        await store.delete("k0")
+        await store.aclose()
+        return n
+
+    n = run(go())
+    assert n > 10
+    assert not moto_proxy.exchanges(fault="ExpiredToken")
+    assert len(used_keys(moto_proxy, "PutObject")) >= 3
+    assert set(used_keys(moto_proxy)) <= set(issued.keys())
+
+
+def test_botocore_multipart_outlives_expiring_process_keys(moto, moto_proxy, bucket_factory,
+                                                           monkeypatch, short_windows,
+                                                           tmp_path):
+    """One multipart upload whose parts go over 5 s, keys living 2 s: every part, the copy and
+    the completion are signed with a live key."""
+    bucket = bucket_factory(moto)
+    command, issued = process(tmp_path, ttl=2.0)
+    moto_proxy.add(PastExpiration(EXPIRED_TOKEN, issued=issued, name="past expiration"))
+    store = meta_store(monkeypatch, moto_proxy, bucket, command)
+    parts = [payload(5 * MiB, i) for i in range(6)]
+
+    async def go() -> None:
+        upload = await store.open_upload("big", sum(map(len, parts)))
+        refs = []
+        for i, part in enumerate(parts, 1):
+            refs.append(await upload.put_part(i, 0, part))
+            await asyncio.sleep(0.8)
+        await upload.complete(refs)
+        await store.copy_object(store.copy_source("big", None), "copy")
+        await store.aclose()
+
+    run(go())
+    assert not moto_proxy.exchanges(fault="ExpiredToken")
+    assert len(used_keys(moto_proxy, "UploadPart")) >= 3
+    got = read_bucket(moto, bucket)
+    assert got["p/big"] == got["p/copy"] == b"".join(parts)
+
+
+# -- renewed when refused ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["obstore", "botocore"])
+def test_a_key_refused_as_expired_is_renewed_and_the_next_try_succeeds(
+        path, moto, moto_proxy, bucket_factory, monkeypatch, tmp_path):
+    """The endpoint ends a key long before its stated Expiration: the refused requests raise
+    CredentialsExpired (a Transient), one renewal follows however many were refused at once,
+    and the next try carries the new key."""
+    bucket = bucket_factory(moto)
+    command, issued = process(tmp_path, ttl=3600)
+    store = meta_store(monkeypatch, moto_proxy, bucket, command)
+
+    async def go() -> None:
+        upload = await store.open_upload("mp", 5 * MiB) if path == "botocore" else None
+
+        async def send(i: int) -> Any:
+            if upload is not None:
+                return await upload.put_part(i, 0, payload(5 * MiB, i))
+            return await store.put(f"k{i}", b"x" * i)
+
+        await send(1)
+        first = next(iter(issued.keys()))
+        moto_proxy.add(expire_key(first, after_s=0))
+        results = await asyncio.gather(*(send(i) for i in range(2, 8)),
+                                       return_exceptions=True)
+        assert all(isinstance(r, CredentialsExpired) for r in results), results
+        assert not any(first in str(r) or SECRET in str(r) for r in results)
+        await send(8)
+        # what the retry layer does: Transient errors tried again, each try fresh
+        moto_proxy.add(expire_key(list(issued.keys())[-1], after_s=0))
+        await retrying(lambda: send(9), RetryPolicy.immediate(3))
+        if upload is not None:
+            await upload.abort()
+        await store.aclose()
+
+    run(go())
+    assert issued.count() == 3  # the first key, one renewal per expiry
+    assert len(moto_proxy.exchanges(fault="ExpiredToken")) == 7
+
+
+def test_invalid_access_key_is_expiry_when_a_renewal_replaces_it(moto, moto_proxy,
+                                                                 bucket_factory, monkeypatch,
+                                                                 tmp_path):
+    bucket = bucket_factory(moto)
+    command, issued = process(tmp_path, ttl=3600)
+    store = meta_store(monkeypatch, moto_proxy, bucket, command)
+
+    async def go() -> None:
+        await store.put("a", b"a")
+        moto_proxy.add(expire_key(next(iter(issued.keys())), 0, fault=INVALID_ACCESS_KEY))
+        with pytest.raises(CredentialsExpired):
+            await store.put("b", b"b")
+        await store.put("b", b"b")  # the renewed key
+        await store.aclose()
+
+    run(go())
+    assert issued.count() == 2
+
+
+def test_invalid_access_key_that_a_renewal_keeps_is_denied(moto, moto_proxy, bucket_factory,
+                                                           monkeypatch, tmp_path):
+    """A source that renews to the same key, refused: one renewal to find out, then denied."""
+    bucket = bucket_factory(moto)
+    command, issued = process(tmp_path, ttl=3600, mode="same")
+    moto_proxy.add(Rule(INVALID_ACCESS_KEY, op="PutObject"))
+    store = meta_store(monkeypatch, moto_proxy, bucket, command)
+
+    async def go() -> None:
+        with pytest.raises(CredentialsExpired):
+            await store.put("a", b"a")
+        with pytest.raises(AccessDenied):
+            await store.put("a", b"a")
+        await store.aclose()
+
+    run(go())
+    assert issued.count() == 2
+
+
+def test_a_fresh_key_refused_again_is_denied(moto, moto_proxy, bucket_factory, monkeypatch,
+                                             tmp_path):
+    """Every key refused as unknown (wrong account): one renewal, then AccessDenied, not a
+    renewal per try."""
+    bucket = bucket_factory(moto)
+    command, issued = process(tmp_path, ttl=3600)
+    moto_proxy.add(Rule(INVALID_ACCESS_KEY, op="HeadObject"))  # a HEAD: 403, no code
+    store = meta_store(monkeypatch, moto_proxy, bucket, command)
+
+    async def go() -> None:
+        with pytest.raises(CredentialsExpired):
+            await store.head("a")
+        for _ in range(3):
+            with pytest.raises(AccessDenied):
+                await store.head("a")
+        await store.aclose()
+
+    run(go())
+    assert issued.count() == 2
+
+
+@pytest.mark.parametrize("fault", [EXPIRED_TOKEN, INVALID_ACCESS_KEY], ids=lambda f: f.code)
+def test_fixed_keys_refused_are_denied(fault, moto, moto_proxy, bucket_factory, monkeypatch):
+    """Fixed keys cannot be renewed: a refusal is a configuration error, never retried."""
+    bucket = bucket_factory(moto)
+    for k, v in moto_proxy.endpoint.meta_env().items():
+        monkeypatch.setenv(k, v)
+    moto_proxy.add(Rule(fault, op="PutObject"))
+    store = open_store(f"meta://{bucket}/")
+
+    async def go() -> None:
+        with pytest.raises(AccessDenied) as info:
+            await store.put("a", b"a")
+        assert not isinstance(info.value, CredentialsExpired)
+        await store.aclose()
+
+    run(go())
+
+
+def test_check_passes_expiry_on_as_transient(moto, moto_proxy, bucket_factory, monkeypatch,
+                                            tmp_path):
+    """``check`` makes configuration errors of its probe's failures, but not of expired keys:
+    they are renewed, and the next try passes."""
+    bucket = bucket_factory(moto)
+    command, issued = process(tmp_path, ttl=3600)
+    store = meta_store(monkeypatch, moto_proxy, bucket, command)
+    moto_proxy.add(Rule(EXPIRED_TOKEN, op="ListObjectsV2", count=1))
+
+    async def go() -> None:
+        with pytest.raises(CredentialsExpired):
+            await store.check(mode="target")
+        await store.check(mode="target")
+        await store.aclose()
+
+    run(go())
+    assert issued.count() == 2
+
+
+# -- the standard chain on s3:// ----------------------------------------------------------------
+
+
+@pytest.fixture
+def container_credentials(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """A container-credentials endpoint (ECS / EKS Pod Identity) on 127.0.0.1: a new key each
+    call, valid 2 s; the chain finds it through AWS_CONTAINER_CREDENTIALS_FULL_URI."""
+    issued: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            issued.append(f"AKIDCONT{len(issued) + 1:06d}")
+            expires = datetime.fromtimestamp(time.time() + 2.0, UTC)
+            body = json.dumps({"AccessKeyId": issued[-1], "SecretAccessKey": SECRET,
+                               "Token": TOKEN,
+                               "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                       f"http://{LOOPBACK}:{server.server_address[1]}/creds")
+    try:
+        yield issued
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_s3_chain_container_keys_are_renewed_on_both_paths(moto, moto_proxy, bucket_factory,
+                                                           monkeypatch, short_windows,
+                                                           container_credentials):
+    """s3:// with keys from the standard chain (container metadata, 2-second keys): obstore
+    (PUT) and botocore (UploadPart) both go on past several expiries."""
+    bucket = bucket_factory(moto)
+    expiry: dict[str, float] = {}
+
+    class Expiring(Rule):
+        def matches(self, req: Exchange, age: float) -> bool:  # a key lives 2 s from first use
+            if not req.access_key:
+                return False
+            first = expiry.setdefault(req.access_key, time.time())
+            return time.time() - first > 2.0 and super().matches(req, age)
+
+    moto_proxy.add(Expiring(EXPIRED_TOKEN))
+    monkeypatch.setenv("AWS_REGION", moto.region)
+    store = open_store(f"s3://{bucket}/", StoreOptions(endpoint_url=moto_proxy.url,
+                                                      retry=RetryPolicy(max_attempts=1)))
+    assert isinstance(store, S3Store)
+
+    async def go() -> None:
+        upload = await store.open_upload("mp", 10 * MiB)
+        refs, until, n = [], time.monotonic() + 5, 0
+        while time.monotonic() < until:
+            n += 1
+            await store.put(f"k{n}", b"x" * n)
+            if n % 8 == 0 and len(refs) < 6:
+                refs.append(await upload.put_part(len(refs) + 1, 0, payload(5 * MiB, n)))
+            await asyncio.sleep(0.1)
+        await upload.complete(refs)
+        await store.aclose()
+
+    run(go())
+    assert not moto_proxy.exchanges(fault="ExpiredToken")
+    assert len(used_keys(moto_proxy, "PutObject")) >= 2
+    assert len(used_keys(moto_proxy, "UploadPart")) >= 2
+    assert set(used_keys(moto_proxy)) <= set(container_credentials)
+
+
+# -- through mcsync.sync, and what reaches output ------------------------------------------------
+
+
+def _tree(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    objects = {f"d/f{i:03d}.bin": payload(20_000 + i, i) for i in range(40)}
+    objects["big.bin"] = payload(20 * MiB, 99)
+    root = tmp_path / "src"
+    write_tree(root, objects)
+    return root, objects
+
+
+def test_sync_with_expiring_process_keys_and_no_credentials_in_output(
+        moto, moto_proxy, bucket_factory, monkeypatch, short_windows, tmp_path, caplog, capfd):
+    """A whole sync (small objects through obstore, a multipart object through botocore) with
+    keys living 2 s: byte-for-byte, and neither a secret nor a token in the logs (mcsync's at
+    DEBUG, everyone's at INFO), the report, errors or reprs."""
+    bucket = bucket_factory(moto)
+    command, issued = process(tmp_path, ttl=2.0)
+    moto_proxy.add(PastExpiration(EXPIRED_TOKEN, issued=issued, name="past expiration"))
+    meta_process_env(monkeypatch, moto_proxy.endpoint, command)
+    root, objects = _tree(tmp_path)
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG, logger="mcsync")
+
+    report = mcsync.sync(str(root), f"meta://{bucket}/run/", part_size=5 * MiB,
+                         concurrency=4, bw_limit="8MiB")
+    assert report.ok
+    assert read_bucket(moto, bucket, "run/") == objects
+    store = open_store(f"meta://{bucket}/")
+    shown = [caplog.text, repr(report), json.dumps(report.to_dict(), default=str),
+             repr(store), *capfd.readouterr()]
+    assert issued.count() >= 2
+    for text in shown:
+        assert SECRET not in text and TOKEN not in text
+
+
+def test_sync_through_a_key_the_endpoint_ends_early(moto, moto_proxy, bucket_factory,
+                                                   monkeypatch, tmp_path, caplog):
+    """The endpoint ends the first key mid-run (ExpiredToken, its Expiration an hour away):
+    the refused requests are tried again with a renewed key and the run succeeds, with no
+    failure reported and no credential in the output."""
+    bucket = bucket_factory(moto)
+    command, issued = process(tmp_path, ttl=3600)
+    meta_process_env(monkeypatch, moto_proxy.endpoint, command)
+    root, objects = _tree(tmp_path)
+    moto_proxy.add(Rule(EXPIRED_TOKEN, op={"PutObject", "UploadPart"}, after_s=0,
+                        name="first key ends", access_key="AKIDPROC000001"))
+    caplog.set_level(logging.DEBUG, logger="mcsync")
+
+    report = mcsync.sync(str(root), f"meta://{bucket}/run/", part_size=5 * MiB, concurrency=4)
+    assert report.ok
+    assert read_bucket(moto, bucket, "run/") == objects
+    refused = moto_proxy.exchanges(fault="ExpiredToken")
+    assert refused and issued.count() >= 2
+    assert 1 <= report.requests_credentials_expired <= len(refused)  # shown in the report
+    assert SECRET not in caplog.text and TOKEN not in caplog.text
+
+
+def test_verbose_cli_output_holds_no_credentials(moto, bucket_factory, tmp_path):
+    """``mcsync -v`` logs at DEBUG; botocore would log each request's headers (the access key,
+    the session token) at that level, so the SDKs' loggers are kept at INFO."""
+    import os
+    import subprocess
+
+    bucket = bucket_factory(moto)
+    root, objects = _tree(tmp_path)
+    env = dict(os.environ) | moto.meta_env() | {
+        "MCSYNC_META_SECRET_ACCESS_KEY": f"x-{SECRET}", "MCSYNC_META_SESSION_TOKEN": TOKEN}
+    result = subprocess.run(
+        [sys.executable, "-m", "mcsync.cli.main", "sync", str(root), f"meta://{bucket}/v/",
+         "--part-size", "5MiB", "-v", "--json"], env=env, capture_output=True, text=True,
+        check=False, cwd=Path(__file__).parents[2])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert read_bucket(moto, bucket, "v/") == objects
+    for text in (result.stdout, result.stderr):
+        assert SECRET not in text and TOKEN not in text
