@@ -16,6 +16,9 @@ CRASH_AT=point:n kills the process the n-th time it reaches ``point``:
                the same for the staging objects of a block delta (under .mcsync/stage/)
   complete     before the n-th CompleteMultipartUpload complete-done  after it returned
   commit       at the n-th manifest commit (before it)
+  lock         after the n-th write of the target lock object (1: taken; later: renewed)
+  unlock       before the target lock object is deleted at the end of the run
+  state        before the n-th upload of the manifest's copy to the target
 
 DELAY_AT=op:seconds slows every call of a target operation down (``put_part:0.5``), for the
 tests that stop a run while it is busy.
@@ -56,6 +59,9 @@ POINTS: dict[str, list[tuple[str, str, str, str | None]]] = {
     "stage-complete-done": [("complete", "after", STAGE, None)],
     "complete": [("complete", "before", "*", STAGE)],
     "complete-done": [("complete", "after", "*", STAGE)],
+    "lock": [("put", "after", ".mcsync/lock-*", None)],
+    "unlock": [("delete", "before", ".mcsync/lock-*", None)],
+    "state": [("put", "before", ".mcsync/manifest-*", None)],
 }
 
 

@@ -47,6 +47,8 @@ KILL_POINTS = [
     "part-done:1", "part-done:4", "part-done:11",
     "complete:1", "complete:3", "complete-done:1", "complete-done:4",
     "commit:2", "commit:8", "commit:16",
+    "lock:1", "unlock:1", "state:1",
+    "list:5", "put:8", "begin:2", "part:9", "part-done:7",
 ]
 
 
