@@ -229,16 +229,19 @@ class Mutation:
     file_size: int
     changed_bytes: int  # bytes of tensor data that are new (not counting the header)
     tensors: list[str]  # the tensors rewritten or added
+    unit: str = "file"  # what file_size is the size of
+    of_tensors: int = 0  # tensors there were to choose from (0: not said)
 
     @property
     def changed_fraction(self) -> float:
         return self.changed_bytes / self.file_size if self.file_size else 0.0
 
     def describe(self) -> str:
+        of = f" of {self.of_tensors}" if self.of_tensors else ""
         return (
-            f"{self.name}: {len(self.tensors)} tensor{'s' if len(self.tensors) != 1 else ''}, "
-            f"{self.changed_bytes / MIB:,.1f} MiB of new data "
-            f"({100 * self.changed_fraction:.2f}% of the {self.file_size / MIB:,.0f} MiB file)"
+            f"{self.name}: {len(self.tensors)}{of} tensor{'s' if len(self.tensors) != 1 else ''}, "
+            f"{self.changed_bytes / MIB:,.1f} MiB of new data ({100 * self.changed_fraction:.2f}% "
+            f"of the {self.file_size / MIB:,.0f} MiB {self.unit})"
         )
 
 
@@ -271,7 +274,16 @@ def rewrite_tensors(src: Path, out: Path, fraction: float = 0.02, seed: int = 0)
     """
     layout = check(src)
     chosen = choose_rewrite(layout, fraction, seed)
-    rng = random.Random(f"rewrite-bytes/{seed}")
+    _rewrite_copy(src, out, layout, chosen, random.Random(f"rewrite-bytes/{seed}"))
+    return Mutation(
+        "rewrite2pct", layout.file_size, sum(t.nbytes for t in chosen), [t.name for t in chosen]
+    )
+
+
+def _rewrite_copy(
+    src: Path, out: Path, layout: Layout, chosen: list[Tensor], rng: random.Random
+) -> None:
+    """Copy ``src`` to ``out`` with the data of ``chosen`` replaced by bytes from ``rng``."""
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.copyfile(src, tmp)
     with open(tmp, "r+b") as f:
@@ -283,9 +295,43 @@ def rewrite_tensors(src: Path, out: Path, fraction: float = 0.02, seed: int = 0)
                 f.write(rng.randbytes(n))
                 left -= n
     os.replace(tmp, out)
+
+
+def new_step(step1: Path, step2: Path, fraction: float = 0.03, seed: int = 0) -> Mutation:
+    """``new-step``: write ``step2``, the checkpoint directory ``step1`` one training step later.
+
+    Whole tensors making up about ``fraction`` of the tensor bytes of all its ``.safetensors``
+    shards together (one :func:`choose_rewrite` walk over the shards' tensors in file order)
+    get new random bytes; every other file, and every other byte of the shards, is copied as it
+    is (new files: the copies share no inode with ``step1``). ``step2`` is emptied first.
+    """
+    rels = sorted(p.relative_to(step1) for p in step1.rglob("*") if p.is_file())
+    layouts = {r: check(step1 / r) for r in rels if r.suffix == ".safetensors"}
+    pooled: list[Tensor] = []  # every shard's tensors, offsets as if the shards were one file
+    where: dict[Tensor, tuple[Path, Tensor]] = {}
+    base = 0
+    for r, layout in layouts.items():
+        for t in layout.tensors:
+            moved = Tensor(t.name, t.dtype, t.shape, base + t.begin, base + t.end)
+            pooled.append(moved)
+            where[moved] = (r, t)
+        base += layout.data_size
+    chosen = [where[t] for t in choose_rewrite(Layout(0, None, pooled), fraction, seed)]
+    if step2.exists():
+        shutil.rmtree(step2)
+    rng = random.Random(f"new-step-bytes/{seed}")
+    for r in rels:
+        (step2 / r).parent.mkdir(parents=True, exist_ok=True)
+        mine = [t for owner, t in chosen if owner == r]
+        if mine:
+            _rewrite_copy(step1 / r, step2 / r, layouts[r], mine, rng)
+        else:
+            shutil.copyfile(step1 / r, step2 / r)
+    total = sum((step2 / r).stat().st_size for r in rels)
     return Mutation(
-        "rewrite2pct", layout.file_size, sum(t.nbytes for t in chosen), [t.name for t in chosen]
-    )
+        "new-step", total, sum(t.nbytes for _r, t in chosen), [f"{r}:{t.name}" for r, t in chosen],
+        unit=f"step-2 ({len(rels)} files)", of_tensors=len(pooled),
+    )  # fmt: skip
 
 
 def add_tensor(

@@ -86,6 +86,13 @@ class Link:
         """Prepended to a command to run it inside the namespace."""
         return ["ip", "netns", "exec", self.ns]
 
+    def tx_bytes(self) -> int | None:
+        """Bytes the host has sent into the link so far (its veth end's counter), or None."""
+        try:
+            return int(Path(f"/sys/class/net/{self.host_dev}/statistics/tx_bytes").read_text())
+        except (OSError, ValueError):
+            return None
+
     def describe(self) -> str:
         return (
             f"{self.mbit} Mbit/s each way (HTB on veth {self.host_dev} ⇄ {self.ns_dev}, "

@@ -45,6 +45,10 @@ def summarize(runs: list[dict], tools: list[str], peers: set[str]) -> list[dict]
                     (r.get("report") or {}).get("bytes_server_copied") for r in ok
                 ),
                 "bytes_sent": _median(r.get("bytes_sent") for r in ok),
+                "bytes_reused_cross_object": _median(
+                    (r.get("report") or {}).get("bytes_reused_cross_object") for r in ok
+                ),
+                "link_tx_bytes": _median(r.get("link_tx_bytes") for r in ok),
                 "bytes_sent_assumed": any(r.get("bytes_sent_assumed") for r in ok),
                 "change": tool_runs[0].get("change"),
                 "link": tool_runs[0].get("link"),
@@ -92,7 +96,7 @@ RESYNC_HEADER = (
     "tool", "wall s", "CPU s", "CPU s/GiB", "RSS MiB", "srv CPU s", "sent MB", "sent %",
     "÷ best peer",
 )  # fmt: skip
-RESYNC_PATHS = ("resync-noop", "delta-s3", "delta-local")
+RESYNC_PATHS = ("resync-noop", "delta-s3", "delta-local", "delta-newstep")
 GCS_PATH = "gs-to-meta"
 S3_REF = "mcsync s3→meta"
 # The issue's bars for mcsync.
@@ -132,7 +136,7 @@ def _bar_notes(path: str, group: list[dict]) -> list[str]:
             f"  bar: mcsync's no-op re-sync faster than every peer: {'met' if met else 'NOT met'}"
             f" ({ratio:.2f}x the fastest, {mine['best_peer']})"
         ]
-    if path.startswith("delta-"):
+    if path in ("delta-s3", "delta-local"):
         sent = mine.get("bytes_sent")
         frac = None if sent is None or not mine["bytes"] else sent / mine["bytes"]
         ok_sent = frac is not None and frac <= DELTA_MAX_SENT
@@ -145,6 +149,25 @@ def _bar_notes(path: str, group: list[dict]) -> list[str]:
             f"({ratio:.2f}x)"
         ]
     return []
+
+
+def _wire_notes(path: str, group: list[dict]) -> list[str]:
+    """mcsync's cross-object reuse (delta-newstep) and what each tool put on the capped link."""
+    notes = []
+    for row in group:
+        reused = row.get("bytes_reused_cross_object")
+        if path == "delta-newstep" and row["ok"] and reused is not None:
+            notes.append(
+                f"  {row['tool']}: {reused / 1e6:,.1f} MB composed at the target from step-1's "
+                "objects (bytes_reused_cross_object)"
+            )
+    wire = [(r["tool"], r["link_tx_bytes"]) for r in group if r.get("link_tx_bytes") is not None]
+    if wire:
+        notes.append(
+            "  host → B through the link (veth tx counter, with HTTP/TCP overhead): "
+            + ", ".join(f"{tool} {n / 1e6:,.1f} MB" for tool, n in wire)
+        )
+    return notes
 
 
 def _gcs_notes(group: list[dict]) -> list[str]:
@@ -220,6 +243,7 @@ def render(rows: list[dict], repeat: int) -> str:
                     "mcsync's figure is bytes_sent from its report"
                 )
             notes.extend(_bar_notes(path, group))
+        notes.extend(_wire_notes(path, group))
         if path == GCS_PATH:
             notes.extend(_gcs_notes(group))
         widths = [

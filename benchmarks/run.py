@@ -8,14 +8,17 @@ Paths: upload (local → meta A), download (s3 A → local), server-copy (s3 A �
 endpoint), cross (s3 A → meta B, a second server: bytes flow through the client);
 re-syncs, each after an untimed first sync of the same pair: resync-noop (local → meta A,
 nothing changed; every set but checkpoint), delta-s3 / delta-local (the checkpoint changed by
-bench_mutate: local → meta A / local → local); gs-to-meta (GCS emulator → meta B, mcsync only,
-beside mcsync's s3 A → meta B).
+bench_mutate: local → meta A / local → local), delta-newstep (local ckpt/ → meta A ckpt/: the
+first sync writes step-1/ of the mixed set, the timed one adds step-2/, ~3% of its tensor bytes
+new, which mcsync composes from step-1's objects); gs-to-meta (GCS emulator → meta B, mcsync
+only, beside mcsync's s3 A → meta B).
 Data sets: checkpoint (one safetensors file), shards (64 x 32 MiB), small (10,000 x 16 KiB),
 midsize (32 x 64 MiB), mixed (a training checkpoint directory of ~2 GiB: safetensors shards,
 index, configs, tokenizer, trainer and optimizer states); --quick shrinks them to 256 MiB,
 8 x 32 MiB, 1,000 x 16 KiB, 16 x 16 MiB and ~256 MiB.
 --link-mbit N puts SeaweedFS B in a network namespace behind a veth pair capped at N Mbit/s
-each way (root only) and moves the upload, resync-noop and delta-s3 targets to B (bench_netns).
+each way (root only) and moves the upload, resync-noop, delta-s3 and delta-newstep targets to B
+(bench_netns). Servers, seeding and targets are in bench_setup, the options in bench_args.
 
 Each timed run writes into a fresh empty target (new bucket or directory) that is checked
 (object count and sizes; for the re-sync and gs paths also every object's bytes) and deleted
@@ -27,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import json
 import os
 import platform
@@ -38,25 +40,31 @@ import sys
 import tempfile
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import bench_netns
-from bench_data import DATASETS, FULL, QUICK, Dataset, prepare
-from bench_measure import (
-    ServerCpu,
-    compare,
-    content_mismatch_local,
-    content_mismatch_s3,
-    empty_bucket,
-    free_bytes,
-    list_local,
-    list_s3,
-    run_measured,
-    tail,
+from bench_args import (
+    DELTA_SETS,
+    FRESH_PATHS,
+    LINK_PATHS,
+    MIB,
+    NEWSTEP,
+    NEWSTEP_FRACTION,
+    NEWSTEP_SETS,
+    NOOP_SETS,
+    RESYNC_PATHS,
+    S3_REF,
+    S3_SOURCE_PATHS,
+    SOURCE_BUCKET,
+    TARGET_PREFIX,
+    log,
+    parse_args,
 )
-from bench_mutate import MUTATIONS, Mutation, mutate
+from bench_data import FULL, QUICK, Dataset, prepare
+from bench_measure import ServerCpu, free_bytes, run_measured, tail
+from bench_mutate import MUTATIONS, Mutation, mutate, new_step
 from bench_report import render, summarize
+from bench_setup import Setup
 from bench_tools import (
     TOOLS,
     Context,
@@ -68,133 +76,6 @@ from bench_tools import (
     base_env,
     describe,
 )
-
-REPO = Path(__file__).resolve().parent.parent
-FRESH_PATHS = ("upload", "download", "server-copy", "cross")
-PATHS = (*FRESH_PATHS, "resync-noop", "gs-to-meta", "delta-s3", "delta-local")
-# A first sync of the same source and target (untimed), then the timed re-sync.
-RESYNC_PATHS = ("resync-noop", "delta-s3", "delta-local")
-NOOP_SETS = ("small", "shards", "midsize", "mixed")  # resync-noop runs on these
-DELTA_SETS = ("checkpoint",)  # delta-* run on these, once per mutation
-S3_SOURCE_PATHS = ("download", "server-copy", "cross", "gs-to-meta")  # need bench-src on A
-SERVER_B_PATHS = ("cross", "gs-to-meta")
-# With --link-mbit these write to B (behind the capped link) instead of A: with cross, the paths
-# of a migration across clouds.
-LINK_PATHS = ("upload", "resync-noop", "delta-s3")
-S3_REF = "mcsync s3→meta"  # gs-to-meta's reference row: mcsync, s3 A → meta B (as in cross)
-SOURCE_BUCKET = "bench-src"
-PROBE_KEY = ".bench-probe"
-TARGET_PREFIX = "t-"  # every timed run's target bucket: t-<path>-<set>-<tool>-<rep>-<nonce>
-MIB = 1 << 20
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def csv_choice(allowed: tuple[str, ...]):
-    def parse(text: str) -> list[str]:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        bad = [t for t in items if t not in allowed]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(
-                f"expected a comma-separated subset of {','.join(allowed)}, got {text!r}"
-            )
-        return [a for a in allowed if a in items]  # canonical order, no duplicates
-
-    return parse
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="benchmarks/run.py",
-        description="Benchmark mcsync against s5cmd, rclone and aws s3 sync on loopback SeaweedFS.",
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="small data: 256 MiB, 8 x 32 MiB, 1,000 x 16 KiB, 16 x 16 MiB, ~256 MiB",
-    )
-    p.add_argument(
-        "--repeat",
-        type=int,
-        default=3,
-        metavar="N",
-        help="timed runs per tool (default 3; medians reported)",
-    )
-    p.add_argument(
-        "--only",
-        type=csv_choice(PATHS),
-        default=list(PATHS),
-        metavar="PATH,...",
-        help=f"paths to run (default all: {','.join(PATHS)})",
-    )
-    p.add_argument(
-        "--tools",
-        type=csv_choice(tuple(TOOLS)),
-        default=list(TOOLS),
-        metavar="TOOL,...",
-        help=f"tools to run (default all: {','.join(TOOLS)})",
-    )
-    p.add_argument(
-        "--data",
-        type=csv_choice(DATASETS),
-        default=list(DATASETS),
-        metavar="SET,...",
-        help=f"data sets (default all: {','.join(DATASETS)})",
-    )
-    p.add_argument(
-        "--link-mbit",
-        type=int,
-        metavar="N",
-        help="run SeaweedFS B in a network namespace behind a veth pair capped at N Mbit/s each"
-        " way (HTB; root only, else skipped with a note) and write the upload, resync-noop and"
-        " delta-s3 targets to B",
-    )
-    p.add_argument(
-        "--workdir",
-        type=Path,
-        metavar="DIR",
-        help="keep data, servers and logs here (data is reused by the next run with the same"
-        " sizes); default: a temporary directory, removed at the end",
-    )
-    p.add_argument(
-        "--json",
-        type=Path,
-        metavar="OUT",
-        help="write every run (raw numbers, command lines) and the medians as JSON",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=1800,
-        metavar="S",
-        help="kill a run after this many seconds and mark it FAIL (default 1800)",
-    )
-    p.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="print each command line (with its environment) before running it",
-    )
-    args = p.parse_args(argv)
-    if args.repeat < 1:
-        p.error("--repeat must be at least 1")
-    if args.link_mbit is not None and args.link_mbit < 1:
-        p.error("--link-mbit must be at least 1")
-    return args
-
-
-def load_servers():
-    if str(REPO) not in sys.path:
-        sys.path.append(str(REPO))  # running with a Python that has not installed mcsync
-    try:
-        return importlib.import_module("mcsync.testing.servers")
-    except ImportError as exc:
-        raise SystemExit(
-            f"error: cannot import mcsync.testing.servers ({exc}); install with "
-            "pip install -e '.[bench]'"
-        ) from exc
 
 
 def report_failure(report: dict | None) -> str | None:
@@ -209,24 +90,19 @@ def report_failure(report: dict | None) -> str | None:
     return f"{report.get('objects_failed', '?')} objects failed, first: {error}"
 
 
+def link_tree(files: dict[str, Path], root: Path) -> None:
+    """Hard-link each file to root/<relative path> (no bytes copied)."""
+    for rel, path in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.link(path, root / rel)
+
+
 def slug(text: str) -> str:
     """Lower-case letters, digits and dashes: usable in a bucket name and a directory name."""
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def load_gcs():
-    if str(REPO) not in sys.path:
-        sys.path.append(str(REPO))
-    try:
-        return importlib.import_module("mcsync.testing.gcs")
-    except ImportError as exc:
-        raise SystemExit(
-            f"error: cannot import mcsync.testing.gcs ({exc}); gs-to-meta needs "
-            "pip install -e '.[bench]' (gcp-storage-emulator)"
-        ) from exc
-
-
-class Bench:
+class Bench(Setup):
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         self.args = args
         self.workdir = workdir
@@ -257,100 +133,7 @@ class Bench:
                     log(f"mcsync: compiled to bytecode, as an install does: "
                         f"{tool.compile_bytecode()}")
 
-    # -- servers and source data --------------------------------------------------------------
-
-    def b_paths(self) -> tuple[str, ...]:
-        """The paths that use server B."""
-        return SERVER_B_PATHS + (LINK_PATHS if self.args.link_mbit else ())
-
-    def start_servers(self, stack: contextlib.ExitStack) -> None:
-        servers = load_servers()
-        names = ["A", "B"] if set(self.b_paths()) & set(self.args.only) else ["A"]
-        if self.args.link_mbit and "B" not in names:
-            log(f"note: --link-mbit: none of {','.join(self.b_paths())} is in --only; no link")
-        for name in names:
-            d = self.workdir / f"seaweedfs-{name.lower()}"
-            d.mkdir(parents=True, exist_ok=True)
-            ep = None
-            if name == "B" and self.args.link_mbit:
-                ep = self._start_capped_b(stack, d, servers)
-            if ep is None:
-                log(f"starting SeaweedFS {name} in {d}")
-                ep = stack.enter_context(servers.seaweedfs(d))
-            self.servers[name] = ep
-            self.clients[name] = ep.client()
-            log(f"SeaweedFS {name}: {ep.url}")
-            # Targets left behind by an interrupted run in a reused --workdir.
-            for b in self.clients[name].list_buckets().get("Buckets", []):
-                if b["Name"].startswith(TARGET_PREFIX):
-                    log(f"  deleting leftover target bucket {b['Name']}")
-                    self._drop_target(S3Loc(name, b["Name"]))
-        if "gs-to-meta" in self.args.only:
-            gcs = load_gcs()
-            d = self.workdir / "gcs-emulator"
-            log(f"starting the GCS emulator (gcp-storage-emulator, in memory), log in {d}")
-            self.gcs_url = stack.enter_context(gcs.gcs_emulator(d))
-            log(f"GCS emulator: {self.gcs_url}")
-
-    def _start_capped_b(self, stack: contextlib.ExitStack, d: Path, servers):
-        """B in its network namespace behind the capped link; None (and a note) if it cannot."""
-        mbit = self.args.link_mbit
-        try:
-            link = bench_netns.open_link(mbit, log)
-        except bench_netns.LinkUnavailable as exc:
-            self.link_note = f"--link-mbit {mbit} not applied ({exc}): B runs uncapped"
-            log(f"note: {self.link_note}")
-            return None
-        stack.callback(link.close)
-        log(f"link to B: {link.describe()}")
-        log(f"starting SeaweedFS B in {d}, inside network namespace {link.ns}")
-        try:
-            ep = stack.enter_context(bench_netns.seaweedfs_in(link, d, servers.S3Endpoint))
-        except (RuntimeError, OSError) as exc:
-            link.close()
-            first = str(exc).splitlines()[0]
-            self.link_note = f"--link-mbit {mbit} not applied ({first}): B runs uncapped"
-            log(f"note: {self.link_note}")
-            return None
-        self.link = link
-        try:
-            self.link_probe = bench_netns.measure(ep)
-        except Exception as exc:  # the runs can go on without the figure
-            log(f"warning: could not time the link: {exc}")
-        log(f"link to B measured: {self.link_capacity()}")
-        return ep
-
-    def link_capacity(self) -> str:
-        m = self.link_probe
-        if not m:
-            return "not measured"
-        return (
-            f"one {m['bytes'] / MIB:.0f} MiB PUT {m['put_s']:.2f} s = {m['put_mb_s']:.1f} MB/s, "
-            f"GET {m['get_s']:.2f} s = {m['get_mb_s']:.1f} MB/s (one TCP stream each)"
-        )
-
-    def link_label(self) -> str:
-        """How B is reached, for the title of a table whose runs use B (--link-mbit only)."""
-        if self.link:
-            return f"B behind {self.link.mbit} Mbit/s"
-        return "B uncapped (--link-mbit not applied)"
-
-    def seed_gcs(self, sets: dict[str, Dataset]) -> None:
-        """Upload each data set to the emulator under bench-src/<set>/ (not timed).
-
-        The emulator keeps objects in memory and serves one request at a time, so this is one
-        upload after the other; it starts empty on every run.
-        """
-        gcs = load_gcs()
-        gcs.create_bucket(self.gcs_url, SOURCE_BUCKET)
-        for name, ds in sets.items():
-            t0 = time.monotonic()
-            log(f"seeding gs://{SOURCE_BUCKET}/{name}/ on the GCS emulator (not timed)")
-            for rel in sorted(ds.files):
-                gcs.upload(
-                    self.gcs_url, SOURCE_BUCKET, f"{name}/{rel}", (ds.root / rel).read_bytes()
-                )
-            log(f"  {ds.count:,} objects in {time.monotonic() - t0:.1f} s")
+    # -- changed data (servers, source data and targets: bench_setup.Setup) --------------------
 
     def prepare_mutations(self, ds: Dataset) -> None:
         """Write each mutated checkpoint once (not timed) under data/mutated/<mutation>/."""
@@ -362,65 +145,12 @@ class Bench:
             self.mutations[kind] = (out, what)
             log(f"mutated checkpoint {what.describe()}")
 
-    def seed(self, sets: dict[str, Dataset]) -> None:
-        """Upload each data set to A under bench-src/<set>/ (not timed) for the s3 → * paths."""
-        a = self.servers["A"]
-        with contextlib.suppress(Exception):
-            a.create_bucket(SOURCE_BUCKET)
-        seeders = [t for t in self.tools if t.name in ("s5cmd", "aws", "rclone")]
-        for name, ds in sets.items():
-            src = S3Loc("A", SOURCE_BUCKET, f"{name}/")
-            if compare(ds.files, list_s3(self.clients["A"], SOURCE_BUCKET, src.prefix)) is None:
-                log(f"source {src} already holds {name}")
-                continue
-            done = False
-            for tool in seeders:
-                log(f"seeding {src} with {tool.name} (not timed)")
-                inv = tool.invocation(LocalLoc(ds.root), src, self._ctx(f"seed-{name}"))
-                rundir = self.workdir / "runs" / f"seed-{name}"
-                res = run_measured(
-                    inv.argv, base_env() | inv.env,
-                    stdout=rundir / "stdout.log", stderr=rundir / "stderr.log",
-                    timeout=self.args.timeout,
-                )  # fmt: skip
-                got = list_s3(self.clients["A"], SOURCE_BUCKET, src.prefix)
-                if res.returncode == 0 and compare(ds.files, got) is None:
-                    done = True
-                    break
-                log(f"  seeding with {tool.name} failed: {tail(rundir / 'stderr.log')}")
-            if not done:
-                log(f"seeding {src} with botocore (not timed)")
-                self._seed_botocore(ds, src)
-            why = compare(ds.files, list_s3(self.clients["A"], SOURCE_BUCKET, src.prefix))
-            if why:
-                raise SystemExit(f"error: could not seed {src}: {why}")
-
-    def _seed_botocore(self, ds: Dataset, dst: S3Loc) -> None:
-        client = self.clients["A"]
-        part = 64 * MIB
-
-        def put(rel: str) -> None:
-            path, key = ds.root / rel, dst.prefix + rel
-            size = ds.files[rel]
-            with open(path, "rb") as f:
-                if size <= part:
-                    client.put_object(Bucket=dst.bucket, Key=key, Body=f.read())
-                    return
-                up = client.create_multipart_upload(Bucket=dst.bucket, Key=key)
-                parts = []
-                for n in range(1, -(-size // part) + 1):
-                    etag = client.upload_part(
-                        Bucket=dst.bucket, Key=key, UploadId=up["UploadId"],
-                        PartNumber=n, Body=f.read(part),
-                    )["ETag"]  # fmt: skip
-                    parts.append({"PartNumber": n, "ETag": etag})
-                client.complete_multipart_upload(
-                    Bucket=dst.bucket, Key=key, UploadId=up["UploadId"],
-                    MultipartUpload={"Parts": parts},
-                )  # fmt: skip
-
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(put, sorted(ds.files)))
+    def prepare_newstep(self, ds: Dataset) -> None:
+        """Write step-2/ of delta-newstep once (not timed) under data/newstep/step-2/."""
+        out = self.workdir / "data" / "newstep" / "step-2"
+        what = new_step(ds.root, out, NEWSTEP_FRACTION, seed=0)
+        self.mutations[NEWSTEP] = (out, what)
+        log(f"next step of {ds.name}: {what.describe()}")
 
     # -- one timed run ------------------------------------------------------------------------
 
@@ -442,6 +172,8 @@ class Bench:
             return GcsLoc(self.gcs_url or "", SOURCE_BUCKET, f"{ds.name}/"), S3Loc("B", bucket)
         if path == "delta-s3":
             return LocalLoc(self.workdir / "runs" / run_id / "src"), S3Loc(to, bucket)
+        if path == "delta-newstep":  # sync ./ckpt/ meta://bucket/ckpt/
+            return LocalLoc(self.workdir / "runs" / run_id / "ckpt"), S3Loc(to, bucket, "ckpt/")
         if path == "delta-local":
             src = LocalLoc(self.workdir / "runs" / run_id / "src")
             return src, LocalLoc(self.workdir / "targets" / run_id)
@@ -450,47 +182,6 @@ class Bench:
         if path == "server-copy":
             return src_s3, S3Loc("A", bucket)
         return src_s3, S3Loc("B", bucket)
-
-    def _make_target(self, dst) -> None:
-        if isinstance(dst, LocalLoc):
-            if dst.path.exists():
-                shutil.rmtree(dst.path)
-            dst.path.mkdir(parents=True)
-        else:
-            self.servers[dst.server].create_bucket(dst.bucket)
-            # SeaweedFS allocates a bucket's volumes on its first write (~0.2 s): do that now,
-            # untimed, so no tool pays a cost a real, existing bucket would not have.
-            client = self.clients[dst.server]
-            client.put_object(Bucket=dst.bucket, Key=PROBE_KEY, Body=b"")
-            client.delete_object(Bucket=dst.bucket, Key=PROBE_KEY)
-
-    def _list_target(self, dst) -> dict[str, int]:
-        if isinstance(dst, LocalLoc):
-            return list_local(dst.path)
-        return list_s3(self.clients[dst.server], dst.bucket, dst.prefix)
-
-    def _drop_target(self, dst) -> None:
-        try:
-            if isinstance(dst, LocalLoc):
-                shutil.rmtree(dst.path, ignore_errors=True)
-            else:
-                empty_bucket(self.clients[dst.server], dst.bucket)
-        except Exception as exc:
-            log(f"  warning: could not delete target {dst}: {exc}")
-
-    def _check_target(self, dst, files: dict[str, int], sources: dict[str, Path], content: bool):
-        """(listing, reason): reason is None when the target holds exactly ``files`` (keys and
-        sizes) and, with ``content``, every object has the bytes of its source file."""
-        got = self._list_target(dst)
-        reason = compare(files, got)
-        if reason is None and content:
-            if isinstance(dst, LocalLoc):
-                reason = content_mismatch_local(sources, dst.path)
-            else:
-                reason = content_mismatch_s3(
-                    self.clients[dst.server], dst.bucket, dst.prefix, sources
-                )
-        return got, reason
 
     @staticmethod
     def _logs(ctx: Context, name: str) -> tuple[Path, Path]:
@@ -517,13 +208,14 @@ class Bench:
             return f"report says exit_code {rep_code}"
         return None
 
-    def _first_sync(self, inv, ctx: Context, tool: Tool, dst, ds: Dataset) -> str | None:
-        """The untimed sync before a re-sync: same command, same state dir. None when it worked."""
+    def _first_sync(self, inv, ctx: Context, tool: Tool, dst, files: dict) -> str | None:
+        """The untimed sync before a re-sync: same command, same state dir. None when it worked;
+        the target must then hold ``files`` (keys and sizes)."""
         res = self._run_tool(inv, ctx, "initial")
         report = tool.parse_report(self._logs(ctx, "initial")[0].read_text(errors="replace"))
         reason = self._failure(res, ctx, "initial", report)
         if reason is None:
-            _got, reason = self._check_target(dst, ds.files, {}, content=False)
+            _got, reason = self._check_target(dst, files, {}, content=False)
         return None if reason is None else f"initial sync: {reason}"
 
     def run_one(
@@ -536,7 +228,16 @@ class Bench:
         src, dst = self.locations(path, ds, run_id, label)
         # What the target must hold after the timed run, and the files it must equal.
         files, sources, change = dict(ds.files), {k: ds.root / k for k in ds.files}, None
-        if mutation:
+        first = dict(sources)  # the source of the first sync of a re-sync path
+        if mutation == NEWSTEP:
+            # step-1/ first; then step-2/ appears beside it. The target keeps step-1, the
+            # table counts step-2 and the check reads it back.
+            step2, what = self.mutations[mutation]
+            first = {f"step-1/{k}": ds.root / k for k in ds.files}
+            new = {f"step-2/{k}": step2 / k for k in ds.files}
+            files = {r: f.stat().st_size for r, f in (first | new).items()}
+            sources, change = {r: src.path / r for r in new}, what.describe()
+        elif mutation:
             mutated, what = self.mutations[mutation]
             (rel,) = ds.files
             files, sources, change = {rel: what.file_size}, {rel: src.path / rel}, what.describe()
@@ -544,14 +245,14 @@ class Bench:
             "path": path, "data": group, "dataset": ds.name, "mutation": mutation,
             "change": change, "tool": label, "rep": rep,
             "src": str(src), "dst": str(dst),
-            "expected_objects": len(files), "expected_bytes": sum(files.values()),
+            "expected_objects": len(sources), "expected_bytes": sum(files[k] for k in sources),
             "status": None, "reason": None,
             "wall_s": None, "cpu_user_s": None, "cpu_sys_s": None, "cpu_s": None,
             "maxrss_mib": None, "server_cpu_s": None, "returncode": None,
             "target_objects": None, "target_bytes": None, "report": None,
             "bytes_sent": None, "bytes_sent_assumed": None,
             "maxrss_wait4_mib": None, "rss_tree_peak_mib": None, "procs_max": None,
-            "link": None,
+            "link": None, "link_tx_bytes": None,
         }  # fmt: skip
         if self.args.link_mbit and any(
             isinstance(loc, S3Loc) and loc.server == "B" for loc in (src, dst)
@@ -571,11 +272,9 @@ class Bench:
             )
         ctx = self._ctx(run_id)
         if mutation:
-            # The source starts as the original checkpoint (a hard link: no bytes copied).
+            # The source starts as the original checkpoint (hard links: no bytes copied).
             shutil.rmtree(src.path, ignore_errors=True)
-            src.path.mkdir(parents=True)
-            for rel in ds.files:
-                os.link(ds.root / rel, src.path / rel)
+            link_tree(first, src.path)
         inv = tool.invocation(src, dst, ctx)
         record["command"] = describe(inv)
         record["argv"] = inv.argv
@@ -584,12 +283,15 @@ class Bench:
         self._make_target(dst)
         try:
             if path in RESYNC_PATHS:
-                why = self._first_sync(inv, ctx, tool, dst, ds)
+                before = {r: f.stat().st_size for r, f in first.items()}
+                why = self._first_sync(inv, ctx, tool, dst, before)
                 if why:
                     record.update(status="FAIL", reason=why)
                     return record
                 synced = time.time()
-            if mutation:
+            if mutation == NEWSTEP:
+                link_tree(new, src.path)  # new keys: no mtime to wait for
+            elif mutation:
                 # The checkpoint is replaced by its changed version, written after the first
                 # sync: a new mtime at least a second after it (s5cmd and aws compare mtimes
                 # with the target's second-granular LastModified), the target untouched.
@@ -599,9 +301,11 @@ class Bench:
                 os.replace(tmp, src.path / rel)
                 time.sleep(max(0.0, synced + 1.1 - time.time()))
                 os.utime(src.path / rel)
+            tx0 = self.link.tx_bytes() if record["link"] and self.link else None
             srv0 = self.server_cpu.total()
             res = self._run_tool(inv, ctx)
             srv1 = self.server_cpu.total()
+            tx1 = None if tx0 is None else self.link.tx_bytes()
             record.update(
                 returncode=res.returncode,
                 wall_s=res.wall_s,
@@ -615,6 +319,7 @@ class Bench:
                 ),
                 procs_max=res.tree_procs_max,
                 server_cpu_s=None if srv0 is None or srv1 is None else srv1 - srv0,
+                link_tx_bytes=None if tx0 is None or tx1 is None else tx1 - tx0,
             )
             stdout = (ctx.confdir / "stdout.log").read_text(errors="replace")
             record["report"] = tool.parse_report(stdout)
@@ -628,7 +333,7 @@ class Bench:
             if record["report"] and "bytes_sent" in record["report"]:
                 record.update(bytes_sent=record["report"]["bytes_sent"], bytes_sent_assumed=False)
             elif mutation:
-                # Peers have no delta: a changed file is sent whole (assumed, not measured).
+                # Peers have no delta: a changed or new file is sent whole (assumed, not measured).
                 record.update(bytes_sent=record["expected_bytes"], bytes_sent_assumed=True)
             record.update(status="FAIL" if reason else "ok", reason=reason)
         finally:
@@ -647,13 +352,18 @@ class Bench:
             for name in self.args.data:
                 if path == "resync-noop" and name not in NOOP_SETS:
                     continue
+                if path == "delta-newstep":
+                    if name in NEWSTEP_SETS:
+                        mine.append((path, name, NEWSTEP))
+                    continue
                 if path.startswith("delta-"):
                     if name in DELTA_SETS:
                         mine += [(path, name, m) for m in MUTATIONS]
                     continue
                 mine.append((path, name, None))
             if not mine:
-                sets = NOOP_SETS if path == "resync-noop" else DELTA_SETS
+                only = {"resync-noop": NOOP_SETS, "delta-newstep": NEWSTEP_SETS}
+                sets = only.get(path, DELTA_SETS)
                 log(f"note: {path} runs on {','.join(sets)}, none of which is in --data")
             out += mine
         return out
@@ -751,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
                 bench.seed_gcs(sets)
             if {"delta-s3", "delta-local"} & set(args.only) and "checkpoint" in sets:
                 bench.prepare_mutations(sets["checkpoint"])
+            if "delta-newstep" in args.only and set(NEWSTEP_SETS) & set(sets):
+                bench.prepare_newstep(sets[NEWSTEP_SETS[0]])
             bench.run_matrix(sets)
     except KeyboardInterrupt:
         interrupted = True
