@@ -66,42 +66,24 @@ class ByteBudget:
             self.release(got)
 
 
-class GoodputSlots:
-    """How many data-bearing requests are on the wire at once, found by measuring.
+class _Gate:
+    """A semaphore whose ``limit`` may change while requests wait: FIFO, and correct under
+    cancellation, as ByteBudget. ``_waited()`` is told when a request had to wait."""
 
-    More parts in flight help until the link, or the server, is full; past that they only
-    hold memory and contend (on SeaweedFS with 2 cores, 8 parts of one 512 MiB upload took
-    3.9 s, 128 took 4.9 s; a real link to a distant region needs dozens). So the limit starts
-    at ``initial`` and climbs: every ``interval_s`` in which requests had to wait for a slot,
-    the bytes acknowledged per second are compared with the best rate seen — at least 10%
-    more, and the limit grows by half (up to ``ceiling``); a quarter less after a growth, and
-    it steps back to the limit that gave the best rate; anything between is a plateau, held.
-    ``throttled()`` (the store said slow down) halves it. ``peak`` is the most ever allowed.
-    FIFO, and correct under cancellation, as ByteBudget."""
+    limit: int
 
-    GROW, GAIN, LOSS = 1.5, 1.10, 0.75
-
-    def __init__(self, initial: int, ceiling: int, *, floor: int = 2, interval_s: float = 0.5,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.ceiling = max(ceiling, 1)
-        self.floor = min(max(floor, 1), self.ceiling)
-        self.limit = min(max(initial, self.floor), self.ceiling)
-        self.peak = self.limit
+    def __init__(self) -> None:
         self.busy = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._clock = clock
-        self._interval = interval_s
-        self._since = clock()
-        self._bytes = 0
-        self._waited = False  # a request waited for a slot in this interval
-        self._best_rate = 0.0
-        self._best_limit = self.limit
+
+    def _waited(self) -> None:
+        pass
 
     async def acquire(self) -> None:
         if not self._waiters and self.busy < self.limit:
             self.busy += 1
             return
-        self._waited = True
+        self._waited()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
@@ -125,6 +107,40 @@ class GoodputSlots:
                 self.busy += 1
                 fut.set_result(None)
 
+
+class GoodputSlots(_Gate):
+    """How many data-bearing requests are on the wire at once, found by measuring.
+
+    More parts in flight help until the link, or the server, is full; past that they only
+    hold memory and contend (on SeaweedFS with 2 cores, 8 parts of one 512 MiB upload took
+    3.9 s, 128 took 4.9 s; a real link to a distant region needs dozens). So the limit starts
+    at ``initial`` and climbs: every ``interval_s`` in which requests had to wait for a slot,
+    the bytes acknowledged per second are compared with the best rate seen — at least 10%
+    more, and the limit grows by half (up to ``ceiling``); a quarter less after a growth, and
+    it steps back to the limit that gave the best rate; anything between is a plateau, held.
+    ``throttled()`` (the store said slow down) halves it. ``peak`` is the most ever allowed.
+    FIFO, and correct under cancellation, as ByteBudget."""
+
+    GROW, GAIN, LOSS = 1.5, 1.10, 0.75
+
+    def __init__(self, initial: int, ceiling: int, *, floor: int = 2, interval_s: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ceiling = max(ceiling, 1)
+        self.floor = min(max(floor, 1), self.ceiling)
+        self.limit = min(max(initial, self.floor), self.ceiling)
+        self.peak = self.limit
+        super().__init__()
+        self._clock = clock
+        self._interval = interval_s
+        self._since = clock()
+        self._bytes = 0
+        self._waiting = False  # a request waited for a slot in this interval
+        self._best_rate = 0.0
+        self._best_limit = self.limit
+
+    def _waited(self) -> None:
+        self._waiting = True
+
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         await self.acquire()
@@ -140,9 +156,9 @@ class GoodputSlots:
         elapsed = now - self._since
         if elapsed < self._interval:
             return
-        if self._waited:
+        if self._waiting:
             self._adapt(self._bytes / elapsed)
-        self._since, self._bytes, self._waited = now, 0, False
+        self._since, self._bytes, self._waiting = now, 0, False
 
     def _adapt(self, rate: float) -> None:
         if rate > self._best_rate * self.GAIN:
@@ -162,7 +178,7 @@ class GoodputSlots:
         self._wake()
 
 
-class AdaptiveLimit:
+class AdaptiveLimit(_Gate):
     """Requests in flight to one endpoint, cut when it throttles and grown back as requests
     succeed (AIMD, as TCP and botocore's adaptive mode do): a SlowDown or 429 halves the
     limit — once per ``cooldown_s``, so one burst of refusals is one cut, not a collapse to the
@@ -178,35 +194,7 @@ class AdaptiveLimit:
         self._clock = clock
         self._cut_at = -math.inf
         self._credit = 0
-        self.busy = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    async def acquire(self) -> None:
-        if not self._waiters and self.busy < self.limit:
-            self.busy += 1
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()  # granted just as we were cancelled
-            else:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(fut)
-            raise
-
-    def release(self) -> None:
-        self.busy -= 1
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiters and self.busy < self.limit:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                self.busy += 1
-                fut.set_result(None)
+        super().__init__()
 
     def succeeded(self) -> None:
         if self.limit >= self.ceiling:

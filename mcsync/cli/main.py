@@ -58,66 +58,42 @@ Exit codes:
 """
 
 
-class _Size(click.ParamType):
-    name = "size"
+class _Parsed(click.ParamType):
+    """An option value read by one of mcsync's parsers, its UsageError shown as click's."""
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
+    def __init__(self, name: str, parse: Callable[[str], Any], done: type | None = None) -> None:
+        self.name = name
+        self._parse = parse
+        self._done = done  # a default already of this type needs no parsing
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if self._done is not None and isinstance(value, self._done):
             return value
         try:
-            return parse_size(value)
+            return self._parse(value)
         except UsageError as exc:
             self.fail(str(exc), param, ctx)
 
 
-SIZE = _Size()
+def _rate(text: str) -> str:
+    """A bytes-per-second rate or a timetable of them: checked here, handed on as written."""
+    from ..ratelimit import Timetable
+
+    Timetable.parse(text)
+    return text
 
 
-class _Duration(click.ParamType):
-    name = "duration"
+def _addr(text: str) -> tuple[str, int]:
+    from ..metrics import parse_addr  # prometheus_client only for a run that asks for it
 
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> float:
-        if isinstance(value, float | int):
-            return float(value)
-        try:
-            return parse_duration(value)
-        except UsageError as exc:
-            self.fail(str(exc), param, ctx)
+    return parse_addr(text)
 
 
-DURATION = _Duration()
-
-
-class _Rate(click.ParamType):
-    """A bytes-per-second rate or a timetable of them, checked here, handed on as written."""
-
-    name = "rate"
-
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> str:
-        from ..ratelimit import Timetable
-
-        try:
-            Timetable.parse(value)
-        except UsageError as exc:
-            self.fail(str(exc), param, ctx)
-        return str(value)
-
-
-class _Addr(click.ParamType):
-    name = "host:port"
-
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> tuple[str, int]:
-        if isinstance(value, tuple):
-            return value
-        from ..metrics import parse_addr  # prometheus_client only for a run that asks for it
-
-        try:
-            return parse_addr(value)
-        except UsageError as exc:
-            self.fail(str(exc), param, ctx)
+SIZE = _Parsed("size", parse_size, int)
+DURATION = _Parsed("duration", parse_duration, float)
+RATE = _Parsed("rate", _rate)
+ADDR = _Parsed("host:port", _addr, tuple)
 
 
 def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -176,7 +152,7 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--tpslimit", "tps_limit", type=click.FloatRange(min=0, min_open=True),
                      default=None, metavar="N",
                      help="At most N requests per second, to both stores together."),
-        click.option("--bwlimit", "bw_limit", type=_Rate(), default=None, metavar="RATE",
+        click.option("--bwlimit", "bw_limit", type=RATE, default=None, metavar="RATE",
                      help="At most RATE bytes per second through this client, both directions "
                           "together: 50MiB, or a timetable such as '08:00,100MiB 20:00,off'."),
         click.option("--min-age", type=DURATION, default=None, metavar="DURATION",
@@ -189,7 +165,7 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Write the JSON report to FILE."),
         click.option("--json", "as_json", is_flag=True,
                      help="Print the report as JSON on stdout."),
-        click.option("--metrics-addr", type=_Addr(), default=None, metavar="HOST:PORT",
+        click.option("--metrics-addr", type=ADDR, default=None, metavar="HOST:PORT",
                      help="Serve Prometheus metrics at http://HOST:PORT/metrics while the "
                           "command runs (0.0.0.0:9108: every interface)."),
         click.option("--metrics-file", default=None, metavar="PATH",

@@ -65,7 +65,7 @@ class FakeClock:
 
 def saturate(slots) -> None:
     """Make the current interval one in which requests waited for a slot."""
-    slots._waited = True
+    slots._waited()
 
 
 def test_goodput_slots_grow_while_goodput_grows_then_hold_on_a_plateau():
