@@ -229,6 +229,7 @@ def test_a_growing_file_is_never_copied_half(tmp_path):
         write_slowly(src / "growing.bin", final, pieces=20, pause=0.2)  # 4 s of appends
         wait_for(lambda: (dst / "growing.bin").exists()
                  and (dst / "growing.bin").read_bytes() == final, 60, "the whole file")
+        wait_for(lambda: bool(seen), 10, "the poller to see the file too")
     finally:
         stop.set()
         poller.join(timeout=10)
