@@ -25,6 +25,8 @@ from .stores.base import ReadStore
 from .types import ObjectInfo
 
 MarkerCheck = Callable[["Source", str], Awaitable[str | None]]
+_UNKNOWN = object()
+_CACHED = 4096  # answers of the source kept (per kind), and waiting directories named
 
 
 @dataclass
@@ -55,6 +57,14 @@ class Source:
             except NotFound:
                 self._text[key] = None
         return self._text[key]
+
+    def trim(self) -> None:
+        """Keep the last ``_CACHED`` answers of each kind: a run of a million directories
+        must not remember a HEAD for each (keys come in order, so old answers are not asked
+        for again)."""
+        for cache in (self._present, self._text):
+            while len(cache) > _CACHED:
+                del cache[next(iter(cache))]
 
 
 def has_file(name: str) -> MarkerCheck:
@@ -149,25 +159,54 @@ IN_THE_MAKING = ("*.orbax-checkpoint-tmp-*",)
 class Completion:
     """Per run: is a key's checkpoint complete? ``waiting(info)`` is None when the key may be
     copied, else why it waits. ``min_age_s``: a file modified more recently than that is
-    still being written (the source's clock is compared with this machine's)."""
+    still being written (the source's clock is compared with this machine's).
+
+    Keys come in listing order, so the keys of a directory come together and a directory
+    once left never comes back: the verdict is worked out once per directory, and only the
+    verdicts of the directories above the current key (and the source's answers of the last
+    ``_CACHED`` lookups) are kept, whatever the number of keys."""
 
     def __init__(self, store: ReadStore, *, min_age_s: float = 0.0,
                  atomic_renames: bool = False, clock: Callable[[], float] = time.time) -> None:
         self._src = Source(store, atomic_renames)
         self._min_age = min_age_s
         self._clock = clock
-        self._dirs: dict[str, str | None] = {}
+        self._dirs: dict[str, str | None] = {}  # the current key's directories → verdict
+        self._parent: str | None = None  # the directory of the last key asked about
+        self._making: str | None = None  # why it is in the making (IN_THE_MAKING), if it is
+        self._verdict: str | object | None = _UNKNOWN  # its checkpoints' verdict
         self.waiting_dirs: dict[str, str] = {}  # checkpoint directory → why it waits
 
     async def waiting(self, info: ObjectInfo) -> str | None:
         key = info.key
-        parts = key.split("/")
-        for part in parts[:-1]:
-            if any(fnmatch.fnmatchcase(part, p) for p in IN_THE_MAKING):
-                return f"{part}/ is a checkpoint still being written"
+        parent = key.rpartition("/")[0]
+        if parent != self._parent:
+            self._enter(parent)
+        if self._making:
+            return self._making
         if self._min_age and info.mtime is not None and (
                 self._clock() - info.mtime < self._min_age):
             return f"modified {self._clock() - info.mtime:.0f}s ago, within --min-age"
+        if self._verdict is _UNKNOWN:
+            self._verdict = await self._directories(key.split("/"))
+        return self._verdict  # type: ignore[return-value]
+
+    def _enter(self, parent: str) -> None:
+        """The first key of another directory: forget what only the directories left behind
+        needed."""
+        self._parent = parent
+        self._verdict = _UNKNOWN
+        self._making = None
+        parts = parent.split("/") if parent else []
+        for part in parts:
+            if any(fnmatch.fnmatchcase(part, p) for p in IN_THE_MAKING):
+                self._making = f"{part}/ is a checkpoint still being written"
+                break
+        above = {"/".join(parts[:depth]) for depth in range(1, len(parts) + 1)}
+        self._dirs = {d: why for d, why in self._dirs.items() if d in above}
+        self._src.trim()
+
+    async def _directories(self, parts: list[str]) -> str | None:
         # Every directory above the key may be a checkpoint (Megatron's iter_0000100/ holds
         # mp_rank_00/); a file name glob (DCP's *.distcp) only speaks for its own directory.
         for depth in range(1, len(parts)):
@@ -175,7 +214,7 @@ class Completion:
             first = parts[-1] if depth == len(parts) - 1 else None
             if directory not in self._dirs:
                 self._dirs[directory] = await self._check(directory, first)
-                if self._dirs[directory]:
+                if self._dirs[directory] and len(self.waiting_dirs) < _CACHED:
                     self.waiting_dirs[directory] = self._dirs[directory] or ""
             if self._dirs[directory]:
                 return self._dirs[directory]

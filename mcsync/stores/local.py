@@ -9,23 +9,27 @@ root even when the target tree holds symlinks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
-import itertools
 import os
 import re
 import secrets
 import stat
 import threading
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 from ..errors import ConfigError, NotFound, Permanent, PreconditionFailed, UnsafeKey
-from ..hashing import chunk_digests
-from ..types import ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
+from ..types import ByteRange, Capabilities, ObjectInfo
 from .base import Buffer, CheckMode
+from .local_files import (
+    LocalCopySource,
+    LocalUpload,
+    filesystem_type,
+    pread_exact,
+    preadinto_exact,
+    publish,
+    pwrite_all,
+)
 
 T = TypeVar("T")
 
@@ -36,15 +40,6 @@ TMP_MARK = ".mcsync-tmp-"
 _TMP_NAME = re.compile(r"\..*" + re.escape(TMP_MARK) + r"[0-9a-f]{8}(?:[0-9a-f]{4})?", re.S)
 NAME_MAX = 255  # bytes in one file name: Linux's limit on every common filesystem
 _LIST_BATCH = 256  # entries handed from the walker thread to the event loop at a time
-# Data is written in slices of this size, never a whole part at once. Linux sizes page-cache
-# folios by the length of each write: one 8 MiB write gets 2 MiB folios, taken from the
-# high-order free blocks that a VM's free page reporting has handed back to its host, so each
-# first touch faults on the host (a 2 GiB download on the 2-core benchmark VM: ~2.6 s of kernel
-# CPU in 8 MiB writes). Too small a slice costs the other way: each os.pwrite drops and retakes
-# the GIL, and 65,536 writes of 32 KiB made ~400,000 futex calls (strace). Measured, 2 GiB
-# safetensors from SeaweedFS to disk, medians of 3 (wall s): 32 KiB 3.10, 128 KiB 2.63,
-# 256 KiB 2.57, 512 KiB 2.55, 1 MiB 3.14, 8 MiB 4.49.
-_WRITE_SLICE = 256 * 1024
 # Files up to this size are read and written on the event loop's thread when the root is on a
 # local filesystem: there open + write + rename take tens of microseconds, less than handing
 # the work to a worker thread and back. Measured on the 2-core benchmark VM, 10,000 x 16 KiB
@@ -273,37 +268,55 @@ class LocalStore:
 
     # -- listing ----------------------------------------------------------------------------
 
-    def _walk(self, directory: Path, prefix: str) -> Iterator[ObjectInfo]:
+    def _walk(self, directory: str, prefix: str) -> Iterator[ObjectInfo]:
         """Depth-first walk in UTF-8 byte order of the *keys*: a directory sorts as
-        ``name/``, so ``a/b`` comes after ``a-b`` just as S3 lists them."""
+        ``name/``, so ``a/b`` comes after ``a-b`` just as S3 lists them. A directory is held
+        as its sorted names only (a million files: ~70 MB, not the ~300 MB of as many
+        ``DirEntry`` objects), so memory is bounded by the largest directory and the depth,
+        never by the number of keys."""
+        names: list[str] = []
         try:
             with os.scandir(directory) as it:
-                entries = list(it)
+                for e in it:
+                    name = e.name
+                    if _is_tmp(name):
+                        continue
+                    if e.is_dir(follow_symlinks=False):
+                        names.append(name + "/")
+                    elif e.is_file():  # follows file symlinks; skips sockets, fifos, dangling
+                        names.append(name)
         except FileNotFoundError:
             return
         except OSError as exc:  # unreadable: what is in it is unknown, so no run may go on
             raise Permanent(f"{directory}: cannot list this directory: {exc.strerror}") from None
-        keyed: list[tuple[str, os.DirEntry[str], bool]] = []
-        for e in entries:
-            if _is_tmp(e.name):
+        names.sort()
+        base = directory + os.sep
+        stat_ = os.stat
+        for name in names:
+            if name[-1] == "/":
+                yield from self._walk(base + name[:-1], prefix + name)
                 continue
-            if e.is_dir(follow_symlinks=False):
-                keyed.append((e.name + "/", e, True))
-            elif e.is_file():  # follows file symlinks; skips sockets, fifos, dangling links
-                keyed.append((e.name, e, False))
-        keyed.sort(key=lambda t: t[0])
-        for name, entry, is_dir in keyed:
-            if is_dir:
-                yield from self._walk(Path(entry.path), prefix + name)
-            else:
-                try:
-                    st = entry.stat()
-                except FileNotFoundError:
-                    continue  # removed while we listed
-                yield ObjectInfo(prefix + name, st.st_size, None, st.st_mtime)
+            try:
+                st = stat_(base + name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed (or replaced) while we listed
+            yield ObjectInfo(prefix + name, st.st_size, None, st.st_mtime)
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
-        walker = self._walk(self.root, "")
+        walker = self._walk(str(self.root), "")
+        if self._inline_max:
+            # A local filesystem (``check`` found out): scandir and stat take microseconds,
+            # less than handing batches to a thread, which then holds the GIL against the
+            # planner: 1M files planned in 18 s that way, in ~11 s walked right here. The
+            # loop is given back every batch.
+            n = 0
+            for info in walker:
+                yield info
+                n += 1
+                if n >= _LIST_BATCH:
+                    n = 0
+                    await asyncio.sleep(0)
+            return
 
         def next_batch() -> list[ObjectInfo]:
             batch = []
@@ -334,8 +347,8 @@ class LocalStore:
     ) -> bytes:
         def read(fd: int, size: int) -> bytes:
             if rng is None:
-                return _pread_exact(fd, size, 0, key)
-            return _pread_exact(fd, rng.length, rng.start, key)
+                return pread_exact(fd, size, 0, key)
+            return pread_exact(fd, rng.length, rng.start, key)
 
         size = rng.length if rng is not None else expect.size if expect is not None else -1
         return await self._off_loop(size if size >= 0 else _INLINE_MAX + 1,
@@ -347,7 +360,7 @@ class LocalStore:
         view = memoryview(buf)[:rng.length]
 
         def read(fd: int, size: int) -> memoryview:
-            _preadinto_exact(fd, view, rng.start, key)
+            preadinto_exact(fd, view, rng.start, key)
             return view
 
         return await self._off_loop(rng.length, lambda: self._pinned_read(key, expect, read))
@@ -382,10 +395,10 @@ class LocalStore:
 
         def write() -> ObjectInfo:
             tmp, fd = self._hidden_file(path, key, os.O_WRONLY,
-                                        lambda fd: _pwrite_all(fd, data, 0))
+                                        lambda fd: pwrite_all(fd, data, 0))
             os.close(fd)
             try:
-                return _publish(tmp, path, key, mtime)
+                return publish(tmp, path, key, mtime)
             finally:
                 self._in_flight.discard(str(tmp))
 
@@ -503,230 +516,3 @@ class LocalStore:
 
     async def aclose(self) -> None:
         pass
-
-
-@dataclass(frozen=True, slots=True)
-class LocalCopySource:
-    """The current version of a file, named by its size and mtime (files have no ETag)."""
-
-    key: str
-    path: Path
-    size: int
-    mtime: float | None
-
-
-class LocalUpload:
-    """A temporary file that parts are written into at their offsets, renamed on complete."""
-
-    def __init__(self, key: str, path: Path, tmp: Path, fd: int, mtime: float | None,
-                 release: Callable[[str], None] = lambda tmp: None) -> None:
-        self.key = key
-        self._release = release  # tells the store the hidden file is no longer written
-        self._mtime = mtime
-        self.upload_id = str(tmp)
-        self._path = path
-        self._tmp = tmp
-        self._fd = fd
-        # Held by every write and by close. Writes to one file go one at a time: a buffered
-        # write holds the file's inode lock anyway (ext4, xfs), and writers queued in the
-        # kernel spin on that lock's owner; queued here they sleep (a 2 GiB download with 8
-        # parts in flight: ~1.3 s less system CPU in the runs that contended). And a writer
-        # left running by a cancelled part can never write after close, into a reused
-        # descriptor.
-        self._fd_lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def _open_fd(self) -> Iterator[int]:
-        """The file's descriptor, held for one write; OSError once the upload is closed."""
-        with self._fd_lock:
-            if self._fd < 0:
-                raise OSError(errno.EBADF, f"{self.key}: upload already closed")
-            yield self._fd
-
-    def write_at(self, offset: int, data: Buffer) -> None:
-        with self._open_fd() as fd:
-            _pwrite_all(fd, data, offset)
-
-    def part_written(self, number: int, size: int) -> PartRef:
-        return PartRef(number, "", size)
-
-    async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
-        await asyncio.to_thread(self.write_at, offset, data)
-        return self.part_written(number, len(data))
-
-    async def copy_part(self, number: int, offset: int, source: LocalCopySource,
-                        rng: ByteRange) -> PartRef:
-        """Copy bytes of the current file into the new one in the kernel (copy_file_range:
-        no copy through user space, a reflink where the filesystem shares extents)."""
-
-        def copy() -> None:
-            try:
-                fd = os.open(source.path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise PreconditionFailed(f"{source.key}: gone from the target") from None
-            try:
-                st = os.fstat(fd)
-                if st.st_size != source.size or st.st_mtime != source.mtime:
-                    raise PreconditionFailed(
-                        f"{source.key}: the target file changed since mcsync wrote it")
-                with self._open_fd() as dst:  # a copy writes into the file as write_at does
-                    _copy_range(fd, dst, rng, offset, source.key)
-            finally:
-                os.close(fd)
-
-        await asyncio.to_thread(copy)
-        return PartRef(number, "", rng.length)
-
-    async def confirm_parts(self, claims: Sequence[PartClaim]) -> set[int]:
-        def check() -> set[int]:
-            good = set()
-            for c in claims:
-                if not c.digest:
-                    continue  # a copied part: copying it again costs no transfer
-                data = os.pread(self._fd, c.ref.size, c.offset)
-                if len(data) != c.ref.size:
-                    continue
-                ends = list(itertools.accumulate(c.chunks or (c.ref.size,), initial=c.offset))
-                ranges = [ByteRange(a, b) for a, b in itertools.pairwise(ends)]
-                if b"".join(chunk_digests(data, c.offset, ranges)) == c.digest:
-                    good.add(c.ref.number)
-            return good
-
-        return await asyncio.to_thread(check)
-
-    async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:
-        def finish() -> ObjectInfo:
-            # No fsync: it cost more than the whole transfer (a 512 MiB file: ~1 s) and guards
-            # only against a crash of the machine, not of mcsync; the rename alone already
-            # keeps a half-written file out of sight, as rclone and s5cmd do.
-            with self._fd_lock:
-                if self._fd < 0:
-                    raise NotFound(f"{self.key}: upload already completed or aborted")
-                os.close(self._fd)
-                self._fd = -1
-            try:
-                return _publish(self._tmp, self._path, self.key, self._mtime)
-            except FileNotFoundError:
-                if self._tmp.exists():
-                    raise
-                # completed through another handle, or aborted by id (abort_upload)
-                raise NotFound(f"{self.key}: upload already completed or aborted") from None
-            finally:
-                self._release(str(self._tmp))
-
-        return await asyncio.to_thread(finish)
-
-    async def abort(self) -> None:
-        def drop() -> None:
-            with self._fd_lock:
-                if self._fd >= 0:
-                    os.close(self._fd)
-                    self._fd = -1
-            try:
-                self._tmp.unlink(missing_ok=True)
-            finally:
-                self._release(str(self._tmp))
-
-        await asyncio.to_thread(drop)
-
-
-def filesystem_type(path: Path) -> str | None:
-    """The type of the filesystem holding ``path`` (or its nearest existing ancestor); None
-    where /proc/self/mountinfo cannot be read (not Linux)."""
-    try:
-        mountinfo = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return None
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    return mount_fstype(mountinfo, os.path.realpath(existing))
-
-
-def mount_fstype(mountinfo: str, real: str) -> str | None:
-    """The filesystem type of the mount (a line of ``mountinfo``) that holds the resolved path
-    ``real``: the one with the longest mount point above it, the last listed among equals."""
-    best, fstype = -1, None
-    for line in mountinfo.splitlines():
-        fields, _, after = line.partition(" - ")
-        parts = fields.split()
-        if len(parts) < 5 or not after:
-            continue
-        # mount points escape space, tab, newline and backslash as octal (\040)
-        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
-        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) >= best:
-            best, fstype = len(mount), after.split()[0]
-    return fstype
-
-
-def _publish(tmp: Path, path: Path, key: str, mtime: float | None) -> ObjectInfo:
-    """Rename the finished temporary file into place, carrying the source's mtime so the next
-    run's size + mtime comparison sees the file as current."""
-    try:
-        if mtime is not None:
-            os.utime(tmp, (mtime, mtime))
-        if path.is_dir() and not path.is_symlink():
-            raise UnsafeKey(f"{key!r}: a directory of that name exists at the target (keys "
-                            f"under {key + '/'!r}), so it cannot also be a file")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    st = os.stat(path)
-    return ObjectInfo(key, st.st_size, None, st.st_mtime)
-
-
-def _copy_range(src_fd: int, dst_fd: int, rng: ByteRange, offset: int, key: str) -> None:
-    done = 0
-    while done < rng.length:
-        try:
-            n = os.copy_file_range(src_fd, dst_fd, rng.length - done, rng.start + done,
-                                   offset + done)
-        except OSError as exc:  # EXDEV, ENOSYS, EINVAL on some filesystems: copy by hand
-            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                raise
-            n = _copy_by_hand(src_fd, dst_fd, rng.start + done, offset + done,
-                              rng.length - done)
-        if n == 0:
-            raise PreconditionFailed(f"{key}: the target file shrank while it was copied")
-        done += n
-
-
-def _copy_by_hand(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int) -> int:
-    data = os.pread(src_fd, min(length, 8 << 20), src_off)
-    _pwrite_all(dst_fd, data, dst_off)
-    return len(data)
-
-
-def _pwrite_all(fd: int, data: Buffer, offset: int) -> None:
-    view = memoryview(data)
-    pos = offset
-    while view:
-        n = os.pwrite(fd, view[:_WRITE_SLICE], pos)
-        view = view[n:]
-        pos += n
-
-
-def _preadinto_exact(fd: int, view: memoryview, offset: int, key: str) -> None:
-    got = 0
-    while got < len(view):
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n == 0:
-            raise PreconditionFailed(f"{key}: file shrank while it was read")
-        got += n
-
-
-def _pread_exact(fd: int, length: int, offset: int, key: str) -> bytes:
-    data = os.pread(fd, length, offset)
-    if len(data) == length:
-        return data
-    chunks = [data]
-    got = len(data)
-    while got < length:
-        more = os.pread(fd, length - got, offset + got)
-        if not more:
-            raise PreconditionFailed(f"{key}: file shrank while it was read")
-        chunks.append(more)
-        got += len(more)
-    return b"".join(chunks)

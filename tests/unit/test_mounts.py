@@ -1,6 +1,6 @@
 """Which filesystem holds a target root decides whether small files are written inline."""
 
-from mcsync.stores.local import mount_fstype
+from mcsync.stores.local_files import mount_fstype
 
 MOUNTINFO = r"""22 1 252:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
 30 22 0:26 / /dev/shm rw,nosuid,nodev shared:5 - tmpfs tmpfs rw
