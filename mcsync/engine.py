@@ -303,6 +303,7 @@ class _Run:
         report.requests_credentials_expired = self.pacing.expired - self.pacing.run_began[2]
         if report.requests_throttled:
             report.requests_in_flight_low = self.pacing.lowest_limit()
+            report.requests_in_flight_end = self.pacing.current_limit()
         report.parts_in_flight_peak = self.limits.parts.peak
         report.bytes_compared = self.bytes_compared
         if writing and self.manifest is not None:

@@ -182,8 +182,10 @@ class AdaptiveLimit(_Gate):
     """Requests in flight to one endpoint, cut when it throttles and grown back as requests
     succeed (AIMD, as TCP and botocore's adaptive mode do): a SlowDown or 429 halves the
     limit — once per ``cooldown_s``, so one burst of refusals is one cut, not a collapse to the
-    floor — and every ``limit`` successes since add one, up to ``ceiling``. ``peak`` and
-    ``low`` are the most and the fewest ever allowed."""
+    floor — and every ``limit`` successes since add an eighth (at least one), up to
+    ``ceiling``: back from 4 to 128 in ~1,000 successes rather than the ~8,000 that one at a
+    time would take, so a short episode of throttling does not slow the rest of a run.
+    ``peak`` and ``low`` are the most and the fewest ever allowed."""
 
     def __init__(self, ceiling: int, *, floor: int = 1, cooldown_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -202,7 +204,7 @@ class AdaptiveLimit(_Gate):
         self._credit += 1
         if self._credit >= self.limit:
             self._credit = 0
-            self.limit += 1
+            self.limit = min(self.ceiling, self.limit + max(1, self.limit // 8))
             self.peak = max(self.peak, self.limit)
             self._wake()
 

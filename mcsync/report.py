@@ -67,6 +67,7 @@ class SyncReport:
     requests_retried: int = 0
     requests_credentials_expired: int = 0  # refused for expired keys, renewed and retried
     requests_in_flight_low: int | None = None
+    requests_in_flight_end: int | None = None  # ...and where it had grown back to at the end
     parts_in_flight_peak: int = 0
     elapsed_s: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)  # (key, error), capped

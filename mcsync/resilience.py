@@ -85,6 +85,10 @@ class Pacing:
         """A run starts: what it reports is counted from here (a watch's cycles share one)."""
         self.run_began = (self.throttled, self.retried, self.expired)
 
+    def current_limit(self) -> int:
+        """The requests in flight now allowed to the most limited store."""
+        return min((lim.limit for lim in self._limits.values()), default=self.concurrency)
+
     def lowest_limit(self) -> int:
         return min((lim.low for lim in self._limits.values()), default=self.concurrency)
 

@@ -155,8 +155,8 @@ def summary(report: SyncReport) -> str:
     if not report.dry_run:
         parts.append(f"{format_size(report.throughput_bps)}/s")
     if report.requests_throttled:
-        parts.append(f"throttled {report.requests_throttled}x, down to "
-                     f"{report.requests_in_flight_low} requests in flight")
+        parts.append(f"throttled {report.requests_throttled}x: requests in flight down to "
+                     f"{report.requests_in_flight_low}, back to {report.requests_in_flight_end}")
     if report.bytes_reused:
         sent = "to send" if report.dry_run else "sent"
         parts.append(f"delta: {format_size(report.bytes_changed)} changed, "

@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import logging
 import os
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -41,6 +42,7 @@ import obstore.exceptions as obstore_exc
 
 from ..errors import (
     AccessDenied,
+    ConfigError,
     CredentialsExpired,
     ListingOrderError,
     MCSyncError,
@@ -314,6 +316,8 @@ class S3Store:
                     keys.append(c["Key"])
                     if len(keys) >= 1000:
                         break
+            if not keys:
+                await self._answers_as_s3(probe)
         except Unreachable as exc:  # no answer at all: a wrong address, most likely
             raise as_config_error(exc, self.url, self.endpoint_url or "S3") from exc
         except Transient:
@@ -324,6 +328,21 @@ class S3Store:
             raise as_config_error(exc, self.url, self.endpoint_url or "S3") from exc
         if any(a >= b for a, b in itertools.pairwise(keys)):
             self._tree_listing = True
+
+    async def _answers_as_s3(self, probe: Any) -> None:
+        """An empty listing is also what obstore makes of a web page answered with 200. S3
+        answers a GET of a key that does not exist with 404; anything that hands over a body
+        instead is not S3 (a proxy's login page, a wrong port): ConfigError, before a run
+        could take the empty listing for an empty bucket and, with --delete, act on it."""
+        key = f".mcsync/probe-{secrets.token_hex(8)}"  # under mcsync's own prefix
+        try:
+            with self.translating(key):
+                await obstore.get_async(probe, self.full_key(key))
+        except NotFound:
+            return
+        raise ConfigError(f"{self.url}: {self.endpoint_url or 'the endpoint'} does not answer "
+                          "as S3 (it lists nothing, and answers a GET of a missing key with a "
+                          "body): check the endpoint URL")
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
         """Every key under the prefix in UTF-8 byte order.

@@ -137,7 +137,10 @@ def test_adaptive_limit_cuts_once_per_cooldown_and_grows_back():
     assert limit.throttled() and limit.limit == 16 and limit.low == 16
     for _ in range(16):
         limit.succeeded()
-    assert limit.limit == 17  # one more per window of `limit` successes
+    assert limit.limit == 18  # an eighth more per window of `limit` successes
+    for _ in range(18):
+        limit.succeeded()
+    assert limit.limit == 20
     for _ in range(10):
         now[0] += 2
         limit.throttled()

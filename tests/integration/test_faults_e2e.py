@@ -177,6 +177,9 @@ def test_ten_seconds_of_slowdown_on_every_object_is_waited_out(seaweed, seaweed_
     report, elapsed = sync_through(seaweed_proxy, src, bucket, monkeypatch)
     assert_complete(report, seaweed_proxy, elapsed, seaweed, bucket, objects)
     assert elapsed >= 10 and throttling_shown(report, caplog.records)
+    # requests in flight fell while the store throttled, and grew back once it stopped
+    low, end = report.requests_in_flight_low, report.requests_in_flight_end
+    assert low is not None and end is not None and low < 128 // 4 and end > low, (low, end)
 
 
 def test_429_is_retried_like_slowdown(seaweed, seaweed_proxy, source, bucket_factory,
