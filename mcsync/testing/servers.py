@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,6 +246,7 @@ def _seaweedfs_child(
     port: int | None,
     access_key: str,
     secret_key: str,
+    extra_keys: Sequence[tuple[str, str]],
     startup_timeout: float,
     volume_size_limit_mb: int,
     volume_max: int,
@@ -260,7 +261,8 @@ def _seaweedfs_child(
         "identities": [
             {
                 "name": "mcsync-test-admin",
-                "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                "credentials": [{"accessKey": k, "secretKey": s}
+                                for k, s in ((access_key, secret_key), *extra_keys)],
                 "actions": ["Admin", "Read", "List", "Tagging", "Write"],
             }
         ]
@@ -366,6 +368,7 @@ def seaweedfs(
     port: int | None = None,
     access_key: str = "mcsync-test",
     secret_key: str = "mcsync-test-secret",
+    extra_keys: Sequence[tuple[str, str]] = (),
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
     volume_size_limit_mb: int = 1024,
     volume_max: int = 1000,
@@ -374,7 +377,9 @@ def seaweedfs(
     """Run a SeaweedFS server (S3 gateway on 127.0.0.1) with its data and log in ``workdir``.
 
     ``port`` is the S3 port (random if None); every other port is random. The endpoint admits
-    requests signed with ``access_key``/``secret_key`` (full Admin rights) and refuses others.
+    requests signed with ``access_key``/``secret_key`` (full Admin rights), or with any of the
+    ``extra_keys`` (access key, secret) pairs as the same identity (key rotation), and refuses
+    others.
     Each bucket is a SeaweedFS collection that takes ``volume_growth`` of the ``volume_max``
     volumes when first written: delete buckets you are done with (tests do) or raise
     ``volume_max``. The log is ``workdir/weed.log``. The server is stopped on exit.
@@ -384,6 +389,7 @@ def seaweedfs(
         port=port,
         access_key=access_key,
         secret_key=secret_key,
+        extra_keys=extra_keys,
         startup_timeout=startup_timeout,
         volume_size_limit_mb=volume_size_limit_mb,
         volume_max=volume_max,
@@ -500,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             access_key=args.access_key,
             secret_key=args.secret_key,
+            extra_keys=(),
             startup_timeout=args.startup_timeout,
             volume_size_limit_mb=1024,
             volume_max=args.volume_max,

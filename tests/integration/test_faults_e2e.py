@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +31,7 @@ import pytest
 import mcsync
 from mcsync.report import SyncReport
 from mcsync.testing.faultproxy import (
+    EXPIRED_TOKEN,
     SLOW_DOWN,
     TOO_MANY_REQUESTS,
     FaultProxy,
@@ -221,3 +224,73 @@ def test_throttling_that_was_survived_shows_in_the_report_or_log(seaweed, seawee
     assert_complete(report, seaweed_proxy, elapsed, seaweed, bucket, objects)
     assert len(seaweed_proxy.exchanges(fault="SlowDown")) == 5
     assert throttling_shown(report, caplog.records)
+
+
+# --------------------------------------------------------------------------------------------
+# The issue's mixed run: the faults above at once, while the keys expire every few seconds.
+
+ROTATING = [(f"ROT{n:06d}", f"rot-secret-{n}") for n in range(1, 200)]
+_ROTATE = r'''
+import fcntl, json, sys, time
+from datetime import datetime, timezone
+state, ttl = sys.argv[1], float(sys.argv[2])
+with open(state, "a+") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    f.seek(0)
+    n = len(f.read().splitlines()) + 1
+    expires = time.time() + ttl
+    f.write(f"ROT{n:06d} {expires}\n")
+print(json.dumps({"Version": 1, "AccessKeyId": f"ROT{n:06d}", "SecretAccessKey":
+                  f"rot-secret-{n}", "Expiration":
+                  datetime.fromtimestamp(expires, timezone.utc).isoformat()}))
+'''
+
+
+@pytest.fixture(scope="module")
+def rotating_seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
+    """A SeaweedFS server that admits the keys a rotating credential_process hands out."""
+    from mcsync.testing.servers import seaweedfs
+
+    with seaweedfs(tmp_path_factory.mktemp("rotating"), extra_keys=ROTATING) as ep:
+        yield ep
+
+
+def test_faults_and_keys_expiring_every_few_seconds_together(rotating_seaweed, source, tmp_path,
+                                                             monkeypatch, caplog):
+    """20% SlowDown, 5% of uploads reset mid-body, 2% of requests stalled, and the keys from a
+    credential_process expiring every 3 s (the proxy refuses a key past its Expiration): exit
+    0, byte-identical, nothing left open, and the report shows the throttling."""
+    from botocore.credentials import RefreshableCredentials
+
+    from .test_credentials import Issued, PastExpiration
+
+    # botocore renews 15/10 minutes before expiry; keys living 3 s need windows of seconds
+    monkeypatch.setattr(RefreshableCredentials, "_advisory_refresh_timeout", 1.5)
+    monkeypatch.setattr(RefreshableCredentials, "_mandatory_refresh_timeout", 1.0)
+    caplog.set_level(logging.INFO, logger="mcsync")
+    src, objects = source
+    ep = rotating_seaweed
+    bucket = f"rotating-{uuid.uuid4().hex[:8]}"
+    ep.client().create_bucket(Bucket=bucket)
+    script = tmp_path / "rotate.py"
+    script.write_text(_ROTATE)
+    issued = Issued(tmp_path / "issued")
+    with FaultProxy(ep, seed=3).running() as proxy:
+        proxy.add(PastExpiration(EXPIRED_TOKEN, issued=issued, name="past expiration"))
+        proxy.add(Rule(SLOW_DOWN, probability=0.20, name="slow"))
+        proxy.add(Rule(Reset("request"), op=UPLOADS, probability=0.05, name="reset"))
+        proxy.add(Rule(Stall(2), probability=0.02, name="stall"))
+        monkeypatch.setenv("MCSYNC_META_ENDPOINT_URL", proxy.endpoint.url)
+        monkeypatch.setenv("MCSYNC_META_REGION", ep.region)
+        monkeypatch.setenv("MCSYNC_META_CREDENTIAL_PROCESS",
+                           f"{sys.executable} {script} {issued.state} 3")
+        start = time.monotonic()
+        report = mcsync.sync(str(src), f"meta://{bucket}/")
+        elapsed = time.monotonic() - start
+        assert_complete(report, proxy, elapsed, ep, bucket, objects)
+        used = {e.access_key for e in proxy.exchanges() if e.access_key}
+        applied = Counter(e.fault for e in proxy.exchanges() if e.fault)
+    assert report.objects_copied == 60
+    assert len(used) >= 3 and issued.count() >= 3, (used, elapsed)  # the keys did rotate
+    assert applied["SlowDown"] >= 10 and applied["reset-request"] >= 1, applied
+    assert report.requests_throttled >= 1 and throttling_shown(report, caplog.records)
