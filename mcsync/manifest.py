@@ -393,7 +393,9 @@ class Manifest:
                 raise _Damaged(f"of an unknown schema version {version[:20]}")
             if self.existed:
                 _check_rows(db)
-            db.execute("BEGIN")
+            # The write lock now, waiting sqlite3's busy timeout (5 s): a live process holding
+            # it is found here (Locked, exit 3), not by the first write in the middle of a run.
+            db.execute("BEGIN IMMEDIATE")
         except BaseException:
             db.close()
             raise
@@ -542,7 +544,7 @@ class Manifest:
         """In WAL mode with synchronous=NORMAL a commit writes the WAL without fsync and
         survives a killed process (not a machine crash)."""
         self._db.execute("COMMIT")
-        self._db.execute("BEGIN")
+        self._db.execute("BEGIN IMMEDIATE")
         self._last_commit = time.monotonic()
 
     def snapshot(self, dest: Path) -> None:
@@ -554,7 +556,7 @@ class Manifest:
         try:
             self._db.execute("VACUUM INTO ?", (str(dest),))
         finally:
-            self._db.execute("BEGIN")
+            self._db.execute("BEGIN IMMEDIATE")
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):

@@ -402,10 +402,6 @@ def test_sqlite_lock_left_by_a_killed_process(tmp_path):
     assert not list(manifest.parent.glob("*.bad-*"))
 
 
-@pytest.mark.xfail(strict=True, raises=sqlite3.OperationalError, reason=(
-    "Manifest.start_run (not the opening code) upgrades a read transaction to a write one and "
-    "gets SQLITE_BUSY at once from a live writer; it must take the write lock with BEGIN "
-    "IMMEDIATE (waiting the busy timeout) and the engine turn SQLITE_BUSY into Locked (exit 3)"))
 def test_sqlite_lock_held_by_a_live_process_is_exit_3(tmp_path):
     src, dst, manifest = first_sync(tmp_path)
     holder = subprocess.Popen(
