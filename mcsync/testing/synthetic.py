@@ -325,11 +325,17 @@ class SyntheticEndpoint:
                 pre + "FORCE_PATH_STYLE": "true", pre + "LIST_VERSION": "2"}
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver's listen backlog is 5: a client opening 128 connections at once (mcsync's
+    # default) had SYNs dropped and retransmitted after 1, 3, 7, 15 s, so its last requests
+    # stalled for tens of seconds. Real endpoints have backlogs in the thousands.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 def make_server(bucket: SyntheticBucket, port: int = 0) -> ThreadingHTTPServer:
     handler = type("Handler", (_Handler,), {"bucket": bucket})
-    server = ThreadingHTTPServer((LOOPBACK, port), handler)
-    server.daemon_threads = True
-    return server
+    return _Server((LOOPBACK, port), handler)
 
 
 @contextlib.contextmanager
