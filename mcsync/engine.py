@@ -57,6 +57,7 @@ from .stores.base import LocalTree, ReadStore, ServerSideCopier, Store, TempFile
 from .stores.registry import StoreOptions, open_store
 from .transfer import Transfer
 from .types import ObjectInfo
+from .upload import send_file
 from .verify import verify_entries
 
 log = logging.getLogger(__name__)
@@ -565,14 +566,19 @@ class _Run:
     async def _upload_manifest(self) -> None:
         if self.manifest is None:
             return
+        key = target_manifest_key(self.src, self.dst)
+        stale = self.transfer.uploads.open_uploads.pop(key, None)
+        if stale is not None:  # a killed run's upload of the copy: never to be finished
+            await self.transfer.uploads.abort_stale(stale)
         with tempfile.TemporaryDirectory(prefix="mcsync-manifest-") as tmp:
             snap = Path(tmp) / "manifest.sqlite"
             self.manifest.snapshot(snap)
-            data = await asyncio.to_thread(snap.read_bytes)
-        try:
-            await self.dst.put(target_manifest_key(self.src, self.dst), data)
-        except (MCSyncError, OSError) as exc:
-            log.warning("could not keep a copy of the manifest at the target: %s", exc)
+            part_size = self.options.part_size_for(
+                (await asyncio.to_thread(snap.stat)).st_size, self.dst.caps)
+            try:
+                await send_file(self.dst, key, snap, part_size, self.manifest)
+            except (MCSyncError, OSError) as exc:
+                log.warning("could not keep a copy of the manifest at the target: %s", exc)
 
 
 async def _aiter(items: Iterator[ManifestEntry]) -> AsyncIterator[ManifestEntry]:

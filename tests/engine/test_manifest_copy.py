@@ -1,0 +1,107 @@
+"""The manifest's copy at the target: sent from its snapshot file one part at a time (a
+manifest takes ~200 bytes a key, so a million keys would otherwise be ~200 MB held at once),
+journalled while its upload is open, and a killed run's open upload of it aborted."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+
+from mcsync.engine import target_manifest_key
+from mcsync.errors import Permanent
+from mcsync.manifest import Manifest
+from mcsync.stores.memory import MemoryEndpoint, MemoryStore
+from mcsync.testing.faults import Call, Faults, Rule, faulty
+from mcsync.types import Capabilities, ObjectInfo
+from mcsync.upload import send_file
+
+from .test_engine import OBJECTS, contents, seed, sync
+
+PART = 4096
+SMALL_PARTS = Capabilities(min_part_size=1024)
+
+
+def a_file(tmp_path: Path, size: int) -> tuple[Path, bytes]:
+    data = random.Random(size).randbytes(size)
+    path = tmp_path / "snapshot.sqlite"
+    path.write_bytes(data)
+    return path, data
+
+
+def journal(tmp_path: Path) -> Manifest:
+    return Manifest(tmp_path / "manifest.sqlite", "memory://a/src/", "memory://b/dst/")
+
+
+def test_a_file_larger_than_a_part_goes_in_parts_of_at_most_one_part(tmp_path):
+    path, data = a_file(tmp_path, 2 * PART + 100)
+    store = MemoryStore("dst", caps=SMALL_PARTS)
+    sent: list[tuple[str, int]] = []
+    faults = Faults([Rule("put*", times=None, action=lambda c: sent.append((c.op, c.nbytes)))])
+    manifest = journal(tmp_path)
+    asyncio.run(send_file(faulty(store, faults), "copy.sqlite", path, PART, manifest))
+    assert store.endpoint.objects["dst/copy.sqlite"].data == data
+    assert sent == [("put_part", PART), ("put_part", PART), ("put_part", 100)]
+    assert store.endpoint.uploads == {}
+    assert "copy.sqlite" not in manifest.open_uploads()
+
+
+def test_a_file_that_fits_in_a_part_is_one_put(tmp_path):
+    path, data = a_file(tmp_path, PART)
+    store = MemoryStore("dst", caps=SMALL_PARTS)
+    faults = Faults()
+    asyncio.run(send_file(faulty(store, faults), "copy.sqlite", path, PART, journal(tmp_path)))
+    assert store.endpoint.objects["dst/copy.sqlite"].data == data
+    assert dict(faults.calls) == {"put": 1}
+
+
+def test_while_its_upload_is_open_it_is_journalled_so_a_killed_run_leaves_no_orphan(tmp_path):
+    path, _ = a_file(tmp_path, 3 * PART)
+    store = MemoryStore("dst", caps=SMALL_PARTS)
+    manifest = journal(tmp_path)
+    seen: list[str | None] = []
+
+    def look(call: Call) -> None:
+        upload = manifest.open_uploads().get("copy.sqlite")
+        seen.append(upload.upload_id if upload else None)
+
+    faults = Faults([Rule("put_part", nth=2, action=look)])
+    asyncio.run(send_file(faulty(store, faults), "copy.sqlite", path, PART, manifest))
+    assert len(seen) == 1 and seen[0] is not None and seen[0].startswith("mem-upload-")
+    assert "copy.sqlite" not in manifest.open_uploads()
+
+
+def test_a_failed_part_aborts_the_upload_and_leaves_nothing_visible(tmp_path):
+    path, _ = a_file(tmp_path, 3 * PART)
+    store = MemoryStore("dst", caps=SMALL_PARTS)
+    manifest = journal(tmp_path)
+    faults = Faults([Rule("put_part", nth=2, error=Permanent("disk on fire"))])
+    with pytest.raises(Permanent, match="disk on fire"):
+        asyncio.run(send_file(faulty(store, faults), "copy.sqlite", path, PART, manifest))
+    assert "dst/copy.sqlite" not in store.endpoint.objects
+    assert store.endpoint.uploads == {}
+    assert manifest.open_uploads() == {}
+
+
+def test_a_killed_runs_open_upload_of_the_copy_is_aborted_by_the_next_run(tmp_path):
+    src = MemoryStore("src", endpoint=MemoryEndpoint("a"))
+    dst = MemoryStore("dst", endpoint=MemoryEndpoint("b"))
+    seed(src, OBJECTS)
+    key = target_manifest_key(src, dst)
+
+    async def left_open() -> str:
+        upload = await dst.open_upload(key, 3 * PART)
+        return upload.upload_id
+
+    upload_id = asyncio.run(left_open())
+    manifest = Manifest(tmp_path / "manifest.sqlite", src.url, dst.url)
+    manifest.begin_upload(key, upload_id, ObjectInfo(key, 3 * PART, None, None), PART)
+    manifest.close()
+
+    report = sync(src, dst, tmp_path)
+    assert report.ok and contents(dst) == OBJECTS
+    assert dst.endpoint.uploads == {}, "the killed run's upload of the copy is aborted"
+    assert key in {k[len(dst.prefix):] for k in dst.endpoint.objects}
+    assert key not in Manifest(tmp_path / "manifest.sqlite", src.url, dst.url).open_uploads()
