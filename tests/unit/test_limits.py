@@ -68,19 +68,34 @@ def saturate(slots) -> None:
     slots._waited()
 
 
-def test_goodput_slots_grow_while_goodput_grows_then_hold_on_a_plateau():
-    from mcsync.limits import GoodputSlots
-
-    clock = FakeClock()
-    slots = GoodputSlots(8, 128, interval_s=1.0, clock=clock)
+def limits_after(slots, clock, rates) -> list[int]:
+    """The limit after each interval of ``rates`` (bytes per second), every one saturated."""
     limits = []
-    for rate in (100, 150, 200, 205, 198, 203):  # MB/s per interval: grows, then flat
+    for rate in rates:
         saturate(slots)
         clock.now += 1.0
         slots.moved(rate)
         limits.append(slots.limit)
-    assert limits == [12, 18, 27, 27, 27, 27]
-    assert slots.peak == 27
+    return limits
+
+
+def test_goodput_slots_grow_while_goodput_grows_then_hold_the_best_on_a_plateau():
+    from mcsync.limits import GoodputSlots
+
+    clock = FakeClock()
+    slots = GoodputSlots(8, 128, interval_s=1.0, clock=clock)
+    # MB/s per interval: the first is the baseline; grows, then flat: 18 gave no more than 12
+    assert limits_after(slots, clock, (100, 150, 200, 205, 198, 203)) == [8, 12, 18, 12, 12, 12]
+    assert slots.peak == 18
+
+
+def test_goodput_slots_take_back_a_growth_that_did_not_pay():
+    from mcsync.limits import GoodputSlots
+
+    clock = FakeClock()
+    slots = GoodputSlots(8, 128, interval_s=1.0, clock=clock)
+    # start-up, full speed at 8, then 12 in flight for 7% more: not worth their memory
+    assert limits_after(slots, clock, (60, 100, 107, 104)) == [8, 12, 8, 8]
 
 
 def test_goodput_slots_step_back_when_more_in_flight_made_it_slower():
@@ -88,11 +103,8 @@ def test_goodput_slots_step_back_when_more_in_flight_made_it_slower():
 
     clock = FakeClock()
     slots = GoodputSlots(8, 128, interval_s=1.0, clock=clock)
-    for rate in (100, 140):  # 8 → 12 → 18 (140 was the best, at 12)
-        saturate(slots)
-        clock.now += 1.0
-        slots.moved(rate)
-    assert slots.limit == 18
+    # the baseline at 8, then 8 → 12 → 18 (200 was the best, at 12)
+    assert limits_after(slots, clock, (100, 140, 200)) == [8, 12, 18]
     saturate(slots)
     clock.now += 1.0
     slots.moved(90)  # contention: much worse at 18
