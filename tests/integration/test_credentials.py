@@ -416,6 +416,63 @@ def test_s3_chain_container_keys_are_renewed_on_both_paths(moto, moto_proxy, buc
     assert set(used_keys(moto_proxy)) <= set(container_credentials)
 
 
+@pytest.fixture
+def web_identity(tmp_path: Path, moto: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """IRSA / web identity: the chain exchanges a token file for keys at STS (moto's
+    AssumeRoleWithWebIdentity, one new key a call, valid an hour). botocore is told to renew
+    them 1.5 s after they were issued (at the latest 2 s after), and its fetcher to hold the
+    answer it caches no longer than that, so they are renewed often."""
+    from botocore.credentials import CachedCredentialFetcher, RefreshableCredentials
+
+    token = tmp_path / "token"
+    token.write_text("eyJhbGciOiJSUzI1NiJ9.e30.c2lnbmF0dXJl")  # moto checks no signature
+    config = tmp_path / "aws-config"
+    config.write_text("")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_PROFILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(config))
+    monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/mcsync-test")
+    monkeypatch.setenv("AWS_ROLE_SESSION_NAME", "mcsync-test")
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", moto.url)
+    monkeypatch.setenv("AWS_REGION", moto.region)
+    monkeypatch.setattr(RefreshableCredentials, "_advisory_refresh_timeout", 3600 - 1.5)
+    monkeypatch.setattr(RefreshableCredentials, "_mandatory_refresh_timeout", 3600 - 2.0)
+    monkeypatch.setattr(CachedCredentialFetcher, "DEFAULT_EXPIRY_WINDOW_SECONDS", 3600 - 1.5)
+
+
+def test_sync_with_web_identity_keys_the_endpoint_ends_every_2_s(
+        moto, moto_proxy, bucket_factory, web_identity, monkeypatch, tmp_path):
+    """s3:// with keys from a web identity token (IRSA on EKS), each refused 2 s after its
+    first use: botocore renews its keys before that (UploadPart), obstore keeps its key until
+    refused and is then given a renewed one (PUT); the run succeeds byte for byte."""
+    bucket = bucket_factory(moto)
+    first_use: dict[str, float] = {}
+
+    class Expiring(Rule):
+        def matches(self, req: Exchange, age: float) -> bool:
+            if not req.access_key:
+                return False
+            first = first_use.setdefault(req.access_key, time.time())
+            return time.time() - first > 2.0 and super().matches(req, age)
+
+    moto_proxy.add(Expiring(EXPIRED_TOKEN, name="2 s keys"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_proxy.url)  # STS: moto itself
+    root, objects = _tree(tmp_path)
+
+    report = mcsync.sync(str(root), f"s3://{bucket}/run/", part_size=5 * MiB, concurrency=4,
+                         bw_limit="8MiB")
+    assert report.ok
+    assert read_bucket(moto, bucket, "run/") == objects
+    assert len(used_keys(moto_proxy, "UploadPart")) >= 2
+    assert len(used_keys(moto_proxy, "PutObject")) >= 2
+    assert all(k.startswith("ASIA") for k in used_keys(moto_proxy))  # STS keys, not a fixed one
+    refused = moto_proxy.exchanges(fault="ExpiredToken")
+    assert report.requests_credentials_expired <= len(refused)
+
+
 # -- through mcsync.sync, and what reaches output ------------------------------------------------
 
 
