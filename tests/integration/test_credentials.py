@@ -416,38 +416,121 @@ def test_s3_chain_container_keys_are_renewed_on_both_paths(moto, moto_proxy, buc
     assert set(used_keys(moto_proxy)) <= set(container_credentials)
 
 
-@pytest.fixture
-def web_identity(tmp_path: Path, moto: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
-    """IRSA / web identity: the chain exchanges a token file for keys at STS (moto's
-    AssumeRoleWithWebIdentity, one new key a call, valid an hour). botocore is told to renew
-    them 1.5 s after they were issued (at the latest 2 s after), and its fetcher to hold the
-    answer it caches no longer than that, so they are renewed often."""
+def _chain_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str = "") -> None:
+    """No keys in the environment or the host's files: the chain must find its own."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_PROFILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_ROLE_ARN",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_EC2_METADATA_DISABLED"):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "aws-config"
+    path.write_text(config)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(path))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+
+
+def _keys_renewed_after(monkeypatch: pytest.MonkeyPatch, seconds: float,
+                        lifetime: float = 3600) -> None:
+    """Keys valid ``lifetime`` seconds (STS, as moto answers: a new key a call, an hour)
+    renewed by botocore ``seconds`` after they were issued: its refresh windows and the cache
+    of its STS fetchers both shortened."""
     from botocore.credentials import CachedCredentialFetcher, RefreshableCredentials
 
+    monkeypatch.setattr(RefreshableCredentials, "_advisory_refresh_timeout", lifetime - seconds)
+    monkeypatch.setattr(RefreshableCredentials, "_mandatory_refresh_timeout",
+                        lifetime - seconds - 0.5)
+    monkeypatch.setattr(CachedCredentialFetcher, "DEFAULT_EXPIRY_WINDOW_SECONDS",
+                        lifetime - seconds)
+
+
+@pytest.fixture
+def web_identity(tmp_path: Path, moto: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """IRSA / web identity: a token file exchanged at STS (AssumeRoleWithWebIdentity)."""
+    _chain_only(tmp_path, monkeypatch)
     token = tmp_path / "token"
     token.write_text("eyJhbGciOiJSUzI1NiJ9.e30.c2lnbmF0dXJl")  # moto checks no signature
-    config = tmp_path / "aws-config"
-    config.write_text("")
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                 "AWS_PROFILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(config))
     monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/mcsync-test")
     monkeypatch.setenv("AWS_ROLE_SESSION_NAME", "mcsync-test")
     monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
     monkeypatch.setenv("AWS_ENDPOINT_URL_STS", moto.url)
+    _keys_renewed_after(monkeypatch, 1.5)
+
+
+@pytest.fixture
+def assume_role(tmp_path: Path, moto: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profile that assumes a role (role_arn + source_profile) through STS AssumeRole."""
+    _chain_only(tmp_path, monkeypatch, config=(
+        "[profile base]\naws_access_key_id = AKIDBASE0000001\n"
+        f"aws_secret_access_key = {SECRET}\n"
+        "[profile mcsync]\nrole_arn = arn:aws:iam::123456789012:role/mcsync-test\n"
+        "source_profile = base\n"))
+    monkeypatch.setenv("AWS_PROFILE", "mcsync")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", moto.url)
+    _keys_renewed_after(monkeypatch, 1.5)
+
+
+@pytest.fixture
+def instance_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """EC2 instance metadata (IMDSv2: a session token, then the role's keys) on 127.0.0.1, a
+    new key each call, valid 6 hours and renewed by botocore 1.5 s after it was issued.
+    (botocore stretches a key that expires within ~20 minutes to 12-20 minutes from now
+    rather than trust a metadata service that may be failing, so a short key is no test.)"""
+    _chain_only(tmp_path, monkeypatch)
+    _keys_renewed_after(monkeypatch, 1.5, lifetime=6 * 3600)
+    issued: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, body: bytes, status: int = 200) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_PUT(self) -> None:
+            self._send(b"imds-session-token" if self.path == "/latest/api/token" else b"", 200
+                       if self.path == "/latest/api/token" else 404)
+
+        def do_GET(self) -> None:
+            base = "/latest/meta-data/iam/security-credentials/"
+            if self.headers.get("X-aws-ec2-metadata-token") != "imds-session-token":
+                self._send(b"", 401)
+            elif self.path == base:
+                self._send(b"mcsync-role")
+            elif self.path == base + "mcsync-role":
+                issued.append(f"AKIDIMDS{len(issued) + 1:06d}")
+                expires = datetime.fromtimestamp(time.time() + 6 * 3600, UTC)
+                self._send(json.dumps({
+                    "Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": issued[-1],
+                    "SecretAccessKey": SECRET, "Token": TOKEN,
+                    "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}).encode())
+            else:
+                self._send(b"", 404)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT",
+                       f"http://{LOOPBACK}:{server.server_address[1]}/")
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("source", ["web_identity", "assume_role", "instance_metadata"])
+def test_sync_with_chain_keys_the_endpoint_ends_every_2_s(
+        source, request, moto, moto_proxy, bucket_factory, monkeypatch, tmp_path, caplog):
+    """s3:// with keys from the standard chain — a web identity token (IRSA on EKS), a
+    profile that assumes a role, instance metadata — each key refused 2 s after its first use:
+    botocore renews STS keys before then (UploadPart); a key refused (obstore's PUTs, which
+    keep a key until it is) is renewed and the request tried again. Byte for byte, and no
+    secret in the log."""
+    request.getfixturevalue(source)
     monkeypatch.setenv("AWS_REGION", moto.region)
-    monkeypatch.setattr(RefreshableCredentials, "_advisory_refresh_timeout", 3600 - 1.5)
-    monkeypatch.setattr(RefreshableCredentials, "_mandatory_refresh_timeout", 3600 - 2.0)
-    monkeypatch.setattr(CachedCredentialFetcher, "DEFAULT_EXPIRY_WINDOW_SECONDS", 3600 - 1.5)
-
-
-def test_sync_with_web_identity_keys_the_endpoint_ends_every_2_s(
-        moto, moto_proxy, bucket_factory, web_identity, monkeypatch, tmp_path):
-    """s3:// with keys from a web identity token (IRSA on EKS), each refused 2 s after its
-    first use: botocore renews its keys before that (UploadPart), obstore keeps its key until
-    refused and is then given a renewed one (PUT); the run succeeds byte for byte."""
     bucket = bucket_factory(moto)
     first_use: dict[str, float] = {}
 
@@ -459,8 +542,9 @@ def test_sync_with_web_identity_keys_the_endpoint_ends_every_2_s(
             return time.time() - first > 2.0 and super().matches(req, age)
 
     moto_proxy.add(Expiring(EXPIRED_TOKEN, name="2 s keys"))
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_proxy.url)  # STS: moto itself
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_proxy.url)  # STS and metadata: not proxied
     root, objects = _tree(tmp_path)
+    caplog.set_level(logging.DEBUG, logger="mcsync")
 
     report = mcsync.sync(str(root), f"s3://{bucket}/run/", part_size=5 * MiB, concurrency=4,
                          bw_limit="8MiB")
@@ -468,9 +552,10 @@ def test_sync_with_web_identity_keys_the_endpoint_ends_every_2_s(
     assert read_bucket(moto, bucket, "run/") == objects
     assert len(used_keys(moto_proxy, "UploadPart")) >= 2
     assert len(used_keys(moto_proxy, "PutObject")) >= 2
-    assert all(k.startswith("ASIA") for k in used_keys(moto_proxy))  # STS keys, not a fixed one
-    refused = moto_proxy.exchanges(fault="ExpiredToken")
-    assert report.requests_credentials_expired <= len(refused)
+    prefix = "AKIDIMDS" if source == "instance_metadata" else "ASIA"  # the source's, no other
+    assert all(k.startswith(prefix) for k in used_keys(moto_proxy))
+    assert report.requests_credentials_expired <= len(moto_proxy.exchanges(fault="ExpiredToken"))
+    assert SECRET not in caplog.text and TOKEN not in caplog.text
 
 
 # -- through mcsync.sync, and what reaches output ------------------------------------------------
