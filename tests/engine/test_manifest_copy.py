@@ -105,3 +105,23 @@ def test_a_killed_runs_open_upload_of_the_copy_is_aborted_by_the_next_run(tmp_pa
     assert dst.endpoint.uploads == {}, "the killed run's upload of the copy is aborted"
     assert key in {k[len(dst.prefix):] for k in dst.endpoint.objects}
     assert key not in Manifest(tmp_path / "manifest.sqlite", src.url, dst.url).open_uploads()
+
+
+def test_a_copy_that_takes_long_is_refreshed_less_often(tmp_path, monkeypatch):
+    """During a run the copy is refreshed every MANIFEST_UPLOAD_EVERY_S, or after nine times
+    as long as the last refresh took: it never takes over a tenth of the run."""
+    import mcsync.engine
+
+    monkeypatch.setattr(mcsync.engine, "MANIFEST_UPLOAD_EVERY_S", 0.01)
+    src = MemoryStore("src", endpoint=MemoryEndpoint("a"))
+    dst = MemoryStore("dst", endpoint=MemoryEndpoint("b"))
+    seed(src, {f"k{i:02d}": b"x" * i for i in range(12)})
+    copies: list[Call] = []
+    faults = Faults([Rule("get", times=None, delay_s=0.1),  # the run: 12 x 0.1 s, one at a time
+                     Rule("put", key=".mcsync/manifest-*", times=None, delay_s=0.05,
+                          action=copies.append)])
+    report = sync(faulty(src, faults), faulty(dst, faults), tmp_path, concurrency=1)
+    assert report.ok and len(contents(dst)) == 12
+    # 1.2 s of run: every 0.06 s would be ~20 copies; every 0.45 s (9 x 0.05), 2-3, plus the
+    # last one at the end of the run.
+    assert 2 <= len(copies) <= 5
