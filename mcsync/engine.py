@@ -11,12 +11,12 @@ import asyncio
 import contextlib
 import logging
 import os
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from . import target_copy
 from .checkpoints import Completion
 from .compare import Verdict, compare
 from .config import SyncOptions
@@ -24,7 +24,6 @@ from .errors import (
     Interrupted,
     ListingOrderError,
     MCSyncError,
-    NotFound,
     PreconditionFailed,
     UnsafeKey,
     UsageError,
@@ -57,22 +56,14 @@ from .stores.base import LocalTree, ReadStore, ServerSideCopier, Store, TempFile
 from .stores.registry import StoreOptions, open_store
 from .transfer import Transfer
 from .types import ObjectInfo
-from .upload import send_file
 from .verify import verify_entries
 
 log = logging.getLogger(__name__)
 
-# The manifest's copy at the target is refreshed this often during a run, or less often when
-# sending it takes long (~200 bytes a key: 20 GB at 100M keys): never over a tenth of the run.
-MANIFEST_UPLOAD_EVERY_S = 300.0
 MOVES = ("copy", "server_copy", "compare")  # actions that would write the key at the target
 
 
 ManifestFactory = Callable[[Path, str, str], Manifest]
-
-
-def target_manifest_key(src: ReadStore, dst: ReadStore) -> str:
-    return f"{RESERVED_PREFIX}manifest-{pair_id(src.url, dst.url)}.sqlite"
 
 
 def target_lock_key(src: ReadStore, dst: ReadStore) -> str:
@@ -183,7 +174,7 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
     manifest: Manifest | None = None
     if options.use_manifest and (path.exists() or not options.dry_run):
         if not path.exists():
-            await _fetch_target_copy(src, dst, path)
+            await target_copy.fetch(src, dst, path)
         manifest = manifest_factory(path, src.url, dst.url)
     def list_in_order(exc: ListingOrderError) -> None:
         if exc.fallback is None:
@@ -199,22 +190,6 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
     finally:
         if manifest is not None:
             manifest.close()
-
-
-async def _fetch_target_copy(src: ReadStore, dst: Store, path: Path) -> None:
-    """A scheduled job on a fresh machine finds the state it left at the target."""
-    try:
-        data = await dst.get(target_manifest_key(src, dst))
-    except NotFound:
-        return
-    except MCSyncError as exc:
-        log.warning("could not fetch the manifest copy at the target: %s", exc)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".download")
-    tmp.write_bytes(bytes(data))
-    tmp.replace(path)
-    log.info("manifest fetched from the target (%d bytes)", len(data))
 
 
 class _Run:
@@ -261,12 +236,16 @@ class _Run:
                        and self.dst.can_copy_from(self.src))
         trust = (self.manifest is not None and self.manifest.established
                  and not (self.options.delete or self.options.verify or self.options.checksum)
-                 and (not self.check_manifest_copy or await self._target_kept_its_manifest()))
+                 and (not self.check_manifest_copy
+                      or await target_copy.kept(self.src, self.dst, self.limits)))
         deletes, markers = Spool(), Spool()  # held back until every copy is done
         main = asyncio.current_task()
         self.pacing.listeners.append(self._throttled)
         watchdog = asyncio.create_task(self._watchdog(main)) if main else None
-        uploader = asyncio.create_task(self._upload_manifest_periodically()) if writing else None
+        keeper = (target_copy.Keeper(self.src, self.dst, self.manifest, self.options,
+                                     self.transfer.uploads)
+                  if writing and self.manifest is not None else None)
+        uploader = asyncio.create_task(keeper.refresh()) if keeper else None
         try:
             await self._plan_and_copy(server_side, trust, deletes, markers)
             if markers and not self.stop.is_set():
@@ -309,14 +288,14 @@ class _Run:
             report.requests_in_flight_end = self.pacing.current_limit()
         report.parts_in_flight_peak = self.limits.parts.peak
         report.bytes_compared = self.bytes_compared
-        if writing and self.manifest is not None:
+        if keeper is not None and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
                                      ("failed" if report.objects_failed else "ok"),
                                      report.to_dict())
             if self.manifest.records_changed or not self.manifest.established:
                 # A run that changed nothing leaves the target's copy as it is: a no-op run
                 # writes nothing at the target but its lock.
-                await self._upload_manifest()
+                await keeper.send()
         self.sink.emit(RunFinished(report))
         return report
 
@@ -337,22 +316,6 @@ class _Run:
         if swept:
             log.info("removed %d temporary files a killed run left in %s", len(swept),
                      self.dst.url)
-
-    async def _target_kept_its_manifest(self) -> bool:
-        """A manifest stands in for a listing of the target only while the target still holds
-        the copy of it that mcsync keeps there: a target emptied or replaced since (a wiped
-        prefix, a new directory) is listed, not trusted. One HEAD per run."""
-        try:
-            async with self.limits.requests:
-                await self.dst.head(target_manifest_key(self.src, self.dst))
-        except NotFound:
-            log.info("%s holds no copy of this pair's manifest: listing it", self.dst.url)
-            return False
-        except (MCSyncError, OSError) as exc:
-            log.warning("could not look for the manifest's copy at %s (%s): listing it",
-                        self.dst.url, exc)
-            return False
-        return True
 
     async def _watchdog(self, main: asyncio.Task[Any]) -> None:
         await self.stop.wait()
@@ -557,34 +520,6 @@ class _Run:
             self.sink.emit(ObjectDone(done.result))
         finally:
             self.objects.release()
-
-    # -- the manifest's copy at the target ------------------------------------------------------
-
-    async def _upload_manifest_periodically(self) -> None:
-        took = 0.0
-        while True:
-            await asyncio.sleep(max(MANIFEST_UPLOAD_EVERY_S, 9 * took))
-            began = time.monotonic()
-            await self._upload_manifest()
-            took = time.monotonic() - began
-
-    async def _upload_manifest(self) -> None:
-        if self.manifest is None:
-            return
-        key = target_manifest_key(self.src, self.dst)
-        stale = self.transfer.uploads.open_uploads.pop(key, None)
-        if stale is not None:  # a killed run's upload of the copy: never to be finished
-            await self.transfer.uploads.abort_stale(stale)
-        with tempfile.TemporaryDirectory(prefix="mcsync-manifest-") as tmp:
-            snap = Path(tmp) / "manifest.sqlite"
-            self.manifest.snapshot(snap)
-            part_size = self.options.part_size_for(
-                (await asyncio.to_thread(snap.stat)).st_size, self.dst.caps)
-            try:
-                await send_file(self.dst, key, snap, part_size, self.manifest)
-            except (MCSyncError, OSError) as exc:
-                log.warning("could not keep a copy of the manifest at the target: %s", exc)
-
 
 async def _aiter(items: Iterator[ManifestEntry]) -> AsyncIterator[ManifestEntry]:
     for i, item in enumerate(items):

@@ -20,7 +20,6 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from . import delta
 from .chunking import Layout
@@ -365,30 +364,3 @@ def _multipart_etag(part_etags: list[str]) -> str | None:
         return None
     return f"{hashlib.md5(joined).hexdigest()}-{len(part_etags)}"
 
-
-async def send_file(dst: Store, key: str, path: Path, part_size: int,
-                    journal: Manifest | None = None) -> None:
-    """Write the local file ``path`` (one mcsync made: the manifest's copy) to ``key`` holding
-    at most one part of it in memory: a PUT when it fits in a part, else an upload journalled
-    in ``journal`` while it is open (a killed run's is aborted by the next) and aborted on any
-    failure. A manifest takes ~200 bytes a key: a million keys, ~200 MB."""
-    size = (await asyncio.to_thread(path.stat)).st_size
-    if size <= part_size:
-        await dst.put(key, await asyncio.to_thread(path.read_bytes))
-        return
-    upload = await dst.open_upload(key, size)
-    if journal is not None:
-        journal.begin_upload(key, upload.upload_id, ObjectInfo(key, size, None, None), part_size)
-    try:
-        parts: list[PartRef] = []
-        with open(path, "rb") as f:
-            for number, offset in enumerate(range(0, size, part_size), start=1):
-                data = await asyncio.to_thread(f.read, part_size)
-                parts.append(await upload.put_part(number, offset, data))
-        await upload.complete(parts)
-    except BaseException:
-        await asyncio.shield(upload.abort())
-        raise
-    finally:
-        if journal is not None:
-            journal.drop_upload(key)

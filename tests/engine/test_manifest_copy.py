@@ -5,18 +5,19 @@ journalled while its upload is open, and a killed run's open upload of it aborte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from mcsync.engine import target_manifest_key
 from mcsync.errors import Permanent
 from mcsync.manifest import Manifest
 from mcsync.stores.memory import MemoryEndpoint, MemoryStore
+from mcsync.target_copy import send_file, target_manifest_key
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 from mcsync.types import Capabilities, ObjectInfo
-from mcsync.upload import send_file
 
 from .test_engine import OBJECTS, contents, seed, sync
 
@@ -103,16 +104,19 @@ def test_a_killed_runs_open_upload_of_the_copy_is_aborted_by_the_next_run(tmp_pa
     report = sync(src, dst, tmp_path)
     assert report.ok and contents(dst) == OBJECTS
     assert dst.endpoint.uploads == {}, "the killed run's upload of the copy is aborted"
-    assert key in {k[len(dst.prefix):] for k in dst.endpoint.objects}
     assert key not in Manifest(tmp_path / "manifest.sqlite", src.url, dst.url).open_uploads()
+    copy = tmp_path / "copy.sqlite"  # the copy is the run's manifest: every object recorded
+    copy.write_bytes(dst.endpoint.objects[dst.prefix + key].data)
+    with contextlib.closing(sqlite3.connect(copy)) as db:
+        assert {k for (k,) in db.execute("SELECT key FROM objects")} == set(OBJECTS)
 
 
 def test_a_copy_that_takes_long_is_refreshed_less_often(tmp_path, monkeypatch):
-    """During a run the copy is refreshed every MANIFEST_UPLOAD_EVERY_S, or after nine times
+    """During a run the copy is refreshed every REFRESH_EVERY_S, or after nine times
     as long as the last refresh took: it never takes over a tenth of the run."""
-    import mcsync.engine
+    import mcsync.target_copy
 
-    monkeypatch.setattr(mcsync.engine, "MANIFEST_UPLOAD_EVERY_S", 0.01)
+    monkeypatch.setattr(mcsync.target_copy, "REFRESH_EVERY_S", 0.01)
     src = MemoryStore("src", endpoint=MemoryEndpoint("a"))
     dst = MemoryStore("dst", endpoint=MemoryEndpoint("b"))
     seed(src, {f"k{i:02d}": b"x" * i for i in range(12)})

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
      "metrics", "resilience"),
     ("index", "manifest", "listing", "checkpoints", "plan", "spool", "lock", "bases"),
     ("scan", "compare", "verify"),
-    ("upload", "compose", "transfer"),
+    ("upload", "compose", "transfer", "target_copy"),
     ("engine", "watch"),
     ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.processes",
      "testing.servers", "testing.gcs", "testing.faults", "testing.faultproxy",

@@ -1,0 +1,131 @@
+"""The copy of a pair's manifest that mcsync keeps at the target (``.mcsync/manifest-*.sqlite``).
+
+A job on a fresh machine fetches it when the local manifest is missing; a run trusts the local
+manifest in place of a target listing only while the target still holds the copy (one HEAD);
+a run that changed something sends a new copy at its end, and a long run refreshes it as it
+goes. A manifest takes ~200 bytes a key (20 GB at 100M keys), so the copy is sent from a
+snapshot file a part at a time, and refreshed no more often than its sending cost allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+from .config import SyncOptions
+from .errors import MCSyncError, NotFound
+from .limits import Limits
+from .manifest import Manifest, pair_id
+from .plan import RESERVED_PREFIX
+from .stores.base import ReadStore, Store
+from .types import ObjectInfo, PartRef
+from .upload import Uploads
+
+log = logging.getLogger(__name__)
+
+# A long run refreshes the copy this often, or less often when sending it takes long: after
+# nine times as long as the last sending took, so it never takes over a tenth of the run.
+REFRESH_EVERY_S = 300.0
+
+
+def target_manifest_key(src: ReadStore, dst: ReadStore) -> str:
+    return f"{RESERVED_PREFIX}manifest-{pair_id(src.url, dst.url)}.sqlite"
+
+
+async def fetch(src: ReadStore, dst: Store, path: Path) -> None:
+    """Write the target's copy to ``path`` (the local manifest is missing), if there is one."""
+    try:
+        data = await dst.get(target_manifest_key(src, dst))
+    except NotFound:
+        return
+    except MCSyncError as exc:
+        log.warning("could not fetch the manifest copy at the target: %s", exc)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".download")
+    tmp.write_bytes(bytes(data))
+    tmp.replace(path)
+    log.info("manifest fetched from the target (%d bytes)", len(data))
+
+
+async def kept(src: ReadStore, dst: Store, limits: Limits) -> bool:
+    """Does the target still hold the copy? A manifest stands in for a listing of the target
+    only then: a target emptied or replaced since (a wiped prefix, a new directory) is listed,
+    not trusted."""
+    try:
+        async with limits.requests:
+            await dst.head(target_manifest_key(src, dst))
+    except NotFound:
+        log.info("%s holds no copy of this pair's manifest: listing it", dst.url)
+        return False
+    except (MCSyncError, OSError) as exc:
+        log.warning("could not look for the manifest's copy at %s (%s): listing it",
+                    dst.url, exc)
+        return False
+    return True
+
+
+class Keeper:
+    """Sends the copy of one run's manifest: ``send`` (at the end), ``refresh`` (while the run
+    lasts, cancelled at its end)."""
+
+    def __init__(self, src: ReadStore, dst: Store, manifest: Manifest, options: SyncOptions,
+                 uploads: Uploads) -> None:
+        self.dst = dst
+        self.manifest = manifest
+        self.options = options
+        self.uploads = uploads
+        self.key = target_manifest_key(src, dst)
+
+    async def refresh(self) -> None:
+        took = 0.0
+        while True:
+            await asyncio.sleep(max(REFRESH_EVERY_S, 9 * took))
+            began = time.monotonic()
+            await self.send()
+            took = time.monotonic() - began
+
+    async def send(self) -> None:
+        """A snapshot of the manifest to the target; a failure is logged, never the run's."""
+        stale = self.uploads.open_uploads.pop(self.key, None)
+        if stale is not None:  # a killed run's upload of the copy: never to be finished
+            await self.uploads.abort_stale(stale)
+        with tempfile.TemporaryDirectory(prefix="mcsync-manifest-") as tmp:
+            snap = Path(tmp) / "manifest.sqlite"
+            self.manifest.snapshot(snap)
+            size = (await asyncio.to_thread(snap.stat)).st_size
+            try:
+                await send_file(self.dst, self.key, snap,
+                                self.options.part_size_for(size, self.dst.caps), self.manifest)
+            except (MCSyncError, OSError) as exc:
+                log.warning("could not keep a copy of the manifest at the target: %s", exc)
+
+
+async def send_file(dst: Store, key: str, path: Path, part_size: int,
+                    journal: Manifest | None = None) -> None:
+    """Write the local file ``path`` to ``key`` holding at most one part of it in memory: a
+    PUT when it fits in a part, else an upload journalled in ``journal`` while it is open (a
+    killed run's is aborted by the next) and aborted on any failure."""
+    size = (await asyncio.to_thread(path.stat)).st_size
+    if size <= part_size:
+        await dst.put(key, await asyncio.to_thread(path.read_bytes))
+        return
+    upload = await dst.open_upload(key, size)
+    if journal is not None:
+        journal.begin_upload(key, upload.upload_id, ObjectInfo(key, size, None, None), part_size)
+    try:
+        parts: list[PartRef] = []
+        with open(path, "rb") as f:
+            for number, offset in enumerate(range(0, size, part_size), start=1):
+                data = await asyncio.to_thread(f.read, part_size)
+                parts.append(await upload.put_part(number, offset, data))
+        await upload.complete(parts)
+    except BaseException:
+        await asyncio.shield(upload.abort())
+        raise
+    finally:
+        if journal is not None:
+            journal.drop_upload(key)
