@@ -25,6 +25,7 @@ from mcsync.testing.faultproxy import (
     INTERNAL_ERROR,
     SLOW_DOWN,
     TOO_MANY_REQUESTS,
+    UPLOADS,
     FaultProxy,
     Reset,
     Rule,
@@ -34,7 +35,6 @@ from mcsync.testing.faultproxy import (
 from mcsync.testing.servers import S3Endpoint, seaweedfs
 
 MiB = 1 << 20
-UPLOADS = frozenset({"PutObject", "UploadPart", "CompleteMultipartUpload"})
 
 # name -> the rules of one run
 SCENARIOS: dict[str, Callable[[], list[Rule]]] = {

@@ -45,9 +45,25 @@ from xml.sax.saxutils import escape
 
 from .servers import LOOPBACK, S3Endpoint
 
-__all__ = ["EXPIRED_TOKEN", "INTERNAL_ERROR", "INVALID_ACCESS_KEY", "SLOW_DOWN",
-           "TOO_MANY_REQUESTS", "Corrupt", "Exchange", "Fault", "FaultProxy", "Reply",
-           "Reset", "Rule", "ShortBody", "Stall", "expire_key", "s3_operation"]
+__all__ = [
+    "EXPIRED_TOKEN",
+    "INTERNAL_ERROR",
+    "INVALID_ACCESS_KEY",
+    "SLOW_DOWN",
+    "TOO_MANY_REQUESTS",
+    "UPLOADS",
+    "Corrupt",
+    "Exchange",
+    "Fault",
+    "FaultProxy",
+    "Reply",
+    "Reset",
+    "Rule",
+    "ShortBody",
+    "Stall",
+    "expire_key",
+    "s3_operation",
+]
 
 _CHUNK = 1 << 18
 SETTLE_S = 1.0  # see FaultProxy.exchanges
@@ -73,6 +89,8 @@ TOO_MANY_REQUESTS = Reply(429, "TooManyRequests", "Please reduce your request ra
 EXPIRED_TOKEN = Reply(403, "ExpiredToken", "The provided token has expired.")
 INVALID_ACCESS_KEY = Reply(403, "InvalidAccessKeyId",
                            "The AWS Access Key Id you provided does not exist in our records.")
+# The operations (``s3_operation``'s names) whose requests carry an object's bytes.
+UPLOADS = frozenset({"PutObject", "UploadPart", "CompleteMultipartUpload"})
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ windows to seconds (``short_windows``) so keys live a few seconds and each is us
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import logging
@@ -19,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -102,6 +103,41 @@ class PastExpiration(Rule):
     def matches(self, req: Exchange, age: float) -> bool:
         expiry = self.issued.keys().get(req.access_key or "") if self.issued else None
         return expiry is not None and time.time() >= expiry and super().matches(req, age)
+
+
+@dataclass
+class EndsAfterFirstUse(Rule):
+    """Refuse (403 ExpiredToken) every key ``seconds`` after the proxy first saw it, as AWS
+    refuses a key whose session ended: whatever Expiration the key was handed out with."""
+
+    seconds: float = 2.0
+    first_use: dict[str, float] = field(default_factory=dict)
+
+    def matches(self, req: Exchange, age: float) -> bool:
+        if not req.access_key:
+            return False
+        first = self.first_use.setdefault(req.access_key, time.time())
+        return time.time() - first > self.seconds and super().matches(req, age)
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` serving on 127.0.0.1 in a thread until the block ends; yields its URL."""
+    server = ThreadingHTTPServer((LOOPBACK, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{LOOPBACK}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def keys_json(key: str, expires_in: float, **extra: str) -> bytes:
+    """A credentials answer as the container and instance metadata endpoints give it."""
+    expires = datetime.fromtimestamp(time.time() + expires_in, UTC)
+    return json.dumps({**extra, "AccessKeyId": key, "SecretAccessKey": SECRET, "Token": TOKEN,
+                       "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}).encode()
 
 
 @pytest.fixture
@@ -351,10 +387,7 @@ def container_credentials(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             issued.append(f"AKIDCONT{len(issued) + 1:06d}")
-            expires = datetime.fromtimestamp(time.time() + 2.0, UTC)
-            body = json.dumps({"AccessKeyId": issued[-1], "SecretAccessKey": SECRET,
-                               "Token": TOKEN,
-                               "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}).encode()
+            body = keys_json(issued[-1], 2.0)
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -364,16 +397,9 @@ def container_credentials(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI",
-                       f"http://{LOOPBACK}:{server.server_address[1]}/creds")
-    try:
+    with serving(Handler) as url:
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"{url}/creds")
         yield issued
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_s3_chain_container_keys_are_renewed_on_both_paths(moto, moto_proxy, bucket_factory,
@@ -382,16 +408,7 @@ def test_s3_chain_container_keys_are_renewed_on_both_paths(moto, moto_proxy, buc
     """s3:// with keys from the standard chain (container metadata, 2-second keys): obstore
     (PUT) and botocore (UploadPart) both go on past several expiries."""
     bucket = bucket_factory(moto)
-    expiry: dict[str, float] = {}
-
-    class Expiring(Rule):
-        def matches(self, req: Exchange, age: float) -> bool:  # a key lives 2 s from first use
-            if not req.access_key:
-                return False
-            first = expiry.setdefault(req.access_key, time.time())
-            return time.time() - first > 2.0 and super().matches(req, age)
-
-    moto_proxy.add(Expiring(EXPIRED_TOKEN))
+    moto_proxy.add(EndsAfterFirstUse(EXPIRED_TOKEN, seconds=2.0))
     monkeypatch.setenv("AWS_REGION", moto.region)
     store = open_store(f"s3://{bucket}/", StoreOptions(endpoint_url=moto_proxy.url,
                                                       retry=RetryPolicy(max_attempts=1)))
@@ -498,27 +515,16 @@ def instance_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
                 self._send(b"mcsync-role")
             elif self.path == base + "mcsync-role":
                 issued.append(f"AKIDIMDS{len(issued) + 1:06d}")
-                expires = datetime.fromtimestamp(time.time() + 6 * 3600, UTC)
-                self._send(json.dumps({
-                    "Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": issued[-1],
-                    "SecretAccessKey": SECRET, "Token": TOKEN,
-                    "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}).encode())
+                self._send(keys_json(issued[-1], 6 * 3600, Code="Success", Type="AWS-HMAC"))
             else:
                 self._send(b"", 404)
 
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT",
-                       f"http://{LOOPBACK}:{server.server_address[1]}/")
-    try:
+    with serving(Handler) as url:
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", f"{url}/")
         yield
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize("source", ["web_identity", "assume_role", "instance_metadata"])
@@ -532,16 +538,7 @@ def test_sync_with_chain_keys_the_endpoint_ends_every_2_s(
     request.getfixturevalue(source)
     monkeypatch.setenv("AWS_REGION", moto.region)
     bucket = bucket_factory(moto)
-    first_use: dict[str, float] = {}
-
-    class Expiring(Rule):
-        def matches(self, req: Exchange, age: float) -> bool:
-            if not req.access_key:
-                return False
-            first = first_use.setdefault(req.access_key, time.time())
-            return time.time() - first > 2.0 and super().matches(req, age)
-
-    moto_proxy.add(Expiring(EXPIRED_TOKEN, name="2 s keys"))
+    moto_proxy.add(EndsAfterFirstUse(EXPIRED_TOKEN, seconds=2.0, name="2 s keys"))
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_proxy.url)  # STS and metadata: not proxied
     root, objects = _tree(tmp_path)
     caplog.set_level(logging.DEBUG, logger="mcsync")

@@ -34,6 +34,7 @@ from mcsync.testing.faultproxy import (
     EXPIRED_TOKEN,
     SLOW_DOWN,
     TOO_MANY_REQUESTS,
+    UPLOADS,
     FaultProxy,
     Reset,
     Rule,
@@ -45,7 +46,6 @@ from mcsync.testing.servers import S3Endpoint
 from .helpers import read_bucket, write_tree
 
 MiB = 1 << 20
-UPLOADS = frozenset({"PutObject", "UploadPart", "CompleteMultipartUpload"})  # with a body
 CLIENT_TIMEOUT_S = 4  # see short_client_timeouts
 
 
