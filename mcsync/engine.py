@@ -96,22 +96,41 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
             target = await check_pair(source, target, options)
         assert isinstance(target, Store)
         path = manifest_path(source, target, options)
-        if options.dry_run or not options.lock:
-            return await _run_with_manifest(source, target, options, sink, stop, path,
-                                            manifest_factory, check_manifest_copy)
-        async with pair_lock(source, target, options):
-            return await _run_with_manifest(source, target, options, sink, stop, path,
-                                            manifest_factory, check_manifest_copy)
+        locking = not options.dry_run and options.lock
+        ahead = target_copy.Lookahead(
+            source, target, path, look=check_manifest_copy, early=locking and options.use_manifest,
+            trusting=not (options.delete or options.verify or options.checksum))
+        try:
+            if not locking:
+                return await _run_with_manifest(source, target, options, sink, stop, path,
+                                                manifest_factory, ahead)
+            async with pair_lock(source, target, options):
+                return await _run_with_manifest(source, target, options, sink, stop, path,
+                                                manifest_factory, ahead)
+        finally:
+            await ahead.drop()  # not needed: locked out, or failed before
     raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
 
 
 async def check_pair(source: ReadStore, target: ReadStore, options: SyncOptions) -> Store:
     """Both sides usable (ConfigError, exit 2, when not); the target as a Store."""
     refuse_nested(source, target)  # before check(), which may create the target directory
-    await source.check(mode="read")
     if not isinstance(target, Store):
         raise UsageError(f"{target.url}: a source only: mcsync reads it but cannot write to it")
-    await target.check(mode="plan" if options.dry_run else "write")
+    mode = "plan" if options.dry_run else "write"
+    if isinstance(target, LocalTree):
+        # After the source's: checking a directory may create it, and a run whose source
+        # cannot be read should leave nothing behind. It costs no round trip to wait.
+        await source.check(mode="read")
+        await target.check(mode=mode)
+        return target
+    # Two remote sides are checked at once: over a WAN each check is a round trip or two
+    # before anything else can start. The source's failure is the one told when both fail.
+    checks = await asyncio.gather(source.check(mode="read"), target.check(mode=mode),
+                                  return_exceptions=True)
+    for outcome in checks:
+        if isinstance(outcome, BaseException):
+            raise outcome
     return target
 
 
@@ -170,11 +189,11 @@ async def close_quietly(store: ReadStore) -> None:
 async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
                              sink: EventSink | None, stop: asyncio.Event, path: Path,
                              manifest_factory: ManifestFactory,
-                             check_manifest_copy: bool) -> SyncReport:
+                             ahead: target_copy.Lookahead) -> SyncReport:
     manifest: Manifest | None = None
     if options.use_manifest and (path.exists() or not options.dry_run):
-        if not path.exists():
-            await target_copy.fetch(src, dst, path)
+        if not path.exists() and (data := await ahead.fetch()) is not None:
+            target_copy.install(data, path)
         manifest = manifest_factory(path, src.url, dst.url)
     def list_in_order(exc: ListingOrderError) -> None:
         if exc.fallback is None:
@@ -184,8 +203,7 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
 
     try:  # each side may need to switch to an ordered listing once
         return await retrying(
-            lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop,
-                         check_manifest_copy).run(),
+            lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop, ahead).run(),
             RetryPolicy.immediate(3), retry_on=ListingOrderError, before_retry=list_in_order)
     finally:
         if manifest is not None:
@@ -195,8 +213,8 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
 class _Run:
     def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, sink: EventSink,
                  manifest: Manifest | None, stop: asyncio.Event,
-                 check_manifest_copy: bool = True) -> None:
-        self.check_manifest_copy = check_manifest_copy
+                 ahead: target_copy.Lookahead) -> None:
+        self.ahead = ahead
         self.src = src
         self.dst = dst
         self.options = options
@@ -236,8 +254,7 @@ class _Run:
                        and self.dst.can_copy_from(self.src))
         trust = (self.manifest is not None and self.manifest.established
                  and not (self.options.delete or self.options.verify or self.options.checksum)
-                 and (not self.check_manifest_copy
-                      or await target_copy.kept(self.src, self.dst, self.limits)))
+                 and await self.ahead.held(self.limits))
         deletes, markers = Spool(), Spool()  # held back until every copy is done
         main = asyncio.current_task()
         self.pacing.listeners.append(self._throttled)

@@ -10,6 +10,7 @@ snapshot file a part at a time, and refreshed no more often than its sending cos
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import tempfile
 import time
@@ -35,28 +36,33 @@ def target_manifest_key(src: ReadStore, dst: ReadStore) -> str:
     return f"{RESERVED_PREFIX}manifest-{pair_id(src.url, dst.url)}.sqlite"
 
 
-async def fetch(src: ReadStore, dst: Store, path: Path) -> None:
-    """Write the target's copy to ``path`` (the local manifest is missing), if there is one."""
+async def fetch(src: ReadStore, dst: Store) -> bytes | None:
+    """The target's copy (the local manifest is missing), or None when there is none or it
+    cannot be read (a warning: the run then lists the target instead)."""
     try:
-        data = await dst.get(target_manifest_key(src, dst))
+        return bytes(await dst.get(target_manifest_key(src, dst)))
     except NotFound:
-        return
+        return None
     except MCSyncError as exc:
         log.warning("could not fetch the manifest copy at the target: %s", exc)
-        return
+        return None
+
+
+def install(data: bytes, path: Path) -> None:
+    """Put a fetched copy in place as the local manifest (whole, or not at all)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".download")
-    tmp.write_bytes(bytes(data))
+    tmp.write_bytes(data)
     tmp.replace(path)
     log.info("manifest fetched from the target (%d bytes)", len(data))
 
 
-async def kept(src: ReadStore, dst: Store, limits: Limits) -> bool:
+async def kept(src: ReadStore, dst: Store, limits: Limits | None = None) -> bool:
     """Does the target still hold the copy? A manifest stands in for a listing of the target
     only then: a target emptied or replaced since (a wiped prefix, a new directory) is listed,
     not trusted."""
     try:
-        async with limits.requests:
+        async with limits.requests if limits is not None else contextlib.nullcontext():
             await dst.head(target_manifest_key(src, dst))
     except NotFound:
         log.info("%s holds no copy of this pair's manifest: listing it", dst.url)
@@ -66,6 +72,47 @@ async def kept(src: ReadStore, dst: Store, limits: Limits) -> bool:
                     dst.url, exc)
         return False
     return True
+
+
+class Lookahead:
+    """The target's copy, looked at while the run's lock is being taken (``early``: one round
+    trip fewer before planning): fetched when the local manifest is missing (a fresh machine),
+    otherwise looked for with a HEAD (``kept``) when the run may trust the manifest. What it
+    finds is used only once the lock is held; ``drop`` ends what is still under way."""
+
+    def __init__(self, src: ReadStore, dst: Store, path: Path, *, look: bool, trusting: bool,
+                 early: bool) -> None:
+        self.src, self.dst, self.look = src, dst, look
+        self._fetching: asyncio.Task[bytes | None] | None = None
+        self._heading: asyncio.Task[bool] | None = None
+        self._fetched = False
+        if early and not path.exists():
+            self._fetching = asyncio.create_task(fetch(src, dst))
+        elif early and look and trusting:
+            self._heading = asyncio.create_task(kept(src, dst))
+
+    async def fetch(self) -> bytes | None:
+        """The copy's bytes (the local manifest is missing), or None."""
+        task = self._fetching
+        data = await (task if task is not None else fetch(self.src, self.dst))
+        self._fetched = data is not None
+        return data
+
+    async def held(self, limits: Limits) -> bool:
+        """May the run trust its manifest in place of a target listing? (``look`` False: a
+        watch's later cycle, which trusts it without asking.)"""
+        if not self.look or self._fetched:  # a copy just fetched is there
+            return True
+        if self._heading is not None:
+            return await self._heading
+        return await kept(self.src, self.dst, limits)
+
+    async def drop(self) -> None:
+        for task in (self._fetching, self._heading):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
 
 class Keeper:

@@ -207,6 +207,42 @@ def test_a_store_without_a_write_side_is_refused_as_a_target(pair, tmp_path):
         sync(src, ReadOnly(src), tmp_path)
 
 
+class MeetingCheck(MemoryStore):
+    """A store whose check() waits until the other side's check() has started too: two
+    checks made one after the other never meet, and time out."""
+
+    def __init__(self, name: str, started: dict[str, asyncio.Event], fail: bool = False) -> None:
+        super().__init__(name)
+        self.name, self.started, self.fail = name, started, fail
+
+    async def check(self, *, mode: str) -> None:
+        self.started[self.name].set()
+        other = next(e for n, e in self.started.items() if n != self.name)
+        await asyncio.wait_for(other.wait(), timeout=5)
+        if self.fail:
+            raise mcsync.ConfigError(f"{self.url}: {self.name} refused")
+        await super().check(mode=mode)
+
+
+def test_two_remote_sides_are_checked_at_once(tmp_path):
+    # Over a WAN each check is a round trip or two before anything else can start.
+    started = {"src": asyncio.Event(), "dst": asyncio.Event()}
+    src, dst = MeetingCheck("src", started), MeetingCheck("dst", started)
+    seed(src, {"a": b"alpha"})
+    report = sync(src, dst, tmp_path)
+    assert report.exit_code == 0 and contents(dst) == {"a": b"alpha"}
+
+
+@pytest.mark.parametrize("failing", [("src", "dst"), ("dst",)], ids=["both", "target"])
+def test_checks_at_once_tell_the_source_failure_first(tmp_path, failing):
+    started = {"src": asyncio.Event(), "dst": asyncio.Event()}
+    src = MeetingCheck("src", started, fail="src" in failing)
+    dst = MeetingCheck("dst", started, fail="dst" in failing)
+    with pytest.raises(mcsync.ConfigError, match=f"{failing[0]} refused"):
+        sync(src, dst, tmp_path)
+    assert contents(dst) == {}
+
+
 @pytest.mark.parametrize("make_src", [lambda: MemoryStore("s")], ids=["memory"])
 def test_an_unsafe_key_fails_that_object_only(make_src: Callable[[], MemoryStore], tmp_path):
     src = make_src()

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
 
+from mcsync.engine import target_lock_key
 from mcsync.errors import Permanent
+from mcsync.lock import Locked
 from mcsync.manifest import Manifest
-from mcsync.stores.memory import MemoryEndpoint, MemoryStore
+from mcsync.stores.memory import MemoryEndpoint, MemoryObject, MemoryStore
 from mcsync.target_copy import send_file, target_manifest_key
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 from mcsync.types import Capabilities, ObjectInfo
@@ -129,3 +133,58 @@ def test_a_copy_that_takes_long_is_refreshed_less_often(tmp_path, monkeypatch):
     # 1.2 s of run: every 0.06 s would be ~20 copies; every 0.45 s (9 x 0.05), 2-3, plus the
     # last one at the end of the run.
     assert 2 <= len(copies) <= 5
+
+
+
+def _ops(seen: list[tuple[str, str]]) -> Faults:
+    """Every operation on a store, in the order made; the lock's GET slowed, so a request
+    that does not wait for the lock is seen before the lock's PUT."""
+    return Faults([Rule("get", key=".mcsync/lock-*", times=None, delay_s=0.05),
+                   Rule("*", times=None, action=lambda c: seen.append((c.op, c.key)))])
+
+
+def _first_lock_put(seen: list[tuple[str, str]]) -> int:
+    return next(i for i, (op, key) in enumerate(seen)
+                if op == "put" and key.startswith(".mcsync/lock-"))
+
+
+def _pair() -> tuple[MemoryStore, MemoryStore]:
+    src = MemoryStore("src", endpoint=MemoryEndpoint("a"))
+    dst = MemoryStore("dst", endpoint=MemoryEndpoint("b"))
+    seed(src, OBJECTS)
+    return src, dst
+
+
+def test_a_fresh_machine_fetches_the_copy_while_taking_the_lock_and_trusts_it(tmp_path):
+    src, dst = _pair()
+    assert sync(src, dst, tmp_path / "first").ok
+    key = target_manifest_key(src, dst)
+    at_dst: list[tuple[str, str]] = []
+    report = sync(src, faulty(dst, _ops(at_dst)), tmp_path / "fresh")
+    assert report.ok and report.objects_skipped == len(OBJECTS) and contents(dst) == OBJECTS
+    assert at_dst.index(("get", key)) < _first_lock_put(at_dst), "fetched during the lock"
+    assert ("head", key) not in at_dst, "a copy just fetched is not looked for again"
+    assert not [op for op, _ in at_dst if op == "list"], "the fetched manifest is trusted"
+    assert (tmp_path / "fresh" / "manifest.sqlite").exists()
+
+
+def test_a_run_with_its_manifest_looks_for_the_copy_while_taking_the_lock(tmp_path):
+    src, dst = _pair()
+    assert sync(src, dst, tmp_path).ok
+    key = target_manifest_key(src, dst)
+    at_dst: list[tuple[str, str]] = []
+    report = sync(src, faulty(dst, _ops(at_dst)), tmp_path)
+    assert report.ok and report.objects_skipped == len(OBJECTS)
+    assert at_dst.index(("head", key)) < _first_lock_put(at_dst)
+    assert not [op for op, _ in at_dst if op == "list"], "the copy is there: no listing"
+
+
+def test_a_locked_out_run_installs_no_fetched_copy(tmp_path):
+    src, dst = _pair()
+    assert sync(src, dst, tmp_path / "first").ok
+    held = {"host": "another-host", "pid": 1, "expires_at": time.time() + 600}
+    dst.endpoint.objects[dst.prefix + target_lock_key(src, dst)] = MemoryObject(
+        json.dumps(held).encode(), "e", dst.endpoint.clock())
+    with pytest.raises(Locked):
+        sync(src, dst, tmp_path / "fresh")
+    assert not (tmp_path / "fresh" / "manifest.sqlite").exists()
