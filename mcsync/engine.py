@@ -44,7 +44,7 @@ from .events import (
     StatsCollector,
 )
 from .limits import Limits
-from .listing import merge_join, prefetched
+from .listing import Handoff, merge_join, prefetched
 from .lock import run_lock
 from .manifest import Manifest, ManifestEntry, default_path, entry_for, pair_id, split_digests
 from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
@@ -104,9 +104,12 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
             if not locking:
                 return await _run_with_manifest(source, target, options, sink, stop, path,
                                                 manifest_factory, ahead)
-            async with pair_lock(source, target, options):
+            # The source is listed while the lock is taken too: each page of a listing is a
+            # round trip, and a source's listing needs nothing the lock guards (the target's
+            # state and the manifest). Locked out, it is dropped unread.
+            async with prefetched(source.list()) as listing, pair_lock(source, target, options):
                 return await _run_with_manifest(source, target, options, sink, stop, path,
-                                                manifest_factory, ahead)
+                                                manifest_factory, ahead, Handoff(listing))
         finally:
             await ahead.drop()  # not needed: locked out, or failed before
     raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
@@ -189,7 +192,9 @@ async def close_quietly(store: ReadStore) -> None:
 async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
                              sink: EventSink | None, stop: asyncio.Event, path: Path,
                              manifest_factory: ManifestFactory,
-                             ahead: target_copy.Lookahead) -> SyncReport:
+                             ahead: target_copy.Lookahead,
+                             listing: Handoff[ObjectInfo] | None = None) -> SyncReport:
+    """``listing``: the source's, started already (see run_sync)."""
     manifest: Manifest | None = None
     if options.use_manifest and (path.exists() or not options.dry_run):
         if not path.exists() and (data := await ahead.fetch()) is not None:
@@ -203,7 +208,8 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
 
     try:  # each side may need to switch to an ordered listing once
         return await retrying(
-            lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop, ahead).run(),
+            lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop, ahead,
+                         listing).run(),
             RetryPolicy.immediate(3), retry_on=ListingOrderError, before_retry=list_in_order)
     finally:
         if manifest is not None:
@@ -213,8 +219,10 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
 class _Run:
     def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, sink: EventSink,
                  manifest: Manifest | None, stop: asyncio.Event,
-                 ahead: target_copy.Lookahead) -> None:
+                 ahead: target_copy.Lookahead,
+                 listing: Handoff[ObjectInfo] | None = None) -> None:
         self.ahead = ahead
+        self.listing = listing
         self.src = src
         self.dst = dst
         self.options = options
@@ -349,7 +357,9 @@ class _Run:
         if trust:
             assert manifest is not None
             targets: AsyncIterator[Any] = _aiter(manifest.entries())
-        async with prefetched(self.src.list()) as src_list:
+        early = self.listing.take() if self.listing is not None else None
+        async with (contextlib.nullcontext(early) if early is not None
+                    else prefetched(self.src.list())) as src_list:
             if not trust:
                 async with prefetched(self.dst.list()) as dst_list:
                     yield self._listing_pairs(src_list, dst_list)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from .errors import MCSyncError
 
@@ -58,6 +58,18 @@ async def merge_join(
 def _out_of_order(where: str, last: str, key: str) -> None:
     raise MCSyncError(f"{where}: listing is not in key order ({last!r} before {key!r}); "
                       "refusing to continue")
+
+
+class Handoff(Generic[T]):
+    """A listing started ahead of its consumer, handed over once: a second taker (a run
+    started again, listing in another order) lists afresh."""
+
+    def __init__(self, items: AsyncIterator[T]) -> None:
+        self._items: AsyncIterator[T] | None = items
+
+    def take(self) -> AsyncIterator[T] | None:
+        items, self._items = self._items, None
+        return items
 
 
 @contextlib.asynccontextmanager

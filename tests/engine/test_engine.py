@@ -233,6 +233,20 @@ def test_two_remote_sides_are_checked_at_once(tmp_path):
     assert report.exit_code == 0 and contents(dst) == {"a": b"alpha"}
 
 
+def test_the_source_is_listed_while_the_lock_is_taken(tmp_path):
+    src, dst = MemoryStore("src"), MemoryStore("dst")
+    seed(src, OBJECTS)
+    seen: list[tuple[str, str]] = []
+    record = Rule("*", times=None, action=lambda c: seen.append((c.op, c.key)))
+    slow_lock = Rule("get", key=".mcsync/lock-*", times=None, delay_s=0.05)
+    report = sync(faulty(src, Faults([record])), faulty(dst, Faults([slow_lock, record])),
+                  tmp_path)
+    assert report.ok and contents(dst) == OBJECTS
+    first_listed = next(i for i, (op, _) in enumerate(seen) if op == "list")
+    lock_put = seen.index(next(c for c in seen if c[0] == "put" and "lock-" in c[1]))
+    assert first_listed < lock_put
+
+
 @pytest.mark.parametrize("failing", [("src", "dst"), ("dst",)], ids=["both", "target"])
 def test_checks_at_once_tell_the_source_failure_first(tmp_path, failing):
     started = {"src": asyncio.Event(), "dst": asyncio.Event()}
