@@ -28,6 +28,9 @@ SERVER_B_PATHS = ("cross", "gs-to-meta")
 # With --link-mbit these write to B (behind the capped link) instead of A: with cross, the paths
 # of a migration across clouds.
 LINK_PATHS = ("upload", "resync-noop", "delta-s3", "delta-newstep")
+# With --rtt-ms these write to R: B seen through a proxy that holds every answer back. The
+# proxy is Python in the harness's process, so only paths bound by requests, not bytes, use it.
+RTT_PATHS = ("resync-noop", "delta-s3", "delta-newstep")
 S3_REF = "mcsync s3→meta"  # gs-to-meta's reference row: mcsync, s3 A → meta B (as in cross)
 SOURCE_BUCKET = "bench-src"
 PROBE_KEY = ".bench-probe"
@@ -99,6 +102,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         " delta-s3 and delta-newstep targets to B",
     )
     p.add_argument(
+        "--rtt-ms",
+        type=int,
+        metavar="N",
+        help="write the resync-noop, delta-s3 and delta-newstep targets to SeaweedFS B through"
+        " mcsync's fault proxy, which holds every answer back N ms: a round trip of a WAN",
+    )
+    p.add_argument(
         "--workdir",
         type=Path,
         metavar="DIR",
@@ -129,4 +139,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--repeat must be at least 1")
     if args.link_mbit is not None and args.link_mbit < 1:
         p.error("--link-mbit must be at least 1")
+    if args.rtt_ms is not None and args.rtt_ms < 1:
+        p.error("--rtt-ms must be at least 1")
     return args

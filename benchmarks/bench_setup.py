@@ -21,6 +21,7 @@ from bench_args import (
     MIB,
     PROBE_KEY,
     REPO,
+    RTT_PATHS,
     SERVER_B_PATHS,
     SOURCE_BUCKET,
     TARGET_PREFIX,
@@ -69,7 +70,8 @@ class Setup:
 
     def b_paths(self) -> tuple[str, ...]:
         """The paths that use server B."""
-        return SERVER_B_PATHS + (LINK_PATHS if self.args.link_mbit else ())
+        return (SERVER_B_PATHS + (LINK_PATHS if self.args.link_mbit else ())
+                + (RTT_PATHS if self.args.rtt_ms else ()))
 
     def start_servers(self, stack: contextlib.ExitStack) -> None:
         servers = load_servers()
@@ -93,12 +95,26 @@ class Setup:
                 if b["Name"].startswith(TARGET_PREFIX):
                     log(f"  deleting leftover target bucket {b['Name']}")
                     self._drop_target(S3Loc(name, b["Name"]))
+        if self.args.rtt_ms and "B" in self.servers:
+            self._start_delayed_b(stack)
         if "gs-to-meta" in self.args.only:
             gcs = load_gcs()
             d = self.workdir / "gcs-emulator"
             log(f"starting the GCS emulator (gcp-storage-emulator, in memory), log in {d}")
             self.gcs_url = stack.enter_context(gcs.gcs_emulator(d))
             log(f"GCS emulator: {self.gcs_url}")
+
+    def _start_delayed_b(self, stack: contextlib.ExitStack) -> None:
+        """R: B through the fault proxy, every answer held back --rtt-ms. The harness's own
+        requests (seeding, checking targets) go to B directly."""
+        from mcsync.testing.faultproxy import FaultProxy, Rule, Stall
+
+        delay = Rule(Stall(self.args.rtt_ms / 1000), name="rtt")
+        proxy = stack.enter_context(FaultProxy(self.servers["B"], [delay]).running())
+        self.servers["R"] = proxy.endpoint
+        self.clients["R"] = self.clients["B"]
+        log(f"R: SeaweedFS B through a proxy holding every answer {self.args.rtt_ms} ms: "
+            f"{proxy.url}")
 
     def _start_capped_b(self, stack: contextlib.ExitStack, d: Path, servers):
         """B in its network namespace behind the capped link; None (and a note) if it cannot."""

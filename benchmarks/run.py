@@ -53,6 +53,7 @@ from bench_args import (
     NEWSTEP_SETS,
     NOOP_SETS,
     RESYNC_PATHS,
+    RTT_PATHS,
     S3_REF,
     S3_SOURCE_PATHS,
     SOURCE_BUCKET,
@@ -162,8 +163,10 @@ class Bench(Setup):
     def locations(self, path: str, ds: Dataset, run_id: str, label: str):
         bucket = slug(f"{TARGET_PREFIX}{run_id}-{self.nonce}")[:63]
         src_s3 = S3Loc("A", SOURCE_BUCKET, f"{ds.name}/")
-        # With --link-mbit the local → s3 paths write to B, behind the capped link.
-        to = "B" if self.args.link_mbit and path in LINK_PATHS else "A"
+        # With --link-mbit the local → s3 paths write to B, behind the capped link; with
+        # --rtt-ms the request-bound ones write to R (B, every answer held back).
+        to = ("R" if self.args.rtt_ms and path in RTT_PATHS
+              else "B" if self.args.link_mbit and path in LINK_PATHS else "A")
         if path in ("upload", "resync-noop"):
             return LocalLoc(ds.root), S3Loc(to, bucket)
         if path == "gs-to-meta":
@@ -492,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
                     "description": bench.link.describe() if bench.link else None,
                     "probe": bench.link_probe,
                 } if args.link_mbit else None,
+                "rtt_ms": args.rtt_ms if "R" in bench.servers else None,
                 "elapsed_s": elapsed,
                 "interrupted": interrupted,
                 "runs": bench.runs,
@@ -508,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
             f"SeaweedFS A on 127.0.0.1, B on {bench.link.ns_ip} behind a "
             f"{bench.link.mbit} Mbit/s link"
         )
+    if "R" in bench.servers:
+        where += f" · R: B, every answer held back {args.rtt_ms} ms"
     print(
         f"mcsync benchmark · {'quick' if args.quick else 'full'} data · "
         f"{args.repeat} run(s) each · {where} · {elapsed / 60:.1f} min"
