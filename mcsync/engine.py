@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from .errors import (
     MCSyncError,
     PreconditionFailed,
     UnsafeKey,
-    UsageError,
     first_error,
 )
 from .events import (
@@ -45,9 +43,10 @@ from .events import (
 )
 from .limits import Limits
 from .listing import Handoff, merge_join, prefetched
-from .lock import run_lock
+from .lock import read_lock, run_lock
 from .manifest import Manifest, ManifestEntry, default_path, entry_for, pair_id, split_digests
 from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
+from .preflight import check_stores, writable_pair
 from .report import SyncReport
 from .resilience import Pacing, pacing_of, resilient
 from .retry import RetryPolicy, retrying
@@ -93,79 +92,54 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
         source, target = resilient(source, pacing), resilient(target, pacing)
         pacing.begin_run()
         if preflight:
-            target = await check_pair(source, target, options)
+            target = writable_pair(source, target)
         assert isinstance(target, Store)
         path = manifest_path(source, target, options)
         locking = not options.dry_run and options.lock
+        # Over a WAN each request is a round trip, so the reads that need no lock go out with
+        # the stores' checks: the lock object, the manifest's copy (then the source's listing
+        # with the lock's PUT). Nothing is written before the checks pass, and what was read
+        # is used only once the lock is held. A local target costs no round trip to wait for.
+        early = locking and not isinstance(target, LocalTree)
         ahead = target_copy.Lookahead(
-            source, target, path, look=check_manifest_copy, early=locking and options.use_manifest,
+            source, target, path, look=check_manifest_copy, early=early and options.use_manifest,
             trusting=not (options.delete or options.verify or options.checksum))
+        held = (asyncio.create_task(read_lock(target, target_lock_key(source, target)))
+                if early else None)
         try:
+            if preflight:
+                await check_stores(source, target, options)
             if not locking:
                 return await _run_with_manifest(source, target, options, sink, stop, path,
                                                 manifest_factory, ahead)
             # The source is listed while the lock is taken too: each page of a listing is a
             # round trip, and a source's listing needs nothing the lock guards (the target's
             # state and the manifest). Locked out, it is dropped unread.
-            async with prefetched(source.list()) as listing, pair_lock(source, target, options):
+            async with (prefetched(source.list()) as listing,
+                        pair_lock(source, target, options, held=held)):
                 return await _run_with_manifest(source, target, options, sink, stop, path,
                                                 manifest_factory, ahead, Handoff(listing))
         finally:
             await ahead.drop()  # not needed: locked out, or failed before
+            if held is not None:
+                held.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await held
     raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
-
-
-async def check_pair(source: ReadStore, target: ReadStore, options: SyncOptions) -> Store:
-    """Both sides usable (ConfigError, exit 2, when not); the target as a Store."""
-    refuse_nested(source, target)  # before check(), which may create the target directory
-    if not isinstance(target, Store):
-        raise UsageError(f"{target.url}: a source only: mcsync reads it but cannot write to it")
-    mode = "plan" if options.dry_run else "write"
-    if isinstance(target, LocalTree):
-        # After the source's: checking a directory may create it, and a run whose source
-        # cannot be read should leave nothing behind. It costs no round trip to wait.
-        await source.check(mode="read")
-        await target.check(mode=mode)
-        return target
-    # Two remote sides are checked at once: over a WAN each check is a round trip or two
-    # before anything else can start. The source's failure is the one told when both fail.
-    checks = await asyncio.gather(source.check(mode="read"), target.check(mode=mode),
-                                  return_exceptions=True)
-    for outcome in checks:
-        if isinstance(outcome, BaseException):
-            raise outcome
-    return target
-
-
-def refuse_nested(src: ReadStore, dst: ReadStore) -> None:
-    """Raise UsageError when ``src`` and ``dst`` are local directories one of which holds the
-    other (or the same one): a target inside the source would be listed as source and copied
-    into itself, run after run; a source inside the target would be written into (and, with
-    --delete, deleted as a target key missing at the source). Paths are compared resolved, so
-    a symlink does not hide the nesting. Stores of other kinds: nothing to say."""
-    if not (isinstance(src, LocalTree) and isinstance(dst, LocalTree)):
-        return
-    real_src, real_dst = os.path.realpath(src.root), os.path.realpath(dst.root)
-    if real_src == real_dst:
-        raise UsageError(f"{dst.url}: the target is the source directory itself")
-    if real_dst.startswith(real_src.rstrip(os.sep) + os.sep):
-        raise UsageError(f"{dst.url}: the target is inside the source {src.url}: mcsync would "
-                         "copy its own output back into it; choose a target outside the source")
-    if real_src.startswith(real_dst.rstrip(os.sep) + os.sep):
-        raise UsageError(f"{src.url}: the source is inside the target {dst.url}: writing the "
-                         "target would change the source; choose a target outside it")
 
 
 def manifest_path(source: ReadStore, target: ReadStore, options: SyncOptions) -> Path:
     return Path(options.manifest) if options.manifest else default_path(source.url, target.url)
 
 
-def pair_lock(source: ReadStore, target: Store,
-              options: SyncOptions) -> contextlib.AbstractAsyncContextManager[None]:
-    """The lock that keeps a second run of the pair away (exit 3): see ``lock``."""
+def pair_lock(source: ReadStore, target: Store, options: SyncOptions, *,
+              held: Awaitable[dict[str, object]] | None = None,
+              ) -> contextlib.AbstractAsyncContextManager[None]:
+    """The lock that keeps a second run of the pair away (exit 3): see ``lock``. ``held``:
+    its lock object, being read already."""
     path = manifest_path(source, target, options)
     return run_lock(path.with_name(path.name + ".lock"), target,
-                    target_lock_key(source, target))
+                    target_lock_key(source, target), held=held)
 
 
 async def _store(where: str | ReadStore, options: SyncOptions,

@@ -18,7 +18,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 from .errors import ConfigError, MCSyncError, NotFound
@@ -85,15 +85,21 @@ def _local_lock(path: Path):  # type: ignore[no-untyped-def]
         os.close(fd)  # releases the flock
 
 
+async def read_lock(dst: Store, target_key: str) -> dict[str, object]:
+    """The target's lock object ({} when there is none, or it names nothing)."""
+    try:
+        return _parsed(bytes(await dst.get(target_key)))
+    except NotFound:
+        return {}
+
+
 @contextlib.asynccontextmanager
-async def run_lock(local_path: Path, dst: Store, target_key: str, *,
-                   ttl: float = 600.0) -> AsyncIterator[None]:
+async def run_lock(local_path: Path, dst: Store, target_key: str, *, ttl: float = 600.0,
+                   held: Awaitable[dict[str, object]] | None = None) -> AsyncIterator[None]:
+    """``held``: ``read_lock`` of the target's lock object, sent already."""
     with _local_lock(local_path):
         me = _holder() | {"expires_at": time.time() + ttl, "token": os.urandom(8).hex()}
-        try:
-            current = _parsed(bytes(await dst.get(target_key)))
-        except NotFound:
-            current = {}
+        current = await (held if held is not None else read_lock(dst, target_key))
         # Holding the local lock proves no other run of this pair is alive on this host, so a
         # target lock left by this host belongs to a run that died: take it over at once. A
         # lock object that names no holder or no expiry (damaged) blocks nothing.

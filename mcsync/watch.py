@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import SyncOptions
-from .engine import ManifestFactory, check_pair, pair_lock, run_sync
+from .engine import ManifestFactory, pair_lock, run_sync
 from .errors import MCSyncError, UsageError
 from .events import EventSink
 from .lock import Locked
 from .manifest import Manifest
+from .preflight import check_pair
 from .report import SyncReport
 from .resilience import Pacing, pacing_of, resilient
 from .stores.base import LocalTree, ReadStore

@@ -233,6 +233,40 @@ def test_two_remote_sides_are_checked_at_once(tmp_path):
     assert report.exit_code == 0 and contents(dst) == {"a": b"alpha"}
 
 
+class CheckAwaitsLockRead(MemoryStore):
+    """A target whose check() returns only once the lock object is being read (or fails, as
+    told): a lock read made after the check would never come, and the check times out."""
+
+    def __init__(self, name: str, fail: bool = False) -> None:
+        super().__init__(name)
+        self.lock_read, self.fail = asyncio.Event(), fail
+
+    async def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        if key.startswith(".mcsync/lock-"):
+            self.lock_read.set()
+        return await super().get(key, *args, **kwargs)
+
+    async def check(self, *, mode: str) -> None:
+        await asyncio.wait_for(self.lock_read.wait(), timeout=5)
+        if self.fail:
+            raise mcsync.ConfigError(f"{self.url}: refused")
+        await super().check(mode=mode)
+
+
+def test_the_lock_object_is_read_while_the_target_is_checked(tmp_path):
+    src, dst = MemoryStore("src"), CheckAwaitsLockRead("dst")
+    seed(src, OBJECTS)
+    assert sync(src, dst, tmp_path).ok and contents(dst) == OBJECTS
+
+
+def test_nothing_is_written_before_the_checks_pass(tmp_path):
+    src, dst = MemoryStore("src"), CheckAwaitsLockRead("dst", fail=True)
+    seed(src, OBJECTS)
+    with pytest.raises(mcsync.ConfigError, match="refused"):
+        sync(src, dst, tmp_path)
+    assert dst.endpoint.objects == {}, "no lock object, no copy, nothing"
+
+
 def test_the_source_is_listed_while_the_lock_is_taken(tmp_path):
     src, dst = MemoryStore("src"), MemoryStore("dst")
     seed(src, OBJECTS)
