@@ -256,10 +256,13 @@ class BufferPool:
             self.give(buf)
 
 
-# Data-bearing requests on the wire when a run starts: what the peers default to (rclone 4
-# transfers x 4 chunks, aws 10, s5cmd 5 parts a file) and, measured on loopback SeaweedFS, as
-# fast as more (see GoodputSlots).
-INITIAL_PARTS_IN_FLIGHT = 8
+# Data-bearing requests on the wire when a run starts; GoodputSlots grows it while that pays.
+# In the peers' range (rclone 4 transfers x 4 chunks, s5cmd 5 parts a file, aws 10). On the
+# 2-core benchmark machine, where SeaweedFS shares the cores, 4 beat 8 (medians of 3-4, wall):
+# 256 MiB upload 1.68 s / 1.81 s, 2 GiB mixed upload 11.3 / 12.2 s (RSS 221-256 / 273-308 MiB,
+# server CPU 18-19 / 20-21 s), s3 -> meta mixed 1.94 / 2.04 s; level on 8-16 files of 16-32 MiB
+# and 2 GiB downloads. More parts in flight held memory and made the server contend.
+INITIAL_PARTS_IN_FLIGHT = 4
 
 
 class Limits:
