@@ -109,6 +109,9 @@ class Deltas:
     emit: Callable[[Event], None]
     manifest: Manifest | None = None  # the records and chunk index composed from
     refused: bool = False  # the target refused a ranged part copy: no more deltas this run
+    # The target was listed and holds no object: whatever the chunk index names is gone, so a
+    # new object's chunks are not sampled (read) to look for it there.
+    target_empty: bool = False
     _stage_creates: set[asyncio.Future[Upload]] = field(default_factory=set)
 
     def possible(self, action: Action) -> bool:
@@ -123,7 +126,7 @@ class Deltas:
 
     def _index_may_help(self) -> bool:
         return (self.options.delta_scope != "key" and self.manifest is not None
-                and not self.manifest.index.empty)
+                and not self.target_empty and not self.manifest.index.empty)
 
     def cut_of(self, action: Action, size: int) -> tuple[int, str]:
         """Block size and chunker to cut the new version with: as the recorded version of the

@@ -343,8 +343,12 @@ class _Run:
     async def _listing_pairs(self, src_list: AsyncIterator[Any],
                              dst_list: AsyncIterator[Any]) -> AsyncIterator[Pair]:
         get = self.manifest.get if self.manifest is not None else (lambda key: None)
-        async for key, s, d in merge_join(src_list, dst_list, src_name=self.src.url,
+        target = _DataSeen(dst_list)
+        async for key, s, d in merge_join(src_list, target, src_name=self.src.url,
                                           dst_name=self.dst.url):
+            # merge_join reads the target's first entry before its first pair, so a wiped
+            # target whose manifest was kept is known to be empty before its first object.
+            self.transfer.deltas.target_empty = target.empty
             yield Pair(key, s, d, get(key) if s is not None else None)
 
     async def _manifest_pairs(self, src_list: AsyncIterator[Any],
@@ -521,6 +525,30 @@ class _Run:
             self.sink.emit(ObjectDone(done.result))
         finally:
             self.objects.release()
+
+
+class _DataSeen:
+    """A target listing passed through: ``empty`` once it ended without one object of data
+    (mcsync's own ``.mcsync/`` keys, its lock among them, aside)."""
+
+    def __init__(self, items: AsyncIterator[ObjectInfo]) -> None:
+        self._items = items
+        self._data = False
+        self.empty = False
+
+    def __aiter__(self) -> _DataSeen:
+        return self
+
+    async def __anext__(self) -> ObjectInfo:
+        try:
+            item = await anext(self._items)
+        except StopAsyncIteration:
+            self.empty = not self._data
+            raise
+        if not self._data and not item.key.startswith(RESERVED_PREFIX):
+            self._data = True
+        return item
+
 
 async def _aiter(items: Iterator[ManifestEntry]) -> AsyncIterator[ManifestEntry]:
     for i, item in enumerate(items):

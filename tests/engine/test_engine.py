@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -265,6 +266,28 @@ def test_nothing_is_written_before_the_checks_pass(tmp_path):
     with pytest.raises(mcsync.ConfigError, match="refused"):
         sync(src, dst, tmp_path)
     assert dst.endpoint.objects == {}, "no lock object, no copy, nothing"
+
+
+def test_a_wiped_target_costs_no_extra_reads_of_the_source(tmp_path):
+    # Its manifest kept, a target emptied since: the chunk index names objects that are gone,
+    # so no new object's chunks are sampled (read) to look for them there before it is sent.
+    src = MemoryStore("src", endpoint=MemoryEndpoint("a"))
+    dst = MemoryStore("dst", endpoint=MemoryEndpoint("b"))
+    big = {f"shard-{i}.bin": payload(2 * PART + 3, 10 + i) for i in range(3)}
+    seed(src, big)
+
+    def reads(state: Path) -> Counter[str]:
+        made: Counter[str] = Counter()
+        faults = Faults([Rule("*", times=None, action=lambda c: made.update([c.op]))])
+        report = sync(faulty(src, faults), dst, state, part_size=PART)
+        assert report.ok and contents(dst) == big
+        return Counter({op: n for op, n in made.items() if op in ("get", "open_range",
+                                                                   "read_into")})
+
+    fresh = reads(tmp_path / "kept")
+    assert sum(fresh.values()) >= len(big)
+    dst.endpoint.objects.clear()  # wiped, .mcsync/ and all; the local manifest is kept
+    assert reads(tmp_path / "kept") == fresh
 
 
 def test_the_source_is_listed_while_the_lock_is_taken(tmp_path):
