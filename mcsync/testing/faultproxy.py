@@ -5,7 +5,7 @@ upstream), bodies streamed both ways, one upstream connection per client connect
 while both sides keep theirs. Raw asyncio streams, no HTTP library: a fault in the middle of a
 body happens exactly where it says, and nothing is re-framed on the way.
 
-Each request is named by its S3 operation (from method, path-style path and query) and meets
+Each request is named by its S3 operation (``s3_requests``: from method, path and query) and meets
 the ``Rule``s in order; the first that matches (operation glob or set, key glob, access key of
 its ``Credential=``, a header, a time window, at most ``count`` times, ``probability``) applies
 its fault: a ``Reply`` (an S3 error instead of forwarding: ``SLOW_DOWN``, ``INTERNAL_ERROR``,
@@ -29,7 +29,6 @@ import contextlib
 import fnmatch
 import http
 import random
-import re
 import socket
 import struct
 import threading
@@ -40,9 +39,10 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from typing import ClassVar, Literal
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import urlsplit
 from xml.sax.saxutils import escape
 
+from .s3_requests import UPLOADS, Exchange, header_map, parse_request, s3_operation
 from .servers import LOOPBACK, S3Endpoint
 
 __all__ = [
@@ -89,8 +89,6 @@ TOO_MANY_REQUESTS = Reply(429, "TooManyRequests", "Please reduce your request ra
 EXPIRED_TOKEN = Reply(403, "ExpiredToken", "The provided token has expired.")
 INVALID_ACCESS_KEY = Reply(403, "InvalidAccessKeyId",
                            "The AWS Access Key Id you provided does not exist in our records.")
-# The operations (``s3_operation``'s names) whose requests carry an object's bytes.
-UPLOADS = frozenset({"PutObject", "UploadPart", "CompleteMultipartUpload"})
 
 
 @dataclass(frozen=True)
@@ -166,82 +164,6 @@ class Rule:
 def expire_key(access_key: str, after_s: float, fault: Reply = EXPIRED_TOKEN) -> Rule:
     """Requests signed with ``access_key`` are refused (403 ExpiredToken) from ``after_s`` on."""
     return Rule(fault, access_key=access_key, after_s=after_s, name=f"expire {access_key}")
-
-
-@dataclass
-class Exchange:
-    """One request through the proxy. ``status``: what the client was (being) answered;
-    ``outcome``: "ok", "reset", "short", "client-gone" (it closed or reset first),
-    "upstream-gone" (the server closed first, or could not be reached), "pending" (under way)
-    or "stopped" (the proxy stopped first)."""
-
-    method: str
-    target: str
-    op: str
-    bucket: str
-    key: str
-    access_key: str | None
-    part: str = ""  # an UploadPart's partNumber
-    headers: dict[str, str] = field(default_factory=dict, repr=False)  # by lower-case name
-    seq: int = 0
-    t: float = 0.0  # seconds since the proxy started, when the request's head arrived
-    conn: int = 0  # the client connection it came on (1, 2, ... in order of connection)
-    fault: str | None = None
-    rule: str | None = None
-    status: int | None = None
-    outcome: str = "pending"
-
-
-_BUCKET_GETS = (("uploads", "ListMultipartUploads"), ("location", "GetBucketLocation"),
-                ("versions", "ListObjectVersions"), ("versioning", "GetBucketVersioning"))
-
-
-def s3_operation(method: str, path: str, query: dict[str, str],
-                 headers: dict[str, str]) -> tuple[str, str, str]:
-    """(operation, bucket, key) of a path-style S3 request ("Unknown" if not known)."""
-    bucket, _, key = path.lstrip("/").partition("/")
-    bucket, key, copy = unquote(bucket), unquote(key), "x-amz-copy-source" in headers
-    upload = "uploadId" in query
-    if not bucket:
-        op = "ListBuckets" if method == "GET" else "Unknown"
-    elif not key and method == "GET":
-        op = next((op for q, op in _BUCKET_GETS if q in query),
-                  "ListObjectsV2" if query.get("list-type") == "2" else "ListObjects")
-    elif not key:
-        op = {"HEAD": "HeadBucket", "PUT": "CreateBucket", "DELETE": "DeleteBucket",
-              "POST": "DeleteObjects" if "delete" in query else "Unknown"}.get(method, "Unknown")
-    elif method == "PUT":
-        op = (("UploadPartCopy" if copy else "UploadPart") if upload and "partNumber" in query
-              else "CopyObject" if copy else "PutObjectTagging" if "tagging" in query
-              else "PutObject")
-    elif method == "POST":
-        op = ("CreateMultipartUpload" if "uploads" in query
-              else "CompleteMultipartUpload" if upload else "Unknown")
-    else:
-        op = {"GET": "ListParts" if upload else "GetObjectTagging" if "tagging" in query
-              else "GetObject", "HEAD": "HeadObject",
-              "DELETE": "AbortMultipartUpload" if upload else "DeleteObject"}.get(method,
-                                                                                  "Unknown")
-    return op, bucket, key
-
-
-_CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
-
-
-def _headers(lines: list[str]) -> dict[str, str]:
-    return {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines if h)}
-
-
-def parse_request(head: bytes) -> Exchange:
-    line, *lines = head.decode("latin-1").split("\r\n")
-    method, target, _ = line.split(" ", 2)
-    headers, parts = _headers(lines), urlsplit(target)
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    op, bucket, key = s3_operation(method, parts.path, query, headers)
-    found = (_CREDENTIAL.search(headers.get("authorization", ""))
-             or _CREDENTIAL.search("Credential=" + query.get("X-Amz-Credential", "")))
-    return Exchange(method, target, op, bucket, key, found.group(1) if found else None,
-                    query.get("partNumber", ""), headers)
 
 
 class _Gone(Exception):
@@ -544,7 +466,7 @@ class FaultProxy:
             if (status := int(line.split(" ", 2)[1])) >= 200 or status == 101:
                 break
             await _write(cw, head, "client")
-        headers = _headers(lines)
+        headers = header_map(lines)
         framing = _framing(headers, ex.method, status)
         ex.status = status
         if isinstance(fault, Stall):

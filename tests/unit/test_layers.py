@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("upload", "compose", "transfer", "target_copy"),
     ("engine", "watch"),
     ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.processes",
-     "testing.servers", "testing.gcs", "testing.faults", "testing.faultproxy",
+     "testing.servers", "testing.gcs", "testing.faults", "testing.s3_requests",
+     "testing.faultproxy",
      "testing.synthetic"),
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
