@@ -113,6 +113,7 @@ class Deltas:
     # new object's chunks are not sampled (read) to look for it there.
     target_empty: bool = False
     _stage_creates: set[asyncio.Future[Upload]] = field(default_factory=set)
+    _present: set[str] = field(default_factory=set)  # bases seen at the target (Base.name)
 
     def possible(self, action: Action) -> bool:
         """Could this action go as a block delta (before looking at any byte)? A changed
@@ -161,8 +162,8 @@ class Deltas:
                                                       self.limits)
         new = list(zip(layout.chunks, digests, strict=True))
         found = [own] if isinstance(own, Base) else []
-        found += self._other_bases(action.key, new)
-        segments = delta.match(new, *(b.chunks for b in found))
+        found, segments = await self._match_present(
+            new, found + self._other_bases(action.key, new))
         caps = self.dst.caps
         plan = delta.pack(segments, src.size, part_size=part_size, min_part=caps.min_part_size,
                           max_parts=caps.max_parts, stage=_can_stage(self.dst))
@@ -209,6 +210,42 @@ class Deltas:
         return [Base(k, records[k].as_target(), records[k].chunks())
                 for k in bases.rank(key, hits, records, self.options.delta_scope)]
 
+    async def _match_present(self, new: list[tuple[ByteRange, bytes]], found: list[Base],
+                             ) -> tuple[list[Base], list[delta.Segment]]:
+        """``delta.match`` against ``found``, every other object it copies from first seen at
+        the target as recorded (one HEAD each, once a run). One deleted or replaced behind
+        mcsync's back (a retention rule expiring old checkpoints) is dropped from the chunk
+        index and the match made again without it: the index outlives what it names."""
+        while True:
+            segments = delta.match(new, *(b.chunks for b in found))
+            used = {seg.source for seg in segments if seg.old_start is not None}
+            unseen = [b for i, b in enumerate(found)
+                      if i in used and not b.own and b.name not in self._present]
+            if not unseen:
+                return found, segments
+            gone = {b.key for b, here in zip(
+                unseen, await asyncio.gather(*map(self._still_there, unseen)), strict=True)
+                if not here}
+            if not gone:
+                return found, segments
+            found = [b for b in found if b.key not in gone]
+
+    async def _still_there(self, base: Base) -> bool:
+        try:
+            async with self.limits.requests:
+                current = await self.dst.head(base.key)
+        except NotFound:
+            current = None
+        record = self.manifest.get(base.key) if self.manifest is not None else None
+        if current is not None and record is not None and record.matches_target(current):
+            self._present.add(base.name)
+            return True
+        log.info("%s is %s the target: not composing from it", base.key,
+                 "no longer at" if current is None else "another version at")
+        if self.manifest is not None and not self.options.dry_run:
+            self.manifest.index.drop(base.key)
+        return False
+
     async def send(self, action: Action, src: ObjectInfo, prior: OpenUpload | None,
                    uploads: Uploads, send_part: MovePart, *, streamed: bool) -> Composed | str:
         """Send only what changed and have the target compose the rest, or say why not (the
@@ -236,12 +273,13 @@ class Deltas:
                 old = ByteRange(spec.old_start, spec.old_start + spec.rng.length)
                 return await self._copy_part(key, upload, spec, sources[spec.source], old)
             except PreconditionFailed:
-                # The base is no longer the version recorded: never compose from it again.
+                # The base is no longer the version recorded, or is gone: never compose from
+                # it again.
                 # Raised on, the object is planned afresh (transfer), without it.
                 if self.manifest is not None:
                     self.manifest.index.drop(base.key)
-                log.info("%s: %s changed behind mcsync's back; not composing from it",
-                         key, base.key)
+                log.info("%s: %s changed or went away behind mcsync's back; not composing "
+                         "from it", key, base.key)
                 raise
 
         plan = UploadPlan(key, src, specs, self.options.part_size_for(src.size, dst.caps),

@@ -95,7 +95,8 @@ class PartCopyUpload(Upload, Protocol):
     async def copy_part(self, number: int, offset: int, source: CopySource,
                         rng: ByteRange) -> PartRef:
         """Part ``number``, written at ``offset`` of the new object, is bytes ``rng`` of
-        ``source``; raises PreconditionFailed when the source is not the version named."""
+        ``source``; raises PreconditionFailed when the source is not the version named, or
+        is gone."""
         ...
 
 

@@ -267,6 +267,9 @@ class MemoryUpload:
                         rng: ByteRange) -> PartRef:
         await asyncio.sleep(0)
         self._held()
+        if source.key not in self.store.endpoint.objects:  # as S3's NoSuchKey on a part copy
+            raise PreconditionFailed(f"memory://{self.store.endpoint.name}/{source.key}: "
+                                     "gone since it was listed")
         data = self.store._source(source).data
         _check_range(f"memory://{self.store.endpoint.name}/{source.key}", rng, len(data))
         return self._add(number, data[rng.start:rng.end])

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import checksums
-from ..errors import NotFound
+from ..errors import NotFound, PreconditionFailed
 from ..types import Buffer, ByteRange, ObjectInfo, PartClaim, PartRef
+from .s3_errors import answer_of
 
 if TYPE_CHECKING:
     from botocore.exceptions import ClientError
@@ -117,8 +118,18 @@ class S3Upload:
         }
         if source.etag:
             kwargs["CopySourceIfMatch"] = f'"{source.etag}"'
-        with s.translating(self.key):
-            r = await client.upload_part_copy(**kwargs)
+        try:
+            with s.translating(self.key):
+                r = await client.upload_part_copy(**kwargs)
+        except NotFound as exc:
+            # NoSuchKey names the copy source (NoSuchUpload the upload): like a source that
+            # changed, one that is gone is a failed precondition of the copy, for the caller
+            # to plan without it, not an error of the object being written.
+            answer = answer_of(exc.__cause__) if exc.__cause__ is not None else None
+            if answer is None or answer.code != "NoSuchKey":
+                raise
+            raise PreconditionFailed(f"{s.url}{self.key}: its copy source {source.bucket}/"
+                                     f"{source.key} no longer exists") from exc
         return PartRef(number, unquote_etag(r["CopyPartResult"]["ETag"]) or "", rng.length)
 
     async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:

@@ -39,6 +39,12 @@ class Target:
             return read_tree(self.root)
         return read_bucket(self.ep, self.bucket, "runs/")
 
+    def delete(self, key: str) -> None:
+        if self.kind == "local":
+            (self.root / key).unlink()
+        else:
+            self.ep.client().delete_object(Bucket=self.bucket, Key=f"runs/{key}")
+
     def overwrite(self, key: str, data: bytes) -> None:
         if self.kind == "local":
             (self.root / key).write_bytes(data)
@@ -116,8 +122,35 @@ def test_renamed_shards_are_copied_at_the_target(target, tmp_path):
     assert report["bytes_sent"] <= 3 * per_region(target), report["bytes_sent"]
 
 
-def test_a_base_overwritten_between_plan_and_compose_is_not_used(seaweed, bucket_factory,
-                                                                  tmp_path, monkeypatch):
+def test_a_new_step_composes_around_earlier_steps_deleted_at_the_target(target, tmp_path):
+    """A retention rule at the target removed step-1 and step-2 behind mcsync's back (and
+    the trainer removed them from the source): the chunk index still names both. step-3 is
+    composed from step-0, which is still there, and the next run finds nothing to do."""
+    src = tmp_path / "src"
+    tensors = checkpoint_tensors()
+    write_tree(src, {"t/step-0/model.safetensors": safetensors(tensors)})
+    sync(src, target)
+    for step, name in ((1, "layers.2.mlp.up.weight"), (2, "layers.4.norm.weight")):
+        tensors = rewrite(tensors, [name], seed=step)
+        write_tree(src, {f"t/step-{step}/model.safetensors": safetensors(tensors)})
+        sync(src, target)
+    for step in (1, 2):
+        target.delete(f"t/step-{step}/model.safetensors")
+        (src / f"t/step-{step}/model.safetensors").unlink()
+    step3 = safetensors(rewrite(tensors, ["layers.6.attn.qkv.weight"], seed=3))
+    write_tree(src, {"t/step-3/model.safetensors": step3})
+    report = sync(src, target)
+    assert target.read() == read_tree(src)
+    (obj,) = [o for o in report["objects"] if o["key"] == "t/step-3/model.safetensors"]
+    assert [k for k, _ in obj["reused_from"]] == ["t/step-0/model.safetensors"]
+    assert report["bytes_sent"] <= 0.15 * len(step3) + 3 * per_region(target)
+    again = sync(src, target)
+    assert again["bytes_sent"] == 0 and again["objects_failed"] == 0
+
+
+@pytest.mark.parametrize("change", ["overwritten", "deleted"])
+def test_a_base_changed_between_plan_and_compose_is_not_used(change, seaweed, bucket_factory,
+                                                             tmp_path, monkeypatch):
     src = tmp_path / "src"
     tensors = checkpoint_tensors()
     step1 = safetensors(tensors)
@@ -133,8 +166,11 @@ def test_a_base_overwritten_between_plan_and_compose_is_not_used(seaweed, bucket
     def overwrite_the_base(_: Call) -> None:  # after the plan, before the first part copy
         if not replaced:
             replaced.append(True)
-            seaweed.client().put_object(Bucket=bucket, Key="a/step-1/model.safetensors",
-                                        Body=b"not the checkpoint any more")
+            if change == "deleted":
+                seaweed.client().delete_object(Bucket=bucket, Key="a/step-1/model.safetensors")
+            else:
+                seaweed.client().put_object(Bucket=bucket, Key="a/step-1/model.safetensors",
+                                            Body=b"not the checkpoint any more")
 
     target = faulty(open_store(f"meta://{bucket}/"),
                     Faults([Rule("copy_part", times=None, action=overwrite_the_base)]))

@@ -542,25 +542,45 @@ async def test_copy_object_from_a_changed_source_is_refused(backend: Backend) ->
         await dst.head("k")
 
 
-async def test_copy_part_from_a_changed_source_is_refused(backend: Backend, store: Any) -> None:
+async def part_copy_sources(backend: Backend, store: Any, seed: int) -> list[Any]:
+    """Every kind of part-copy source the store takes, of a new object "k"."""
     need(store, Store)
     if not isinstance(store, (Composer, ServerSideCopier)):
         pytest.skip(f"{type(store).__name__} is neither a Composer nor a ServerSideCopier")
-    await backend.seed(store, "k", payload(1000, 27))
+    await backend.seed(store, "k", payload(1000, seed))
     current = await store.head("k")
     sources = []
     if isinstance(store, Composer):
         sources.append(store.compose_source(current))
     if isinstance(store, ServerSideCopier):
         sources.append(store.copy_source("k", current.etag))
-    await backend.seed(store, "k", payload(1200, 28))  # a new version, of another size
+    return sources
+
+
+async def copy_part_is_refused(store: Any, sources: list[Any]) -> None:
     for source in sources:
         upload = await store.open_upload("new", 100)
         assert isinstance(upload, PartCopyUpload)
         with pytest.raises(PreconditionFailed):
             await upload.copy_part(1, 0, source, ByteRange(0, 100))
         await upload.abort()
+
+
+async def test_copy_part_from_a_changed_source_is_refused(backend: Backend, store: Any) -> None:
+    sources = await part_copy_sources(backend, store, 27)
+    await backend.seed(store, "k", payload(1200, 28))  # a new version, of another size
+    await copy_part_is_refused(store, sources)
     assert await keys(store) == ["k"]
+
+
+async def test_copy_part_from_a_source_gone_since_is_refused(backend: Backend,
+                                                             store: Any) -> None:
+    """A gone source is a failed precondition of the copy too (the caller plans without it),
+    not a missing object being written."""
+    sources = await part_copy_sources(backend, store, 30)
+    await store.delete("k")
+    await copy_part_is_refused(store, sources)
+    assert await keys(store) == []
 
 
 async def test_compose_a_new_version_from_the_current_one(store: Any) -> None:

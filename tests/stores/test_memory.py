@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mcsync.errors import ConfigError, NotFound, Permanent, PreconditionFailed, UnsafeKey
+from mcsync.errors import ConfigError, Permanent, PreconditionFailed, UnsafeKey
 from mcsync.stores.base import (
     Composer,
     FileTarget,
@@ -130,7 +130,7 @@ async def test_reads_are_strict() -> None:
         await store.put("", b"x")
     with pytest.raises(UnsafeKey):
         await store.open_upload("bad\udc80", 1)
-    with pytest.raises(NotFound):
+    with pytest.raises(PreconditionFailed):
         await (await store.open_upload("gone", 1)).copy_part(
             1, 0, store.copy_source("nothing", None), ByteRange(0, 1))
 
