@@ -204,6 +204,30 @@ def test_killed_cross_object_compose_resumes_to_the_same_target(point, seaweed, 
     assert not seaweed.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
 
 
+def test_a_killed_compose_whose_base_is_deleted_before_the_rerun_finishes(seaweed,
+                                                                          bucket_factory,
+                                                                          tmp_path):
+    """Killed halfway through composing step-2 from step-1; then a retention rule deletes
+    step-1 at the target. The next run must not resume part copies from it: step-2 lands
+    whole, and no upload is left open."""
+    src = tmp_path / "src"
+    tensors = checkpoint_tensors()
+    write_tree(src, {"r/step-1/model.safetensors": safetensors(tensors)})
+    bucket = bucket_factory(seaweed)
+    dst, env = f"meta://{bucket}/", seaweed.meta_env()
+    assert run_cli("sync", str(src), dst, "--part-size", "5MiB", "-q", env=env).exit_code == 0
+    step2 = safetensors(rewrite(tensors, ["layers.3.attn.qkv.weight"]))
+    write_tree(src, {"r/step-2/model.safetensors": step2})
+    proc = crashed_run("copy:2", "sync", str(src), dst, "--part-size", "5MiB", "-q", env=env)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    seaweed.client().delete_object(Bucket=bucket, Key="r/step-1/model.safetensors")
+    (src / "r/step-1/model.safetensors").unlink()
+    result = run_cli("sync", str(src), dst, "--part-size", "5MiB", "-q", "--json", env=env)
+    assert result.exit_code == 0, result.output
+    assert read_bucket(seaweed, bucket) == read_tree(src)
+    assert not seaweed.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
 @pytest.mark.slow
 def test_a_renamed_500_mib_object_sends_nothing(target, tmp_path):
     src = tmp_path / "src"
