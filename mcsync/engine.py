@@ -24,6 +24,7 @@ from .errors import (
     ListingOrderError,
     MCSyncError,
     PreconditionFailed,
+    SourceGone,
     UnsafeKey,
     first_error,
 )
@@ -510,6 +511,8 @@ class _Run:
         except PreconditionFailed as exc:  # changed again while its new version was copied
             self.sink.emit(ObjectDeferred(action.key, action.size,
                                           f"still being written: {exc}; a later run takes it"))
+        except SourceGone as exc:
+            self.sink.emit(ObjectDeferred(action.key, action.size, str(exc)))
         except (MCSyncError, OSError) as exc:
             self.sink.emit(ObjectFailed(action.key, action.kind, action.size, _describe(exc)))
         except Exception as exc:  # a bug must not take the other objects down with it

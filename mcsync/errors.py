@@ -25,6 +25,11 @@ class NotFound(MCSyncError):
     """The object does not exist."""
 
 
+class SourceGone(NotFound):
+    """The source object was deleted after it was listed (a trainer rotating its checkpoints):
+    nothing to copy. Reported, not a failure."""
+
+
 class PreconditionFailed(MCSyncError):
     """A conditional request failed: the object changed since it was planned."""
 

@@ -77,7 +77,8 @@ class ObjectFailed:
 @dataclass(frozen=True, slots=True)
 class ObjectDeferred:
     """Not copied this run, by design: its checkpoint is not complete yet, or it is still
-    being written. Not recorded and not a failure: a later run picks it up."""
+    being written (a later run picks it up), or it was deleted at the source after it was
+    listed (nothing to pick up). Not recorded and not a failure."""
 
     key: str
     size: int

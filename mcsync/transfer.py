@@ -23,7 +23,7 @@ from . import checksums
 from .chunking import Layout, group_parts
 from .compose import Deltas
 from .config import SyncOptions
-from .errors import IntegrityError, PreconditionFailed
+from .errors import IntegrityError, NotFound, PreconditionFailed, SourceGone
 from .events import BytesMoved, Event
 from .hashing import block_digest_async, chunk_digests_async
 from .limits import Limits
@@ -102,8 +102,24 @@ class Transfer:
             log.info("%s changed while it was copied; copying the new version", action.key)
             current = dataclasses.replace(action, src=fresh, dst=None)
 
-        return await retrying(lambda: self._write(current), RetryPolicy.immediate(2),
-                              retry_on=PreconditionFailed, before_retry=take_new_version)
+        try:
+            return await retrying(lambda: self._write(current), RetryPolicy.immediate(2),
+                                  retry_on=PreconditionFailed, before_retry=take_new_version)
+        except NotFound as exc:
+            # Of the source (deleted since it was listed) or of the target's side (an upload
+            # gone): only the source can tell which.
+            if not await self._gone_from_source(action.key):
+                raise
+            raise SourceGone(f"{self.src.url}{action.key}: deleted at the source after it "
+                             "was listed; nothing to copy") from exc
+
+    async def _gone_from_source(self, key: str) -> bool:
+        try:
+            async with self.limits.requests:
+                await self.src.head(key)
+        except NotFound:
+            return True
+        return False
 
     async def finish(self) -> None:
         """After the last action: abort what a killed run left and this one did not take up,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import mcsync
-from mcsync.errors import Permanent
+from mcsync.errors import NotFound, Permanent
 from mcsync.stores.memory import MemoryEndpoint, MemoryObject, MemoryStore
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 
@@ -140,6 +140,36 @@ def test_a_source_changed_mid_copy_is_copied_again_from_its_new_version(pair, tm
     reader = faulty(src, Faults([Rule("get", phase="after", action=overwrite)]))
     report = sync(reader, dst, tmp_path, part_size=PART, part_concurrency=1)
     assert report.ok and contents(dst) == {"big.bin": new}
+
+
+@pytest.mark.parametrize("size", [100, 3 * PART], ids=["whole", "parts"])
+def test_an_object_deleted_at_the_source_after_listing_is_reported_not_failed(pair, tmp_path,
+                                                                                size):
+    """A trainer rotating its checkpoints deletes step-1 while a run copies it: the run ends
+    with exit 0, the object reported as deferred with why, nothing of it at the target and no
+    upload left open; the other objects copied byte for byte."""
+    src, dst = pair
+    seed(src, {"ckpt/step-1/a.bin": payload(size, 1), "ckpt/step-2/a.bin": payload(size, 2)})
+
+    def rotate(_: Call) -> None:
+        src.endpoint.objects.pop(src.prefix + "ckpt/step-1/a.bin", None)
+
+    reader = faulty(src, Faults([Rule("get", key="ckpt/step-1/*", action=rotate)]))
+    report = sync(reader, dst, tmp_path, part_size=PART)
+    assert report.ok and report.exit_code == 0 and report.objects_failed == 0
+    assert [(k, "deleted at the source" in why) for k, why in report.deferred] == [
+        ("ckpt/step-1/a.bin", True)]
+    assert contents(dst) == contents(src) == {"ckpt/step-2/a.bin": payload(size, 2)}
+    assert not dst.endpoint.uploads
+
+
+def test_a_target_side_not_found_is_still_a_failure(pair, tmp_path):
+    src, dst = pair
+    seed(src, {"a.bin": b"a"})
+    lost = Rule("put", key="a.bin", times=None, error=NotFound("a.bin: no such upload (test)"))
+    report = sync(src, faulty(dst, Faults([lost])), tmp_path)
+    assert report.exit_code == 1 and dict(report.failures)["a.bin"].endswith("(test)")
+    assert not report.deferred
 
 
 def test_a_stopped_run_resumes_its_upload_sending_only_the_missing_parts(pair, tmp_path):
