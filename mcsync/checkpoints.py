@@ -152,8 +152,9 @@ FRAMEWORKS: tuple[Framework, ...] = (
 # other object of the run, so an index never points at shards that are not there yet.
 MARKERS = ("*.index.json", "config.json", "latest", "LATEST", "COMMIT", "_SUCCESS",
            *(f.marker for f in FRAMEWORKS if f.marker))
-# Never copied: a framework's directories in the making (Orbax renames them when done).
-IN_THE_MAKING = ("*.orbax-checkpoint-tmp-*",)
+# Never copied: a framework's directories in the making, renamed when done (Orbax; the
+# Hugging Face Trainer's staging directory in the versions that stage a checkpoint).
+IN_THE_MAKING = ("*.orbax-checkpoint-tmp-*", "tmp-checkpoint-*")
 
 
 class Completion:

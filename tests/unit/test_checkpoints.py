@@ -78,6 +78,15 @@ def test_orbax_on_a_filesystem_is_final_once_renamed():
                                              atomic_renames=True) or "")
 
 
+def test_a_trainer_staging_directory_waits_for_its_rename():
+    staged = {"out/tmp-checkpoint-500/model.safetensors": b"w",
+              "out/tmp-checkpoint-500/trainer_state.json": b"{}"}
+    assert "still being written" in (waiting(staged, "out/tmp-checkpoint-500/model.safetensors")
+                                     or "")
+    renamed = {k.replace("tmp-checkpoint", "checkpoint"): v for k, v in staged.items()}
+    assert waiting(renamed, "out/checkpoint-500/model.safetensors") is None
+
+
 def test_ordinary_data_never_waits_and_costs_no_request():
     files = {f"data/shard-{i}.bin": b"x" for i in range(3)} | {"data/100/x.bin": b"y"}
     assert waiting(files, "data/shard-1.bin") is None
