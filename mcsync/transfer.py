@@ -23,7 +23,7 @@ from . import checksums
 from .chunking import Layout, group_parts
 from .compose import Deltas
 from .config import SyncOptions
-from .errors import IntegrityError, NotFound, PreconditionFailed, SourceGone
+from .errors import IntegrityError, MCSyncError, NotFound, PreconditionFailed, SourceGone
 from .events import BytesMoved, Event
 from .hashing import block_digest_async, chunk_digests_async
 from .limits import Limits
@@ -119,6 +119,8 @@ class Transfer:
                 await self.src.head(key)
         except NotFound:
             return True
+        except MCSyncError:  # cannot tell: the NotFound stands
+            return False
         return False
 
     async def finish(self) -> None:

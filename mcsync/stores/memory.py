@@ -267,7 +267,8 @@ class MemoryUpload:
                         rng: ByteRange) -> PartRef:
         await asyncio.sleep(0)
         self._held()
-        if source.key not in self.store.endpoint.objects:  # as S3's NoSuchKey on a part copy
+        endpoint = self.store.endpoint
+        if source.endpoint is endpoint and source.key not in endpoint.objects:  # S3: NoSuchKey
             raise PreconditionFailed(f"memory://{self.store.endpoint.name}/{source.key}: "
                                      "gone since it was listed")
         data = self.store._source(source).data
