@@ -52,7 +52,14 @@ from .report import SyncReport
 from .resilience import Pacing, pacing_of, resilient
 from .retry import RetryPolicy, retrying
 from .spool import Spool
-from .stores.base import LocalTree, ReadStore, ServerSideCopier, Store, TempFileSweeper
+from .stores.base import (
+    FileTarget,
+    LocalTree,
+    ReadStore,
+    ServerSideCopier,
+    Store,
+    TempFileSweeper,
+)
 from .stores.registry import StoreOptions, open_store
 from .transfer import Transfer
 from .types import ObjectInfo
@@ -365,7 +372,7 @@ class _Run:
                 if self.stop.is_set():
                     break
                 action = plan(pair, self.options, server_side=server_side,
-                              target_listed=not trust)
+                              target_listed=not trust, files=isinstance(self.dst, FileTarget))
                 if action is None:
                     continue
                 if action.kind in MOVES and action.src is not None:

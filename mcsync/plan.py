@@ -59,10 +59,10 @@ class Action:
 
 
 def plan(pair: Pair, options: SyncOptions, *, server_side: bool,
-         target_listed: bool = True) -> Action | None:
+         target_listed: bool = True, files: bool = False) -> Action | None:
     """The action for one key, or None when the key is not ours to touch (filtered out, or a
     target-only key without --delete). ``target_listed`` is False when the manifest stands in
-    for a listing of the target."""
+    for a listing of the target; ``files``: the target is a file system."""
     if pair.key.startswith(RESERVED_PREFIX) or not options.selects(pair.key):
         return None
     src, dst, known = pair.src, pair.dst, pair.known
@@ -70,6 +70,10 @@ def plan(pair: Pair, options: SyncOptions, *, server_side: bool,
         if dst is None:
             return None  # only the manifest knows it; deletes need a listing of the target
         return Action("delete", pair.key, None, dst, "not at source") if options.delete else None
+    if files and src.size == 0 and pair.key.endswith("/"):
+        # An S3 "directory marker" (a console's "Create folder"): a file system holds the
+        # directory, made with the first file under it; no file can have that name.
+        return Action("skip", pair.key, src, None, "a directory marker: no file to write")
     copy: ActionKind = "server_copy" if server_side else "copy"
     if options.checksum and dst is not None:
         return _by_content(pair.key, src, dst, known, copy)

@@ -493,10 +493,11 @@ def test_keys_a_file_system_cannot_hold(moto, tmp_path):
     wide = "é" * 127 + "x"  # 255 bytes: the longest name there is, and it fits
     good = {"ok.txt": b"ok", "x\\y": b"backslash", "..\\..\\z": b"dots and backslashes",
             f"deep/{wide}": b"wide", "sp ace": b"space"}
-    bad = {"/abs": b"absolute", "dir/": b"", f"deep/{long_name}": b"long",
+    bad = {"/abs": b"absolute", "dir/": b"not a marker", f"deep/{long_name}": b"long",
            f"new-dir/{long_name}/x": b"long dir", "a/./b": b"dot", "a//b": b"empty"}
-    put_objects(moto, bucket, good | bad, prefix="p/")
-    assert set(read_bucket(moto, bucket, "p/")) == set(good | bad)
+    markers = {"folder/": b"", "deep/": b""}  # the console's "Create folder": skipped, no failure
+    put_objects(moto, bucket, good | bad | markers, prefix="p/")
+    assert set(read_bucket(moto, bucket, "p/")) == set(good | bad | markers)
     root = tmp_path / "root"
     result = run_cli("sync", f"s3://{bucket}/p/", str(root), "--json", env=moto.aws_env())
     assert result.exit_code == 1, result.output
@@ -512,6 +513,7 @@ def test_keys_a_file_system_cannot_hold(moto, tmp_path):
         "a/./b": "unsafe key refused: 'a/./b': '.', '..' or empty path component",
         "a//b": "unsafe key refused: 'a//b': '.', '..' or empty path component",
     }
+    assert json.loads(result.stdout)["objects_skipped"] == len(markers)
     # backslashes are ordinary characters in a Linux file name: the keys arrive as they are
     assert read_tree(root) == good
     assert sorted(os.listdir(root)) == sorted([".mcsync", "..\\..\\z", "deep", "ok.txt",

@@ -21,6 +21,15 @@ def test_new_object_is_copied_or_server_copied():
     assert kind(Pair("a", o("a"), None), server_side=True) == "server_copy"
 
 
+def test_a_directory_marker_is_skipped_only_into_a_file_system():
+    marker = Pair("run/", o("run/", 0), None)
+    to_files = plan(marker, OPTS, server_side=False, files=True)
+    assert to_files is not None and to_files.kind == "skip" and "marker" in to_files.reason
+    assert kind(marker) == "copy"  # an object store holds it as it is
+    assert plan(Pair("run/", o("run/", 5), None), OPTS, server_side=False,
+                files=True).kind == "copy"  # bytes under such a name: refused when written
+
+
 def test_size_change_copies_even_when_target_is_newer():
     assert kind(Pair("a", o("a", 10, mtime=1), o("a", 11, mtime=9))) == "copy"
 
