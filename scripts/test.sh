@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Lint and test mcsync: creates .venv in the repo root if missing, installs the package with its
-# test extras (from PyPI only), runs ruff, then pytest with any arguments given here.
+# test extras (from PyPI) and the test servers of package.json (from npm: Azurite), runs ruff,
+# then pytest with any arguments given here.
 #   bash scripts/test.sh                      # everything
 #   bash scripts/test.sh tests/unit -x        # arguments go to pytest
 set -euo pipefail
@@ -18,6 +19,14 @@ want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
     "$py" -m pip install --quiet --disable-pip-version-check -e '.[test]'
     echo "$want" > "$stamp"
+fi
+
+# Test servers from npm (Azurite): installed from package-lock.json, again when it changes.
+npm_stamp=node_modules/.mcsync-test-install
+npm_want="$(sha256sum package-lock.json | cut -d' ' -f1)"
+if [[ ! -f "$npm_stamp" || "$(cat "$npm_stamp")" != "$npm_want" ]]; then
+    npm ci --no-audit --no-fund --loglevel=error
+    echo "$npm_want" > "$npm_stamp"
 fi
 
 lint_paths=()

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from mcsync.testing.azurite import AzuriteEndpoint
+from mcsync.testing.azurite import azurite as run_azurite
 from mcsync.testing.faultproxy import FaultProxy
 from mcsync.testing.servers import S3Endpoint, moto_server, seaweedfs
 
@@ -89,6 +91,12 @@ def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     with gcs_emulator(tmp_path_factory.mktemp("gcs")) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteEndpoint]:
+    with run_azurite(tmp_path_factory.mktemp("azurite")) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ META_CONFIG = Path("~/.config/mcsync/config.toml")
 
 @dataclass(frozen=True, slots=True)
 class Location:
-    scheme: str  # "s3", "meta", "gs" or "file"
+    scheme: str  # "s3", "meta", "gs", "az" or "file"
     bucket: str  # "" for file
     prefix: str  # bucket prefix ("" or ends with "/"), or the filesystem path for file
 
@@ -44,9 +44,9 @@ def parse_url(url: str) -> Location:
         if parts.netloc not in ("", "localhost"):
             raise UsageError(f"{shown}: file:// URLs must be local (file:///path)")
         return Location("file", "", unquote(parts.path) or "/")
-    if scheme not in ("s3", "meta", "gs"):
-        raise UsageError(f"{shown}: unknown scheme {scheme!r} (use s3://, meta://, gs:// or a "
-                         "path)")
+    if scheme not in ("s3", "meta", "gs", "az"):
+        raise UsageError(f"{shown}: unknown scheme {scheme!r} (use s3://, meta://, gs://, "
+                         "az:// or a path)")
     # Keep the raw path: keys may hold '%', '?', '#' and must not be URL-decoded.
     rest = url.split("://", 1)[1]
     bucket, _, prefix = rest.partition("/")
@@ -75,8 +75,8 @@ class StoreOptions:
 
 
 def open_store(url: str, options: StoreOptions | None = None) -> ReadStore:
-    """The store an address names. A ``gs://`` store is a ``ReadStore`` only; the others are
-    writable ``Store``s."""
+    """The store an address names. A ``gs://`` or ``az://`` store is a ``ReadStore`` only;
+    the others are writable ``Store``s."""
     options = options or StoreOptions()
     loc = parse_url(url)
     if loc.scheme == "file":
@@ -86,6 +86,11 @@ def open_store(url: str, options: StoreOptions | None = None) -> ReadStore:
 
         return GCSStore(bucket=loc.bucket, prefix=loc.prefix,
                         max_connections=options.max_connections, retry=options.retry)
+    if loc.scheme == "az":
+        from .azure import AzureStore
+
+        return AzureStore(container=loc.bucket, prefix=loc.prefix,
+                          max_connections=options.max_connections, retry=options.retry)
     if loc.scheme == "s3":
         endpoint = (options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
                     or os.environ.get("AWS_ENDPOINT_URL") or None)

@@ -1,4 +1,5 @@
-"""S3 answers → mcsync errors: one table, shared by the botocore and the obstore paths.
+"""S3 answers → mcsync errors: one table, shared by the botocore and the obstore paths (and
+by the Azure source, whose obstore errors carry Azure's codes: they are in the table too).
 
 An S3 error is an HTTP status and, in its XML body, a ``<Code>``. Both SDKs are reduced to that
 pair and looked up here: the code first (it is the more precise), then the status. botocore
@@ -34,11 +35,12 @@ from ..errors import (
 )
 
 _BY_CODE: dict[str, type[MCSyncError]] = {
-    **dict.fromkeys(("NoSuchKey", "NotFound", "NoSuchUpload"), NotFound),
-    "NoSuchBucket": NoSuchBucket,
-    "PreconditionFailed": PreconditionFailed,
+    **dict.fromkeys(("NoSuchKey", "NotFound", "NoSuchUpload", "BlobNotFound"), NotFound),
+    **dict.fromkeys(("NoSuchBucket", "ContainerNotFound"), NoSuchBucket),
+    **dict.fromkeys(("PreconditionFailed", "ConditionNotMet"), PreconditionFailed),
     **dict.fromkeys(("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                     "AccessDeniedException", "AllAccessDisabled"), AccessDenied),
+                     "AccessDeniedException", "AllAccessDisabled", "AuthenticationFailed",
+                     "AuthorizationFailure", "AuthorizationPermissionMismatch"), AccessDenied),
     # Temporary keys past their end: the store renews them and the request is tried again.
     **dict.fromkeys(("ExpiredToken", "TokenRefreshRequired", "InvalidToken"),
                     CredentialsExpired),
@@ -47,11 +49,11 @@ _BY_CODE: dict[str, type[MCSyncError]] = {
     **dict.fromkeys(("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
                      "XAmzContentSHA256Mismatch"), IntegrityError),
     **dict.fromkeys(("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
-                     "TooManyRequests", "ServiceUnavailable"), Throttled),
+                     "TooManyRequests", "ServiceUnavailable", "ServerBusy"), Throttled),
     # RequestExpired: the signature's date is too old (a request held back), not the keys:
     # signed again on a new try, with the same keys.
     **dict.fromkeys(("RequestTimeout", "InternalError", "RequestTimeTooSkewed",
-                     "RequestExpired"), Transient),
+                     "RequestExpired", "OperationTimedOut"), Transient),
 }
 _BY_STATUS: dict[int, type[MCSyncError]] = {
     404: NotFound, 412: PreconditionFailed, 401: AccessDenied, 403: AccessDenied,

@@ -31,6 +31,7 @@ import pytest
 import mcsync
 from mcsync.errors import NotFound, Permanent, Transient
 from mcsync.retry import RetryPolicy
+from mcsync.stores.azure import AzureStore
 from mcsync.stores.base import ReadStore
 from mcsync.stores.gcs import GCSStore
 from mcsync.stores.local import LocalStore
@@ -248,6 +249,40 @@ class GCSBackend(Backend):
         await asyncio.to_thread(upload, self.url, store.bucket, store.prefix + key, data)
 
 
+class AzureBackend(Backend):
+    name = "azure"
+
+    def __init__(self, endpoint: Any, container: str) -> None:
+        super().__init__()
+        self.endpoint = endpoint
+        self.container = container
+        self.area = f"t-{uuid.uuid4().hex[:10]}/"
+
+    def _store(self, container: str, prefix: str) -> AzureStore:
+        from mcsync.testing.azurite import ACCOUNT, KEY
+
+        return AzureStore(container=container, prefix=prefix, endpoint=self.endpoint.url,
+                          retry=_RETRY, max_connections=16,
+                          config={"account_name": ACCOUNT, "account_key": KEY})
+
+    def _root(self, name: str) -> AzureStore:
+        return self._store(self.container, f"{self.area}{name}/")
+
+    def _top(self) -> AzureStore:
+        container = f"top-{uuid.uuid4().hex[:12]}"
+        self.endpoint.create_container(container)
+        return self._store(container, "")
+
+    def _reopen(self, store: AzureStore) -> AzureStore:
+        return self._store(store.container, store.prefix)
+
+    def _missing(self) -> AzureStore:
+        return self._store(f"missing-{uuid.uuid4().hex[:12]}", "x/")
+
+    async def seed(self, store: AzureStore, key: str, data: bytes) -> None:
+        await asyncio.to_thread(self.endpoint.upload, store.container, store.prefix + key, data)
+
+
 class MemoryBackend(Backend):
     name = "memory"
 
@@ -337,7 +372,7 @@ SEAWEED_FAILURES = {
 
 # -- fixtures -----------------------------------------------------------------------------------
 
-BACKENDS = ["local", "moto", "seaweed", "gcs", "memory"]
+BACKENDS = ["local", "moto", "seaweed", "gcs", "azure", "memory"]
 
 
 def _session_bucket(endpoint: S3Endpoint) -> Iterator[str]:
@@ -366,6 +401,13 @@ def gcs_session_bucket(gcs: str) -> str:
     return name
 
 
+@pytest.fixture(scope="session")
+def azure_session_container(azurite: Any) -> str:
+    name = f"conformance-{uuid.uuid4().hex[:10]}"
+    azurite.create_container(name)
+    return name
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """Each store in turn. Servers start on first use, so ``-k memory`` starts none."""
@@ -381,6 +423,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if kind == "gcs":  # the emulator, anonymous: no credential of the developer's is read
         return GCSBackend(request.getfixturevalue("gcs"),
                           request.getfixturevalue("gcs_session_bucket"))
+    if kind == "azure":  # Azurite's published development account
+        return AzureBackend(request.getfixturevalue("azurite"),
+                            request.getfixturevalue("azure_session_container"))
     return MemoryBackend()
 
 

@@ -1,0 +1,180 @@
+"""Azure Blob Storage as a source (``az://container/prefix``), through obstore's Azure client.
+
+A source only, as ``gcs``: listing, HEAD and (ranged) GETs pinned to the listed ETag
+(``If-Match``: Azure answers 412 ConditionNotMet once a blob changed). The account, its
+credentials and the endpoint come from the environment variables obstore (object_store)
+reads: ``AZURE_STORAGE_ACCOUNT_NAME`` and one of ``AZURE_STORAGE_ACCOUNT_KEY``,
+``AZURE_STORAGE_SAS_TOKEN``, a service principal, workload identity, managed identity or
+``AZURE_USE_AZURE_CLI``; ``AZURE_STORAGE_ENDPOINT`` for another endpoint (Azurite, sovereign
+clouds). Errors are translated by the one table in ``s3_errors`` (obstore's errors carry the
+service's XML ``<Code>`` for either cloud), with any URL's query string cut from the text: a
+SAS token travels in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import obstore
+
+from ..errors import (
+    ListingOrderError,
+    MCSyncError,
+    NoSuchBucket,
+    Permanent,
+    Transient,
+    UsageError,
+    as_config_error,
+)
+from ..retry import RetryPolicy
+from ..types import Buffer, ByteRange, Capabilities, ObjectInfo
+from .base import CheckMode
+from .s3_errors import translate
+
+_SOURCE_ONLY = "Azure Blob Storage is supported as a source only"
+_QUERY = re.compile(r"\?[^\s\"'<>]*")  # a URL's query string: where a SAS token travels
+
+
+class AzureStore:
+    """A container and prefix of Azure Blob Storage, read-only (a ``ReadStore``)."""
+
+    caps = Capabilities()  # a source only: no upload is ever laid out for it
+
+    def __init__(self, *, container: str, prefix: str, endpoint: str | None = None,
+                 max_connections: int = 128, retry: RetryPolicy | None = None,
+                 config: dict[str, str] | None = None) -> None:
+        """``endpoint`` defaults from ``AZURE_STORAGE_ENDPOINT`` / ``AZURE_ENDPOINT``;
+        ``config``: obstore's Azure settings, over those of the environment (tests)."""
+        self.container = container
+        self.prefix = prefix  # "" or ends with "/"
+        self.url = f"az://{container}/{prefix}"
+        self._endpoint = (endpoint or os.environ.get("AZURE_STORAGE_ENDPOINT")
+                          or os.environ.get("AZURE_ENDPOINT") or None)
+        self._config = dict(config or {})
+        self._max_connections = max_connections
+        self._retry = retry or RetryPolicy()
+        self._client: Any = None
+        self._sorted = False  # list everything, then sort (see list)
+
+    def _make(self, *, preflight: bool = False) -> Any:
+        from obstore.store import AzureStore as ObAzure
+
+        config = dict(self._config)
+        if self._endpoint:
+            config.setdefault("endpoint", self._endpoint)
+        return ObAzure(
+            self.container, config=config,
+            client_options={"allow_http": (self._endpoint or "").startswith("http:"),
+                            "pool_max_idle_per_host": str(self._max_connections),
+                            "timeout": "300s", "connect_timeout": "10s"},
+            retry_config=self._retry.obstore(preflight=preflight))
+
+    def _fast(self) -> Any:
+        if self._client is None:
+            self._client = self._make()
+        return self._client
+
+    @contextlib.contextmanager
+    def translating(self, key: str | None) -> Iterator[None]:
+        """obstore's errors as mcsync's, about ``key`` (None: the container)."""
+        try:
+            yield
+        except MCSyncError:
+            raise
+        except Exception as exc:
+            what = f"{self.url}{key}" if key is not None else self.url
+            translated = translate(exc, what, self.container)
+            if translated is None:
+                raise
+            if isinstance(translated, NoSuchBucket):
+                translated = NoSuchBucket(f"{what}: container {self.container!r} does not exist")
+            # Not chained, and cut: the SDK's text names request URLs, with a SAS token.
+            raise type(translated)(_QUERY.sub("?…", str(translated))) from None
+
+    async def check(self, *, mode: CheckMode) -> None:
+        if mode != "read":
+            raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
+        try:
+            with self.translating(None):
+                stream = obstore.list(self._make(preflight=True),
+                                      self.prefix.rstrip("/") or None, chunk_size=1)
+                await anext(aiter(stream), None)
+        except MCSyncError as exc:
+            raise as_config_error(exc, self.url, self._endpoint or "Azure") from exc
+
+    async def aclose(self) -> None:
+        self._client = None
+
+    async def list(self) -> AsyncIterator[ObjectInfo]:
+        """Every blob under the prefix in UTF-8 byte order, a page at a time. Azure lists in
+        UTF-16 order, which differs only where a character beyond U+FFFF meets one of
+        U+E000-U+FFFF at the same place of two names; a listing that does is refused, and
+        the pass listed again whole and sorted here (``_sort_listing``: memory for every
+        key, for such containers only)."""
+        items = self._pages() if not self._sorted else _sorted_pages(self._pages())
+        cut = len(self.prefix)
+        last = ""
+        async for item in items:
+            name = item["path"]
+            if name <= last:
+                raise ListingOrderError(f"{self.url}: server lists keys out of byte order "
+                                        f"({last!r} before {name!r})",
+                                        fallback=self._sort_listing)
+            last = name
+            if not name.startswith(self.prefix):
+                raise Permanent(f"{self.url}: server listed {name!r} outside the prefix")
+            if name[cut:]:  # the prefix's own "directory marker" is not under it
+                yield _info(name[cut:], item)
+
+    def _sort_listing(self) -> None:
+        self._sorted = True
+
+    async def _pages(self) -> AsyncIterator[dict[str, Any]]:
+        with self.translating(None):
+            # obstore's prefix is a path prefix: "run" lists run/..., as our "run/" does
+            stream = obstore.list(self._fast(), self.prefix.rstrip("/") or None,
+                                  chunk_size=1000)
+            async for page in stream:
+                for item in page:
+                    yield item
+
+    async def head(self, key: str) -> ObjectInfo:
+        with self.translating(key):
+            meta = await obstore.head_async(self._fast(), self.prefix + key)
+        return _info(key, meta)
+
+    async def get(
+        self, key: str, rng: ByteRange | None = None, *, expect: ObjectInfo | None = None
+    ) -> Buffer:
+        if rng is not None and rng.length == 0:
+            return b""
+        options: dict[str, Any] = {}
+        if rng is not None:
+            options["range"] = (rng.start, rng.end)
+        if expect is not None and expect.etag:
+            options["if_match"] = f'"{expect.etag}"'
+        with self.translating(key):
+            resp = await obstore.get_async(self._fast(), self.prefix + key, options=options)
+            data = await resp.bytes_async()
+        expected = rng.length if rng is not None else resp.meta["size"]
+        if len(data) != expected:
+            raise Transient(f"{self.url}{key}: short read ({len(data)} of {expected} bytes)")
+        return data  # obstore.Bytes: a zero-copy buffer
+
+
+async def _sorted_pages(items: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    whole = [item async for item in items]
+    whole.sort(key=lambda item: item["path"])  # str order is code point order: UTF-8's
+    for item in whole:
+        yield item
+
+
+def _info(key: str, meta: dict[str, Any]) -> ObjectInfo:
+    etag = meta.get("e_tag")
+    modified = meta.get("last_modified")
+    return ObjectInfo(key, int(meta["size"]), etag.strip('"') if etag else None,
+                      modified.timestamp() if modified is not None else None)
