@@ -367,12 +367,13 @@ class _Run:
 
     async def _plan_and_copy(self, server_side: bool, trust: bool, deletes: Spool,
                              markers: Spool) -> None:
+        files = isinstance(self.dst, FileTarget)  # once: a protocol check costs microseconds
         async with self._pairs(trust) as pairs, asyncio.TaskGroup() as tg:
             async for pair in pairs:
                 if self.stop.is_set():
                     break
                 action = plan(pair, self.options, server_side=server_side,
-                              target_listed=not trust, files=isinstance(self.dst, FileTarget))
+                              target_listed=not trust, files=files)
                 if action is None:
                     continue
                 if action.kind in MOVES and action.src is not None:
