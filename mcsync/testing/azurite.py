@@ -93,7 +93,9 @@ def azurite(workdir: str | Path, *, startup_timeout: float = 30.0) -> Iterator[A
             yield AzuriteEndpoint(f"http://{LOOPBACK}:{port}/{ACCOUNT}")
             return
         finally:
-            child.stop(grace=5.0)
+            # Azurite waits for idle keep-alive connections before it exits on SIGTERM (5 s
+            # and more seen): its data is a temporary directory, so it is not waited for long.
+            child.stop(grace=1.0, expected_kill=True)
 
 
 def _wait_until_ready(child: Child, port: int, timeout: float) -> float:
