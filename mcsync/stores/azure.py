@@ -33,6 +33,7 @@ from ..errors import (
 from ..retry import RetryPolicy
 from ..types import Buffer, ByteRange, Capabilities, ObjectInfo
 from .base import CheckMode
+from .obstore_body import pieces
 from .s3_errors import translate
 
 _SOURCE_ONLY = "Azure Blob Storage is supported as a source only"
@@ -40,7 +41,8 @@ _QUERY = re.compile(r"\?[^\s\"'<>]*")  # a URL's query string: where a SAS token
 
 
 class AzureStore:
-    """A container and prefix of Azure Blob Storage, read-only (a ``ReadStore``)."""
+    """A container and prefix of Azure Blob Storage, read-only: a ``ReadStore`` and a
+    ``RangeStreamer`` (a range into a file as it arrives)."""
 
     caps = Capabilities()  # a source only: no upload is ever laid out for it
 
@@ -152,18 +154,32 @@ class AzureStore:
     ) -> Buffer:
         if rng is not None and rng.length == 0:
             return b""
+        resp = await self._request(key, rng, expect)
+        with self.translating(key):
+            data = await resp.bytes_async()
+        expected = rng.length if rng is not None else resp.meta["size"]
+        if len(data) != expected:
+            raise Transient(f"{self.url}{key}: short read ({len(data)} of {expected} bytes)")
+        return data  # obstore.Bytes: a zero-copy buffer
+
+    async def open_range(
+        self, key: str, rng: ByteRange, *, expect: ObjectInfo | None = None
+    ) -> Iterator[Buffer]:
+        if rng.length == 0:
+            return iter(())
+        resp = await self._request(key, rng, expect)
+        return pieces(resp, rng.length, f"{self.url}{key}", lambda: self.translating(key))
+
+    async def _request(self, key: str, rng: ByteRange | None,
+                       expect: ObjectInfo | None) -> Any:
+        """A GET answered up to its headers (obstore's result, body unread)."""
         options: dict[str, Any] = {}
         if rng is not None:
             options["range"] = (rng.start, rng.end)
         if expect is not None and expect.etag:
             options["if_match"] = f'"{expect.etag}"'
         with self.translating(key):
-            resp = await obstore.get_async(self._fast(), self.prefix + key, options=options)
-            data = await resp.bytes_async()
-        expected = rng.length if rng is not None else resp.meta["size"]
-        if len(data) != expected:
-            raise Transient(f"{self.url}{key}: short read ({len(data)} of {expected} bytes)")
-        return data  # obstore.Bytes: a zero-copy buffer
+            return await obstore.get_async(self._fast(), self.prefix + key, options=options)
 
 
 async def _sorted_pages(items: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:

@@ -55,6 +55,7 @@ from ..errors import (
 from ..retry import RetryPolicy
 from ..types import Buffer, ByteRange, Capabilities, ObjectInfo
 from .base import CheckMode, ReadStore
+from .obstore_body import pieces
 from .s3_clients import (
     ClientSettings,
     Keys,
@@ -71,11 +72,6 @@ __all__ = ["S3CopySource", "S3Credentials", "S3Store", "S3Upload"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# A streamed range (open_range) comes in pieces of at least this size: obstore joins the
-# socket's reads up to it. Small pieces are written while still in the CPU's cache: 64 x 32 MiB
-# downloaded at once took 4.0 s in 1 MiB pieces, 3.1 s in 256 KiB, 2.8 s in 64 KiB (2 GiB
-# checkpoint: 2.46, 2.59, 2.52 s; medians of 5), with no more CPU in Python.
-_STREAM_PIECE = 64 * 1024
 # What obstore raises for a key it cannot spell (a path it would normalise): plain S3 API then.
 _UNSPELLABLE = (ValueError, obstore_exc.InvalidPathError)
 
@@ -469,18 +465,7 @@ class S3Store:
         resp = await self._request(key, rng, expect)
         if isinstance(resp, bytes):
             return iter((resp,))
-        return self._pieces(key, resp, rng.length)
-
-    def _pieces(self, key: str, resp: Any, length: int) -> Iterator[Buffer]:
-        got = 0
-        with self.translating(key):
-            for piece in resp.stream(min_chunk_size=_STREAM_PIECE):
-                got += len(piece)
-                if got > length:
-                    break
-                yield piece
-        if got != length:
-            raise Transient(f"{self.url}{key}: read {got} bytes of a {length}-byte range")
+        return pieces(resp, rng.length, f"{self.url}{key}", lambda: self.translating(key))
 
     async def _request(self, key: str, rng: ByteRange | None,
                        expect: ObjectInfo | None) -> Any:
