@@ -156,7 +156,8 @@ class Deltas:
         if isinstance(own, str) and not layout.digests:  # a new object: look before reading
             picked = bases.samples(layout.chunks, layout.header is not None)
             sampled = await scan_chunks(self.src, src, picked, 1, self.limits)
-            if not self._holders(action.key, zip(picked, sampled, strict=True)):
+            hits = self._holders(action.key, zip(picked, sampled, strict=True))
+            if not hits or not await self._any_present(hits):
                 return f"{own}, and no chunk of it is at the target"
         digests = layout.digests or await scan_chunks(self.src, src, layout.chunks, part_size,
                                                       self.limits)
@@ -229,6 +230,16 @@ class Deltas:
             if not gone:
                 return found, segments
             found = [b for b in found if b.key not in gone]
+
+    async def _any_present(self, holders: Iterable[str]) -> bool:
+        """Is any of ``holders`` (keys the index names) still at the target as recorded? Asked
+        before a new object is read whole to be matched: holders a retention rule deleted
+        would make that read for nothing."""
+        records = {k: e for k in holders if self.manifest is not None
+                   and (e := self.manifest.get(k)) is not None}
+        found = await asyncio.gather(*(self._still_there(Base(k, e.as_target(), ()))
+                                       for k, e in records.items()))
+        return any(found)
 
     async def _still_there(self, base: Base) -> bool:
         try:

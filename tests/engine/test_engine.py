@@ -320,6 +320,34 @@ def test_a_wiped_target_costs_no_extra_reads_of_the_source(tmp_path):
     assert reads(tmp_path / "kept") == fresh
 
 
+def test_a_holder_deleted_behind_mcsyncs_back_costs_no_read_of_the_whole_object(tmp_path):
+    # The index names step-1's shard, which a retention rule deleted at the target: step-2's
+    # shard (the same bytes) has its chunks sampled, then goes whole, read once, not also
+    # scanned whole to be matched against a holder that is gone.
+    src, dst = (MemoryStore("src", endpoint=MemoryEndpoint("a")),
+                MemoryStore("dst", endpoint=MemoryEndpoint("b")))
+    shard = payload(2 * PART + 3, 21)
+    step2 = "run/step-2/shard.bin"
+
+    def reads_of_step2(state: Path) -> int:
+        made: list[str] = []
+        rule = Rule("*", key=step2, times=None, action=lambda c: made.append(c.op))
+        report = sync(faulty(src, Faults([rule])), dst, state, part_size=PART)
+        assert report.ok and contents(dst) == contents(src)
+        return sum(op in ("get", "open_range", "read_into") for op in made)
+
+    seed(src, {step2: shard})
+    fresh = reads_of_step2(tmp_path / "fresh")  # no index: sent whole
+    dst.endpoint.objects.clear()
+    src.endpoint.objects.clear()
+    seed(src, {"run/step-1/shard.bin": shard})
+    assert sync(src, dst, tmp_path / "kept", part_size=PART).ok
+    dst.endpoint.objects.pop(dst.prefix + "run/step-1/shard.bin")  # the retention rule
+    src.endpoint.objects.clear()
+    seed(src, {step2: shard})
+    assert reads_of_step2(tmp_path / "kept") <= fresh + 2  # the two sampled chunks, no more
+
+
 def test_the_source_is_listed_while_the_lock_is_taken(tmp_path):
     src, dst = MemoryStore("src"), MemoryStore("dst")
     seed(src, OBJECTS)
