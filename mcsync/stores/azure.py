@@ -22,6 +22,7 @@ from typing import Any
 import obstore
 
 from ..errors import (
+    ConfigError,
     ListingOrderError,
     MCSyncError,
     NoSuchBucket,
@@ -100,6 +101,9 @@ class AzureStore:
     async def check(self, *, mode: CheckMode) -> None:
         if mode != "read":
             raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
+        if not (self._config.get("account_name") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")):
+            raise ConfigError(f"{self.url}: no storage account given: set "
+                              "AZURE_STORAGE_ACCOUNT_NAME (and its credential)")
         try:
             with self.translating(None):
                 stream = obstore.list(self._make(preflight=True),

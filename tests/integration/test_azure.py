@@ -100,3 +100,12 @@ def test_a_sas_token_never_reaches_an_error(tmp_path):
     assert result.exit_code == 2, result.output
     assert "az://data/" in result.output and "SECRETSIGNATURE" not in result.output
     assert "sig=" not in result.output
+
+
+def test_no_account_is_a_one_line_configuration_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_NAME", raising=False)
+    result = run_cli("sync", "az://data/", str(tmp_path / "d"))
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        "mcsync: error: az://data/: no storage account given: set AZURE_STORAGE_ACCOUNT_NAME "
+        "(and its credential)"]
