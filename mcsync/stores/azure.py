@@ -27,14 +27,13 @@ from ..errors import (
     MCSyncError,
     NoSuchBucket,
     Permanent,
-    Transient,
     UsageError,
     as_config_error,
 )
 from ..retry import RetryPolicy
 from ..types import Buffer, ByteRange, Capabilities, ObjectInfo
 from .base import CheckMode
-from .obstore_body import pieces
+from .obstore_body import pieces, whole
 from .s3_errors import translate
 
 _SOURCE_ONLY = "Azure Blob Storage is supported as a source only"
@@ -159,12 +158,8 @@ class AzureStore:
         if rng is not None and rng.length == 0:
             return b""
         resp = await self._request(key, rng, expect)
-        with self.translating(key):
-            data = await resp.bytes_async()
-        expected = rng.length if rng is not None else resp.meta["size"]
-        if len(data) != expected:
-            raise Transient(f"{self.url}{key}: short read ({len(data)} of {expected} bytes)")
-        return data  # obstore.Bytes: a zero-copy buffer
+        return await whole(resp, rng.length if rng is not None else None, f"{self.url}{key}",
+                           lambda: self.translating(key))
 
     async def open_range(
         self, key: str, rng: ByteRange, *, expect: ObjectInfo | None = None

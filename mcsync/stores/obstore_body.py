@@ -1,5 +1,5 @@
-"""A GET answered by obstore, its body handed out in pieces (``RangeStreamer.open_range``),
-for the stores built on obstore (S3, Azure)."""
+"""A GET answered by obstore, its body read whole (``get``) or handed out in pieces
+(``RangeStreamer.open_range``), for the stores built on obstore (S3, Azure)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,18 @@ from ..types import Buffer
 # once took 4.0 s in 1 MiB pieces, 3.1 s in 256 KiB, 2.8 s in 64 KiB (2 GiB checkpoint: 2.46,
 # 2.59, 2.52 s; medians of 5), with no more CPU in Python.
 PIECE = 64 * 1024
+
+
+async def whole(resp: Any, length: int | None, what: str,
+                translating: Callable[[], AbstractContextManager[None]]) -> Buffer:
+    """The body of ``resp`` as one zero-copy buffer (obstore's ``Bytes``): ``length`` bytes,
+    or the object's size when None; Transient if it came back short."""
+    with translating():
+        data = await resp.bytes_async()
+    expected = length if length is not None else resp.meta["size"]
+    if len(data) != expected:
+        raise Transient(f"{what}: short read ({len(data)} of {expected} bytes)")
+    return data
 
 
 def pieces(resp: Any, length: int, what: str,

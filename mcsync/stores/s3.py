@@ -55,7 +55,7 @@ from ..errors import (
 from ..retry import RetryPolicy
 from ..types import Buffer, ByteRange, Capabilities, ObjectInfo
 from .base import CheckMode, ReadStore
-from .obstore_body import pieces
+from .obstore_body import pieces, whole
 from .s3_clients import (
     ClientSettings,
     Keys,
@@ -452,12 +452,8 @@ class S3Store:
         resp = await self._request(key, rng, expect)
         if isinstance(resp, bytes):
             return resp
-        with self.translating(key):
-            data = await resp.bytes_async()
-        expected = rng.length if rng is not None else resp.meta["size"]
-        if len(data) != expected:
-            raise Transient(f"{self.url}{key}: short read ({len(data)} of {expected} bytes)")
-        return data  # obstore.Bytes: a zero-copy buffer
+        return await whole(resp, rng.length if rng is not None else None, f"{self.url}{key}",
+                           lambda: self.translating(key))
 
     async def open_range(
         self, key: str, rng: ByteRange, *, expect: ObjectInfo | None = None
