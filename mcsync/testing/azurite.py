@@ -80,7 +80,11 @@ def azurite(workdir: str | Path, *, startup_timeout: float = 30.0) -> Iterator[A
     for attempt in range(1, 4):
         port = free_port()
         argv = [binary, "--blobHost", LOOPBACK, "--blobPort", str(port), "--location",
-                str(workdir / "data"), "--skipApiVersionCheck", "--loose", "--silent"]
+                str(workdir / "data"), "--skipApiVersionCheck", "--loose", "--silent",
+                # Azurite sends usage telemetry to Microsoft by default (and leaves a
+                # Microsoft-AzureMonitor-* directory in the temp dir): tests talk to
+                # 127.0.0.1 only.
+                "--disableTelemetry"]
         child = Child("azurite", argv, workdir / "azurite.log", cwd=workdir, env=child_env())
         try:
             try:
