@@ -61,6 +61,7 @@ from .stores.base import (
     TempFileSweeper,
 )
 from .stores.registry import StoreOptions, open_store
+from .tasks import cancel_and_wait
 from .transfer import Transfer
 from .types import ObjectInfo
 from .verify import verify_entries
@@ -129,10 +130,7 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
                                                 manifest_factory, ahead, Handoff(listing))
         finally:
             await ahead.drop()  # not needed: locked out, or failed before
-            if held is not None:
-                held.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await held
+            await cancel_and_wait(held, quiet=True)
     raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
 
 
@@ -273,11 +271,7 @@ class _Run:
             self.interrupted = True
         finally:
             self.pacing.listeners.remove(self._throttled)
-            for task in (watchdog, uploader):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            await cancel_and_wait(watchdog, uploader)
             deletes.close()
             markers.close()
             if self.manifest is not None:

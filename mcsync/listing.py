@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from .errors import MCSyncError
+from .tasks import cancel_and_wait
 
 T = TypeVar("T")
 _DONE = object()
@@ -114,9 +115,7 @@ async def prefetched(items: AsyncIterator[T], depth: int = 2000,
     try:
         yield drain()
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
 
 @dataclass(frozen=True, slots=True)

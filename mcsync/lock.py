@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .errors import ConfigError, MCSyncError, NotFound
 from .stores.base import Store
+from .tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +122,6 @@ async def run_lock(local_path: Path, dst: Store, target_key: str, *, ttl: float 
         try:
             yield
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            await cancel_and_wait(renewer)
             with contextlib.suppress(MCSyncError, OSError):
                 await asyncio.shield(dst.delete(target_key))

@@ -22,6 +22,7 @@ from .limits import Limits
 from .manifest import Manifest, pair_id
 from .plan import RESERVED_PREFIX
 from .stores.base import ReadStore, Store
+from .tasks import cancel_and_wait
 from .types import ObjectInfo, PartRef
 from .upload import Uploads
 
@@ -108,11 +109,7 @@ class Lookahead:
         return await kept(self.src, self.dst, limits)
 
     async def drop(self) -> None:
-        for task in (self._fetching, self._heading):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        await cancel_and_wait(self._fetching, self._heading, quiet=True)
 
 
 class Keeper:

@@ -14,7 +14,6 @@ ends the watch normally.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -32,6 +31,7 @@ from .preflight import check_pair
 from .report import SyncReport
 from .resilience import Pacing, pacing_of, resilient
 from .stores.base import LocalTree, ReadStore
+from .tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +77,7 @@ async def watch(source: ReadStore, target: ReadStore, options: SyncOptions,
                         await pending
                 await _until_next(interval_s, last.started, wake, stop)
         finally:
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+            await cancel_and_wait(watcher)
     return last
 
 

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).parents[2] / "mcsync"
 
 # Lowest first. A module may import from its own layer and those below.
 LAYERS: list[tuple[str, ...]] = [
-    ("_version", "types", "errors"),
+    ("_version", "types", "errors", "tasks"),
     ("config", "retry", "limits", "ratelimit", "hashing", "checksums", "chunking", "delta",
      "report", "events", "stores.base", "stores.wrap"),
     ("streaming", "stores.s3_errors", "stores.s3_clients", "stores.s3_upload",
