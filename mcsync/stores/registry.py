@@ -98,7 +98,7 @@ def open_store(url: str, options: StoreOptions | None = None) -> ReadStore:
             scheme="s3", bucket=loc.bucket, prefix=loc.prefix, endpoint_url=endpoint,
             region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
             profile=options.profile, max_connections=options.max_connections,
-            retry=options.retry,
+            retry=options.retry, ca_bundle=os.environ.get("AWS_CA_BUNDLE") or None,
         )
     meta = meta_settings()
     return S3Store(
@@ -109,6 +109,8 @@ def open_store(url: str, options: StoreOptions | None = None) -> ReadStore:
         credential_process=meta.get("credential_process"),
         path_style=meta.get("path_style", "true").lower() not in ("0", "false", "no"),
         max_connections=options.max_connections, retry=options.retry,
+        # botocore reads AWS_CA_BUNDLE whatever the store; meta:// may name its own
+        ca_bundle=meta.get("ca_bundle") or os.environ.get("AWS_CA_BUNDLE") or None,
     )
 
 
@@ -123,6 +125,7 @@ def meta_settings(environ: dict[str, str] | None = None,
         secret_access_key = "..."
         region = "us-east-1"
         path_style = true
+        ca_bundle = "/etc/ssl/private-ca.pem"   # optional: a private CA (else AWS_CA_BUNDLE)
 
     or, for keys that expire, ``credential_process = "/path/to/command args"`` instead of the
     keys: run as the AWS CLI runs one (its JSON output, renewed before its Expiration).
@@ -155,7 +158,7 @@ def meta_settings(environ: dict[str, str] | None = None,
 
 
 _SETTINGS = ("endpoint_url", "access_key_id", "secret_access_key", "session_token", "region",
-             "path_style", "credential_process")
+             "path_style", "credential_process", "ca_bundle")
 
 
 def _profile(path: Path, profile: str) -> dict[str, str] | None:

@@ -63,6 +63,7 @@ from .s3_clients import (
     make_obstore,
     open_botocore,
     process_keys,
+    read_ca_bundle,
 )
 from .s3_errors import answer_of, translate, unclear_refusal
 from .s3_upload import BodyChecksums, S3Upload, unquote_etag
@@ -103,7 +104,10 @@ class S3Store:
         path_style: bool | None = None,
         max_connections: int = 128,
         retry: RetryPolicy | None = None,
+        ca_bundle: str | None = None,
     ) -> None:
+        """``ca_bundle``: a PEM file of the CAs an https endpoint's certificate may chain
+        to (a private CA), trusted by both clients."""
         self.bucket = bucket
         self.prefix = prefix  # "" or ends with "/"
         self.url = f"{scheme}://{bucket}/{prefix}"
@@ -117,6 +121,11 @@ class S3Store:
         self._path_style = path_style
         self._retry = retry or RetryPolicy()
         self._max_connections = max_connections
+        self._ca_bundle = ca_bundle
+        # Plain HTTP checks no certificate: a bundle is not read for it (this machine's
+        # AWS_CA_BUNDLE is the system's own, 220 KB).
+        self._ca_pem = (read_ca_bundle(ca_bundle)
+                        if ca_bundle and (endpoint_url or "https:").startswith("https:") else None)
         self._client_lock = asyncio.Lock()
         self._botocore_cm: Any = None
         self._botocore: Any = None
@@ -240,7 +249,8 @@ class S3Store:
 
     def _settings(self, region: str) -> ClientSettings:
         return ClientSettings(self.bucket, self.endpoint_url, region, self._path_style,
-                              self._max_connections, self._retry)
+                              self._max_connections, self._retry, self._ca_bundle,
+                              self._ca_pem)
 
     def _make_obstore(self, *, preflight: bool = False) -> Any:
         return make_obstore(self._settings(self._region or "us-east-1"), self._keys or Keys(),

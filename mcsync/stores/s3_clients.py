@@ -22,6 +22,7 @@ import contextlib
 import ipaddress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -159,6 +160,12 @@ class ClientSettings:
     path_style: bool
     max_connections: int
     retry: RetryPolicy
+    ca_bundle: str | None = None  # a PEM file of extra CAs to trust (AWS_CA_BUNDLE)
+    ca_pem: str | None = None  # its text (``read_ca_bundle``), for obstore
+
+    @property
+    def tls(self) -> bool:
+        return (self.endpoint_url or "https:").startswith("https:")
 
     @property
     def sign_payload(self) -> bool:
@@ -203,18 +210,37 @@ def make_obstore(settings: ClientSettings, keys: Keys, *, preflight: bool = Fals
     else:
         config["aws_skip_signature"] = True  # anonymous access to a public bucket
     endpoint = settings.endpoint_url or ""
+    client_options = {
+        "allow_http": endpoint.startswith("http:"),
+        "pool_max_idle_per_host": str(settings.max_connections),
+        "timeout": "300s",
+        "connect_timeout": "10s",
+    }
+    if settings.ca_pem is not None and settings.tls:
+        # Added to the system's roots, as botocore's verify=<bundle> trusts the bundle: the
+        # AWS_CA_BUNDLE a private endpoint needs was botocore's alone, and every listing,
+        # GET and small PUT (obstore's) failed as "cannot reach" the endpoint.
+        client_options["root_certificate"] = settings.ca_pem
     return ObStore(
         settings.bucket,
         config=config,
-        client_options={
-            "allow_http": endpoint.startswith("http:"),
-            "pool_max_idle_per_host": str(settings.max_connections),
-            "timeout": "300s",
-            "connect_timeout": "10s",
-        },
+        client_options=client_options,
         retry_config=settings.retry.obstore(preflight=preflight),
         **kwargs,
     )
+
+
+def read_ca_bundle(path: str) -> str:
+    """The PEM text of a CA bundle file; ConfigError naming the file if it cannot be read or
+    holds no certificate (read once, when the store is made: before any request)."""
+    try:
+        text = Path(path).read_text(encoding="ascii", errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"CA bundle {path}: cannot read it "
+                          f"({exc.strerror or type(exc).__name__})") from None
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise ConfigError(f"CA bundle {path}: no PEM certificate in it")
+    return text
 
 
 async def open_botocore(settings: ClientSettings, keys: Keys | None,
@@ -271,7 +297,7 @@ async def open_botocore(settings: ClientSettings, keys: Keys | None,
         config=config,
         # Plain HTTP has no certificate to check: without this, every client still loads the
         # CA bundle into an SSL context (~40 ms of CPU) it will never use.
-        verify=None if (settings.endpoint_url or "https:").startswith("https:") else False,
+        verify=(settings.ca_bundle or None) if settings.tls else False,
     )
     client = await cm.__aenter__()
     if keys is None:  # the standard chain: env, profile, assume-role, SSO, IMDS...

@@ -52,6 +52,7 @@ from .processes import (
     port_clash,
     wait_until_ready,
 )
+from .tls import TlsFiles
 
 __all__ = ["LOOPBACK", "S3Endpoint", "ServerStartError", "free_port", "moto_server", "seaweedfs"]
 
@@ -74,6 +75,7 @@ class S3Endpoint:
     access_key: str
     secret_key: str = field(repr=False)
     region: str = "us-east-1"
+    ca_bundle: str | None = None  # https: the PEM file of the CA its certificate chains to
 
     def client(self, **config: Any) -> Any:
         """A new synchronous botocore S3 client for this endpoint (path-style addressing).
@@ -105,6 +107,7 @@ class S3Endpoint:
                 aws_access_key_id=self.access_key,
                 aws_secret_access_key=self.secret_key,
                 config=botocore.config.Config(**options),
+                verify=self.ca_bundle,
             )
 
     def create_bucket(self, name: str) -> None:
@@ -148,7 +151,7 @@ class S3Endpoint:
             "AWS_REGION": self.region,
             "AWS_ENDPOINT_URL": self.url,
             "AWS_ENDPOINT_URL_S3": self.url,
-        }
+        } | ({"AWS_CA_BUNDLE": self.ca_bundle} if self.ca_bundle else {})
 
     def meta_env(self) -> dict[str, str]:
         """Environment variables that make this endpoint mcsync's Meta Storage (``meta://``)."""
@@ -157,7 +160,7 @@ class S3Endpoint:
             "MCSYNC_META_ACCESS_KEY_ID": self.access_key,
             "MCSYNC_META_SECRET_ACCESS_KEY": self.secret_key,
             "MCSYNC_META_REGION": self.region,
-        }
+        } | ({"MCSYNC_META_CA_BUNDLE": self.ca_bundle} if self.ca_bundle else {})
 
 
 _SESSION_LOCK = threading.RLock()
@@ -404,7 +407,8 @@ def seaweedfs(
 
 @contextlib.contextmanager
 def _moto_child(
-    *, port: int | None, log_path: Path | None, startup_timeout: float
+    *, port: int | None, log_path: Path | None, startup_timeout: float,
+    tls: TlsFiles | None = None,
 ) -> Iterator[tuple[S3Endpoint, Child]]:
     with contextlib.ExitStack() as stack:
         if log_path is None:
@@ -415,10 +419,13 @@ def _moto_child(
         for attempt in range(1, attempts + 1):
             the_port = port if port is not None else free_port()
             argv = [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(the_port)]
+            if tls is not None:
+                argv += ["--ssl", "--ssl-cert", str(tls.cert), "--ssl-key", str(tls.key)]
             endpoint = S3Endpoint(
-                url=f"http://{LOOPBACK}:{the_port}",
+                url=f"{'https' if tls else 'http'}://{LOOPBACK}:{the_port}",
                 access_key=MOTO_ACCESS_KEY,
                 secret_key=MOTO_SECRET_KEY,
+                ca_bundle=str(tls.ca) if tls else None,
             )
             child = Child(
                 "moto",
@@ -447,13 +454,15 @@ def moto_server(
     port: int | None = None,
     log_path: Path | None = None,
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+    tls: TlsFiles | None = None,
 ) -> Iterator[S3Endpoint]:
     """Run ``python -m moto.server`` on 127.0.0.1 (random port if None); stopped on exit.
 
     moto checks no signature: any keys are accepted. Its output goes to ``log_path`` (a
-    temporary file if None).
+    temporary file if None). With ``tls`` (``testing.tls.make_certificates``) it serves https
+    with that certificate, and the endpoint's ``ca_bundle`` names the CA.
     """
-    with _moto_child(port=port, log_path=log_path, startup_timeout=startup_timeout) as (
+    with _moto_child(port=port, log_path=log_path, startup_timeout=startup_timeout, tls=tls) as (
         endpoint,
         _child,
     ):

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("upload", "compose", "transfer", "target_copy"),
     ("engine", "watch"),
     ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.processes",
-     "testing.servers", "testing.gcs", "testing.azurite", "testing.faults",
+     "testing.tls", "testing.servers", "testing.gcs", "testing.azurite", "testing.faults",
      "testing.s3_requests",
      "testing.faultproxy",
      "testing.synthetic"),
