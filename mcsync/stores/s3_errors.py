@@ -108,6 +108,20 @@ _STATUS = re.compile(r"status code: (\d{3})")
 _MESSAGE = re.compile(r"<Message>([^<]{0,300})</Message>")
 # obstore's words for a response whose head came and whose body did not (reqwest's body error)
 _BODY_BROKE = re.compile(r"response body|body error")
+# A certificate refused in the TLS handshake: rustls's InvalidCertificate(UnknownIssuer) in
+# obstore's debug text, OpenSSL's "certificate verify failed: <reason>" in botocore's.
+_BAD_CERTIFICATE = re.compile(
+    r"InvalidCertificate\(\s*(\w+)|certificate verify failed: ([^(\]\n]+)")
+
+
+def _untrusted(exc: BaseException) -> str | None:
+    """Why the endpoint's certificate was refused, when that is why a request failed."""
+    found = _BAD_CERTIFICATE.search(str(exc))
+    if found is None:
+        return None
+    reason = (found.group(1) or found.group(2)).strip()
+    return (f"its TLS certificate is not trusted ({reason}): a private CA goes in "
+            "AWS_CA_BUNDLE (meta://: MCSYNC_META_CA_BUNDLE)")
 
 
 def obstore_answer(exc: BaseException) -> Answer:
@@ -157,7 +171,8 @@ def translate(exc: BaseException, what: str, bucket: str) -> MCSyncError | None:
         if _BODY_BROKE.search(str(exc)):  # answered, then the connection broke mid-body
             return Transient(f"{what}: the answer broke off: {first_line(exc)}")
         # No S3 answer in it: the request never got one (connection refused, reset, timeout).
-        return Unreachable(f"{what}: {type(exc).__name__}: {first_line(exc)}")
+        cause = _untrusted(exc) or f"{type(exc).__name__}: {first_line(exc)}"
+        return Unreachable(f"{what}: {cause}")
     boto = sys.modules.get("botocore.exceptions")  # imported only once a request needs it
     if boto is not None:
         if isinstance(exc, boto.ClientError):
@@ -165,7 +180,8 @@ def translate(exc: BaseException, what: str, bucket: str) -> MCSyncError | None:
         if isinstance(exc, boto.NoCredentialsError | boto.PartialCredentialsError):
             return AccessDenied(f"{what}: no usable credentials ({type(exc).__name__})")
         if isinstance(exc, boto.ConnectionError | boto.HTTPClientError):
-            return Unreachable(f"{what}: connection failed: {type(exc).__name__}")
+            cause = _untrusted(exc) or f"connection failed: {type(exc).__name__}"
+            return Unreachable(f"{what}: {cause}")
         if isinstance(exc, boto.BotoCoreError):
             return Permanent(f"{what}: {exc}")
     if isinstance(exc, OSError):  # aiohttp payload / socket errors past the SDK's retries

@@ -209,3 +209,25 @@ def test_unknown_settings_are_still_refused(tmp_path: Path):
     config.write_text('[meta.default]\nendpoint_url = "http://e"\ncredentials_process = "c"\n')
     with pytest.raises(UsageError, match="unknown setting 'credentials_process'"):
         meta_settings({}, config)
+
+
+def test_an_untrusted_certificate_is_named_as_the_cause():
+    """Either SDK's handshake failure (rustls in obstore, OpenSSL in botocore) says the
+    certificate is not trusted and where a private CA goes, not just "cannot connect"."""
+    from botocore.exceptions import EndpointConnectionError, SSLError
+
+    obstore_text = ("Generic S3 error: Error performing HEAD https://127.0.0.1:1/b/k - HTTP "
+                    "error: error sending request\n\nDebug source:\n ... error: "
+                    "InvalidCertificate(\n UnknownIssuer,\n ),")
+    boto = SSLError(endpoint_url="https://127.0.0.1:1/b/k", error="[SSL: "
+                    "CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get "
+                    "local issuer certificate (_ssl.c:1006)")
+    for exc, reason in ((obstore_exc.GenericError(obstore_text), "UnknownIssuer"),
+                        (boto, "unable to get local issuer certificate")):
+        error = translate(exc, "s3://b/k", "b")
+        assert isinstance(error, Transient)
+        assert str(error) == (f"s3://b/k: its TLS certificate is not trusted ({reason}): a "
+                              "private CA goes in AWS_CA_BUNDLE (meta://: MCSYNC_META_CA_BUNDLE)")
+    refused = translate(EndpointConnectionError(endpoint_url="https://127.0.0.1:1/"), "s3://b/",
+                        "b")
+    assert str(refused) == "s3://b/: connection failed: EndpointConnectionError"
