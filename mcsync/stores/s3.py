@@ -64,6 +64,7 @@ from .s3_clients import (
     open_botocore,
     process_keys,
     read_ca_bundle,
+    uses_tls,
 )
 from .s3_errors import answer_of, translate, unclear_refusal
 from .s3_upload import BodyChecksums, S3Upload, unquote_etag
@@ -124,8 +125,8 @@ class S3Store:
         self._ca_bundle = ca_bundle
         # Plain HTTP checks no certificate: a bundle is not read for it (this machine's
         # AWS_CA_BUNDLE is the system's own, 220 KB).
-        self._ca_pem = (read_ca_bundle(ca_bundle)
-                        if ca_bundle and (endpoint_url or "https:").startswith("https:") else None)
+        self._ca_pem = (read_ca_bundle(ca_bundle) if ca_bundle and uses_tls(endpoint_url)
+                        else None)
         self._client_lock = asyncio.Lock()
         self._botocore_cm: Any = None
         self._botocore: Any = None

@@ -165,7 +165,7 @@ class ClientSettings:
 
     @property
     def tls(self) -> bool:
-        return (self.endpoint_url or "https:").startswith("https:")
+        return uses_tls(self.endpoint_url)
 
     @property
     def sign_payload(self) -> bool:
@@ -228,6 +228,11 @@ def make_obstore(settings: ClientSettings, keys: Keys, *, preflight: bool = Fals
         retry_config=settings.retry.obstore(preflight=preflight),
         **kwargs,
     )
+
+
+def uses_tls(endpoint_url: str | None) -> bool:
+    """Is the endpoint https (AWS's own, when none is given)?"""
+    return (endpoint_url or "https:").startswith("https:")
 
 
 def read_ca_bundle(path: str) -> str:
