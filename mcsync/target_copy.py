@@ -14,6 +14,7 @@ import contextlib
 import logging
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 from .config import SyncOptions
@@ -37,13 +38,21 @@ def target_manifest_key(src: ReadStore, dst: ReadStore) -> str:
     return f"{RESERVED_PREFIX}manifest-{pair_id(src.url, dst.url)}.sqlite"
 
 
-async def fetch(src: ReadStore, dst: Store) -> bytes | None:
-    """The target's copy (the local manifest is missing), or None when there is none or it
-    cannot be read (a warning: the run then lists the target instead)."""
+async def _copy_of(src: ReadStore, dst: Store) -> bytes | None:
+    """The target's copy, or None when there is none; other errors raised (``fetch``)."""
     try:
         return bytes(await dst.get(target_manifest_key(src, dst)))
     except NotFound:
         return None
+
+
+async def fetch(src: ReadStore, dst: Store, sent: Awaitable[bytes | None] | None = None,
+                ) -> bytes | None:
+    """The target's copy (the local manifest is missing), or None when there is none or it
+    cannot be read (a warning: the run then lists the target instead). ``sent``: the read,
+    started already."""
+    try:
+        return await (sent if sent is not None else _copy_of(src, dst))
     except MCSyncError as exc:
         log.warning("could not fetch the manifest copy at the target: %s", exc)
         return None
@@ -58,13 +67,18 @@ def install(data: bytes, path: Path) -> None:
     log.info("manifest fetched from the target (%d bytes)", len(data))
 
 
-async def kept(src: ReadStore, dst: Store, limits: Limits | None = None) -> bool:
+async def _head_copy(src: ReadStore, dst: Store, limits: Limits | None = None) -> None:
+    async with limits.requests if limits is not None else contextlib.nullcontext():
+        await dst.head(target_manifest_key(src, dst))
+
+
+async def kept(src: ReadStore, dst: Store, limits: Limits | None = None,
+               sent: Awaitable[None] | None = None) -> bool:
     """Does the target still hold the copy? A manifest stands in for a listing of the target
     only then: a target emptied or replaced since (a wiped prefix, a new directory) is listed,
-    not trusted."""
+    not trusted. ``sent``: the HEAD, started already."""
     try:
-        async with limits.requests if limits is not None else contextlib.nullcontext():
-            await dst.head(target_manifest_key(src, dst))
+        await (sent if sent is not None else _head_copy(src, dst, limits))
     except NotFound:
         log.info("%s holds no copy of this pair's manifest: listing it", dst.url)
         return False
@@ -79,23 +93,24 @@ class Lookahead:
     """The target's copy, looked at while the run's lock is being taken (``early``: one round
     trip fewer before planning): fetched when the local manifest is missing (a fresh machine),
     otherwise looked for with a HEAD (``kept``) when the run may trust the manifest. What it
-    finds is used only once the lock is held; ``drop`` ends what is still under way."""
+    finds is used only once the lock is held; ``drop`` ends what is still under way. The early
+    requests report nothing themselves: a failure is logged only if the run comes to use
+    their answer (not when, say, the preflight failed for the same cause first)."""
 
     def __init__(self, src: ReadStore, dst: Store, path: Path, *, look: bool, trusting: bool,
                  early: bool) -> None:
         self.src, self.dst, self.look = src, dst, look
         self._fetching: asyncio.Task[bytes | None] | None = None
-        self._heading: asyncio.Task[bool] | None = None
+        self._heading: asyncio.Task[None] | None = None
         self._fetched = False
         if early and not path.exists():
-            self._fetching = asyncio.create_task(fetch(src, dst))
+            self._fetching = asyncio.create_task(_copy_of(src, dst))
         elif early and look and trusting:
-            self._heading = asyncio.create_task(kept(src, dst))
+            self._heading = asyncio.create_task(_head_copy(src, dst))
 
     async def fetch(self) -> bytes | None:
         """The copy's bytes (the local manifest is missing), or None."""
-        task = self._fetching
-        data = await (task if task is not None else fetch(self.src, self.dst))
+        data = await fetch(self.src, self.dst, self._fetching)
         self._fetched = data is not None
         return data
 
@@ -104,9 +119,7 @@ class Lookahead:
         watch's later cycle, which trusts it without asking.)"""
         if not self.look or self._fetched:  # a copy just fetched is there
             return True
-        if self._heading is not None:
-            return await self._heading
-        return await kept(self.src, self.dst, limits)
+        return await kept(self.src, self.dst, limits, self._heading)
 
     async def drop(self) -> None:
         await cancel_and_wait(self._fetching, self._heading, quiet=True)

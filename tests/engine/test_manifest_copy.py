@@ -188,3 +188,21 @@ def test_a_locked_out_run_installs_no_fetched_copy(tmp_path):
     with pytest.raises(Locked):
         sync(src, dst, tmp_path / "fresh")
     assert not (tmp_path / "fresh" / "manifest.sqlite").exists()
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_an_early_look_at_the_copy_that_fails_is_reported_when_used(tmp_path, caplog, fresh):
+    """The copy fetched (a fresh machine) or looked for (HEAD) while the lock is taken fails:
+    the run says so once it comes to use the answer, and lists the target instead."""
+    src, dst = _pair()
+    assert sync(src, dst, tmp_path / "first").ok
+    key = target_manifest_key(src, dst)
+    op = "get" if fresh else "head"
+    at_dst: list[tuple[str, str]] = []
+    faults = Faults([Rule(op, key=key, error=Permanent("refused")), *_ops(at_dst).rules])
+    report = sync(src, faulty(dst, faults), tmp_path / ("fresh" if fresh else "first"))
+    assert report.ok and report.objects_skipped == len(OBJECTS) and contents(dst) == OBJECTS
+    said = ("could not fetch the manifest copy" if fresh
+            else "could not look for the manifest's copy")
+    assert [r for r in caplog.records if said in r.getMessage() and "refused" in r.getMessage()]
+    assert [o for o, _ in at_dst if o == "list"], "the answer was not used: the target is listed"
