@@ -114,14 +114,17 @@ _BAD_CERTIFICATE = re.compile(
     r"InvalidCertificate\(\s*(\w+)|certificate verify failed: ([^(\]\n]+)")
 
 
-def _untrusted(exc: BaseException) -> str | None:
-    """Why the endpoint's certificate was refused, when that is why a request failed."""
+def _untrusted(exc: BaseException, what: str) -> Permanent | None:
+    """The error for a request whose TLS handshake refused the endpoint's certificate: not
+    worth another try (no retry makes it trusted; unreachable, it was retried for minutes
+    per object). obstore may trust a CA of the system's store that botocore (certifi) does
+    not, so this can come mid-run, after the preflight passed."""
     found = _BAD_CERTIFICATE.search(str(exc))
     if found is None:
         return None
     reason = (found.group(1) or found.group(2)).strip()
-    return (f"its TLS certificate is not trusted ({reason}): a private CA goes in "
-            "AWS_CA_BUNDLE (meta://: MCSYNC_META_CA_BUNDLE)")
+    return Permanent(f"{what}: the endpoint's TLS certificate is not trusted ({reason}): a "
+                     "private CA goes in AWS_CA_BUNDLE (meta://: MCSYNC_META_CA_BUNDLE)")
 
 
 def obstore_answer(exc: BaseException) -> Answer:
@@ -171,8 +174,8 @@ def translate(exc: BaseException, what: str, bucket: str) -> MCSyncError | None:
         if _BODY_BROKE.search(str(exc)):  # answered, then the connection broke mid-body
             return Transient(f"{what}: the answer broke off: {first_line(exc)}")
         # No S3 answer in it: the request never got one (connection refused, reset, timeout).
-        cause = _untrusted(exc) or f"{type(exc).__name__}: {first_line(exc)}"
-        return Unreachable(f"{what}: {cause}")
+        return _untrusted(exc, what) or Unreachable(
+            f"{what}: {type(exc).__name__}: {first_line(exc)}")
     boto = sys.modules.get("botocore.exceptions")  # imported only once a request needs it
     if boto is not None:
         if isinstance(exc, boto.ClientError):
@@ -180,8 +183,8 @@ def translate(exc: BaseException, what: str, bucket: str) -> MCSyncError | None:
         if isinstance(exc, boto.NoCredentialsError | boto.PartialCredentialsError):
             return AccessDenied(f"{what}: no usable credentials ({type(exc).__name__})")
         if isinstance(exc, boto.ConnectionError | boto.HTTPClientError):
-            cause = _untrusted(exc) or f"connection failed: {type(exc).__name__}"
-            return Unreachable(f"{what}: {cause}")
+            return _untrusted(exc, what) or Unreachable(
+                f"{what}: connection failed: {type(exc).__name__}")
         if isinstance(exc, boto.BotoCoreError):
             return Permanent(f"{what}: {exc}")
     if isinstance(exc, OSError):  # aiohttp payload / socket errors past the SDK's retries

@@ -14,7 +14,14 @@ import pytest
 from aiobotocore.credentials import AioRefreshableCredentials
 from botocore.exceptions import ClientError
 
-from mcsync.errors import AccessDenied, CredentialsExpired, Transient, UsageError
+from mcsync.errors import (
+    AccessDenied,
+    CredentialsExpired,
+    Permanent,
+    Transient,
+    Unreachable,
+    UsageError,
+)
 from mcsync.stores.registry import meta_settings
 from mcsync.stores.s3 import S3Store
 from mcsync.stores.s3_clients import Keys, S3Credentials
@@ -225,9 +232,11 @@ def test_an_untrusted_certificate_is_named_as_the_cause():
     for exc, reason in ((obstore_exc.GenericError(obstore_text), "UnknownIssuer"),
                         (boto, "unable to get local issuer certificate")):
         error = translate(exc, "s3://b/k", "b")
-        assert isinstance(error, Transient)
-        assert str(error) == (f"s3://b/k: its TLS certificate is not trusted ({reason}): a "
-                              "private CA goes in AWS_CA_BUNDLE (meta://: MCSYNC_META_CA_BUNDLE)")
+        assert type(error) is Permanent  # no retry makes it trusted
+        assert str(error) == (f"s3://b/k: the endpoint's TLS certificate is not trusted "
+                              f"({reason}): a private CA goes in AWS_CA_BUNDLE (meta://: "
+                              "MCSYNC_META_CA_BUNDLE)")
     refused = translate(EndpointConnectionError(endpoint_url="https://127.0.0.1:1/"), "s3://b/",
                         "b")
+    assert type(refused) is Unreachable  # a refused connection is still worth a retry
     assert str(refused) == "s3://b/: connection failed: EndpointConnectionError"
