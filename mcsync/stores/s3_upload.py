@@ -172,12 +172,19 @@ class Body:
     Slices reach the socket as they fit, so a part waits in the transport a slice at a time.
     ``len`` gives botocore the Content-Length; ``seek(0)`` is botocore's rewind before a retry
     (each iteration starts from the first slice anyway). Needs the client's parameter
-    validation off (``s3_clients``): botocore knows no such type."""
+    validation off (``s3_clients``): botocore knows no such type.
+
+    ``read``/``readinto`` are for botocore's other signer: with ``awscrt`` importable
+    (``boto3[crt]`` installs it, and so does mcsync for its CopyObject client) botocore signs
+    with the CRT's, which wraps the body in a stream (a body with no ``read`` failed every
+    UploadPart: "I/O stream type expected") and reads it where the payload is signed. The command
+    keeps botocore's own signer (``cli.main``); a library call gets whichever its process has."""
 
     SLICE = 1 << 20
 
     def __init__(self, data: Buffer) -> None:
         self._view = memoryview(data).cast("B")
+        self._pos = 0  # of read/readinto only: the async iteration always starts at 0
 
     def __len__(self) -> int:
         return self._view.nbytes
@@ -190,13 +197,27 @@ class Body:
         for start in range(0, len(view), self.SLICE):
             yield view[start:start + self.SLICE]
 
+    def readinto(self, buffer: Buffer) -> int:
+        out = memoryview(buffer).cast("B")
+        n = min(len(out), len(self._view) - self._pos)
+        out[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._view) if size < 0 else min(len(self._view), self._pos + size)
+        data = self._view[self._pos:end].tobytes()
+        self._pos = end
+        return data
+
     def seek(self, offset: int, whence: int = 0) -> int:
         if (offset, whence) != (0, 0):
             raise OSError(f"a part body rewinds to its start only, not to {offset}")
+        self._pos = 0
         return 0
 
     def tell(self) -> int:
-        return 0
+        return self._pos
 
 
 def unquote_etag(value: str | None) -> str | None:
