@@ -1,13 +1,14 @@
 """The one retry policy, and the retry loop of ours.
 
 Two levels, never more: the SDK clients retry a request a few times quickly
-(``sdk_attempts``: botocore's standard mode, obstore's RetryConfig, the GCS store's own loop
-for it has no SDK), and ``mcsync.resilience`` retries what outlasts that — throttling until the
-deadline, other transient errors up to ``max_attempts`` — around every request of a run. So a
-request is tried at most ``sdk_attempts`` x ``max_attempts`` times, and throttling is met by
-fewer requests in flight (``limits.AdaptiveLimit``) rather than by two retry loops each
-backing off on its own. Every loop mcsync runs is ``retrying``: by error type only, never by
-message, and never after a cancellation (CancelledError is no MCSyncError).
+(``sdk_attempts``: botocore's standard mode, obstore's RetryConfig, the CRT's S3RetryConfig,
+the GCS store's own loop for it has no SDK), and ``mcsync.resilience`` retries what outlasts
+that — throttling until the deadline, other transient errors up to ``max_attempts`` — around
+every request of a run. So a request is tried at most ``sdk_attempts`` x ``max_attempts``
+times, and throttling is met by fewer requests in flight (``limits.AdaptiveLimit``) rather
+than by two retry loops each backing off on its own. Every loop mcsync runs is ``retrying``:
+by error type only, never by message, and never after a cancellation (CancelledError is no
+MCSyncError).
 """
 
 from __future__ import annotations
@@ -52,6 +53,15 @@ class RetryPolicy:
             "backoff": {"init_backoff": timedelta(seconds=self.init_backoff_s),
                         "max_backoff": timedelta(seconds=self.max_backoff_s), "base": 2},
         }
+
+    def crt(self) -> dict[str, Any]:
+        """The same policy for the CRT's S3 client (``S3RetryConfig``'s fields; its zeros mean
+        "the CRT's default", so no retry is mode "none" and no backoff is 1 ms)."""
+        if self.sdk_attempts <= 1:
+            return {"retry_mode": "none"}
+        return {"retry_mode": "standard", "max_retries": self.sdk_attempts - 1,
+                "backoff_scale_factor_ms": max(1, round(self.init_backoff_s * 1000)),
+                "max_backoff_secs": max(1, round(self.max_backoff_s))}
 
     @classmethod
     def immediate(cls, attempts: int) -> RetryPolicy:

@@ -3,9 +3,10 @@
 Two clients, each where it is strongest (measured against SeaweedFS on loopback, 16 KiB objects,
 64 in flight: aiobotocore spends ~1.2 ms of client CPU per PUT and ~1.7 ms per GET, obstore's
 Rust client ~0.2 ms): obstore carries listing pages, whole-object PUTs, every GET (whole or
-ranged), HEAD and DELETE; aiobotocore everything obstore lacks: multipart uploads with their
-ids (``s3_upload``), UploadPartCopy, CopyObject. For parts of 8 MiB and more the per-request
-cost is noise. obstore refuses keys it cannot spell ("a//b", "x/../y"): those go by botocore.
+ranged), HEAD and DELETE; the AWS CRT CopyObject to an explicit endpoint (``s3_crt``);
+aiobotocore the rest: multipart uploads with their ids (``s3_upload``), UploadPartCopy. For
+parts of 8 MiB and more the per-request cost is noise. obstore refuses keys it cannot spell
+("a//b", "x/../y"): those go by botocore.
 
 SDK errors are translated into ``mcsync.errors`` by one table (``s3_errors``); only ``check``
 makes a configuration error of one. Retries of single requests are the SDKs' (configured once,
@@ -66,6 +67,7 @@ from .s3_clients import (
     read_ca_bundle,
     uses_tls,
 )
+from .s3_crt import CrtCopier
 from .s3_errors import answer_of, translate, unclear_refusal
 from .s3_upload import BodyChecksums, S3Upload, unquote_etag
 
@@ -106,9 +108,12 @@ class S3Store:
         max_connections: int = 128,
         retry: RetryPolicy | None = None,
         ca_bundle: str | None = None,
+        crt_copies: bool = True,
     ) -> None:
         """``ca_bundle``: a PEM file of the CAs an https endpoint's certificate may chain
-        to (a private CA), trusted by both clients."""
+        to (a private CA), trusted by every client. ``crt_copies``: CopyObject to an explicit
+        endpoint goes through the CRT (``s3_crt``); False: through botocore, as it does
+        without an endpoint or keys."""
         self.bucket = bucket
         self.prefix = prefix  # "" or ends with "/"
         self.url = f"{scheme}://{bucket}/{prefix}"
@@ -131,6 +136,8 @@ class S3Store:
         self._botocore_cm: Any = None
         self._botocore: Any = None
         self._obstore: Any = None
+        self._crt_copies = crt_copies
+        self._crt: CrtCopier | None = None
         self._keys: Keys | None = None  # once resolved: what both clients sign with
         # Forced renewals: each makes a new generation; a request remembers the one it was
         # sent in, so the refusals of one expiry ask for one renewal, not one each.
@@ -258,6 +265,8 @@ class S3Store:
                             preflight=preflight)
 
     async def aclose(self) -> None:
+        if self._crt is not None:
+            self._crt.close()
         if self._botocore_cm is not None:
             cm, self._botocore_cm, self._botocore = self._botocore_cm, None, None
             await cm.__aexit__(None, None, None)
@@ -524,6 +533,14 @@ class S3Store:
                            slow)
 
     async def copy_object(self, source: S3CopySource, key: str) -> ObjectInfo:
+        await self._fast()  # the keys known (and a renewal a refusal asked for, made)
+        if self._crt_copies and self.endpoint_url and self._keys and not self._keys.anonymous:
+            self._crt = self._crt or CrtCopier(self._settings(self._region or "us-east-1"))
+            with self.translating(key):
+                etag = await self._crt.copy_object(self._keys, source.bucket, source.key,
+                                                   source.etag, self.bucket, self.full_key(key),
+                                                   f"{self.url}{key}")
+            return ObjectInfo(key, -1, unquote_etag(etag), None)
         client = await self.botocore()
         kwargs: dict[str, Any] = {
             "Bucket": self.bucket, "Key": self.full_key(key),

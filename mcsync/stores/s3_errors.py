@@ -81,6 +81,15 @@ class Answer:
         return None
 
 
+class S3Answered(Exception):
+    """An S3 error answer received by a client with no exception type of its own (the CRT's,
+    ``s3_crt``): translated by the table like the SDKs' errors."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(f"{answer.status} {answer.code or ''}: {answer.message}")
+        self.answer = answer
+
+
 def error_for(answer: Answer, what: str, bucket: str) -> MCSyncError:
     """The mcsync error for an S3 answer about ``what`` (an object's URL, or the store's)."""
     kind = answer.kind() or Transient
@@ -135,7 +144,9 @@ def obstore_answer(exc: BaseException) -> Answer:
 
 
 def answer_of(exc: BaseException) -> Answer | None:
-    """The S3 answer inside either SDK's exception, if it holds one."""
+    """The S3 answer inside either SDK's exception (or the CRT's), if it holds one."""
+    if isinstance(exc, S3Answered):
+        return exc.answer
     if isinstance(exc, obstore_exc.BaseError | FileNotFoundError):
         return obstore_answer(exc)
     boto = sys.modules.get("botocore.exceptions")
@@ -161,6 +172,8 @@ def translate(exc: BaseException, what: str, bucket: str) -> MCSyncError | None:
     """The mcsync error for an exception either SDK raised (None for anything else)."""
     if isinstance(exc, MCSyncError):
         return exc
+    if isinstance(exc, S3Answered):
+        return error_for(exc.answer, what, bucket)
     if isinstance(exc, obstore_exc.BaseError | FileNotFoundError):  # obstore raises both
         answer = obstore_answer(exc)
         if answer.kind() is not None:

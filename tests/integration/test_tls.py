@@ -93,3 +93,17 @@ def test_an_unusable_ca_bundle_is_named(tls_moto: S3Endpoint, tmp_path: Path,
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0], result.output
     assert read_bucket(tls_moto, bucket, with_state=True) == {}
+
+
+def test_server_side_copies_over_https_trust_the_ca_bundle(tls_moto: S3Endpoint,
+                                                           tmp_path: Path) -> None:
+    """CopyObject goes by the third client, the CRT's: it trusts the same bundle."""
+    write_tree(tmp_path / "src", OBJECTS)
+    source, target = new_bucket(tls_moto), new_bucket(tls_moto, "copy")
+    env = _aws_env(tls_moto)
+    _sync(str(tmp_path / "src"), f"s3://{source}/run/", env=env)
+    report = _sync(f"s3://{source}/run/", f"s3://{target}/run/", env=env)
+    assert {o["key"]: o["action"] for o in report["objects"]} == dict.fromkeys(
+        OBJECTS, "server_copy")
+    assert report["bytes_sent"] == 0
+    assert read_bucket(tls_moto, target, "run/") == OBJECTS
