@@ -78,8 +78,11 @@ def answer_from(status: int | None, body: bytes | None) -> Answer:
 
 def copy_result_etag(body: bytes) -> str | None:
     """The ETag of a CopyObjectResult (the CRT has already turned a 200 carrying an
-    ``<Error>`` into an error)."""
-    root = ET.fromstring(body)
+    ``<Error>`` into an error); None if the answer holds none, as botocore's would."""
+    try:
+        root = ET.fromstring(body)
+    except ET.ParseError:
+        return None
     for child in root:
         if child.tag.rpartition("}")[2] == "ETag":
             return child.text

@@ -64,6 +64,7 @@ def test_the_etag_of_a_copy_result() -> None:
             b'</LastModified><ETag>"9b2cf535f27731c974343645a3985328"</ETag></CopyObjectResult>')
     assert copy_result_etag(body) == '"9b2cf535f27731c974343645a3985328"'
     assert copy_result_etag(b"<CopyObjectResult/>") is None
+    assert copy_result_etag(b"") is None
 
 
 @pytest.mark.parametrize(("status", "code", "kind"), [
