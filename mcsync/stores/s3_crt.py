@@ -36,7 +36,13 @@ from .s3_errors import Answer, S3Answered
 ANSWER_TIMEOUT_S = 120.0
 CONNECT_TIMEOUT_MS = 10_000
 # Names of the CRT's errors that mean no connection was made or it was lost before an answer.
-_UNREACHABLE = ("SOCKET", "DNS", "CONNECTION", "HOST")
+_UNREACHABLE = ("SOCKET", "DNS", "CONNECTION", "HOST", "TLS")
+# ... and of those, the ones where the endpoint's certificate was refused: no try makes it
+# trusted (an untrusted one is AWS_IO_TLS_ERROR_NEGOTIATION_FAILURE, seen with moto over https
+# and no CA given). The CRT's TLS (s2n) holds a failed handshake back 20-30 s before it says
+# so (its blinding delay, not configurable from Python): a trust the store's preflight
+# (obstore's) already checked, so met mid-run only with a bundle that lacks the CA.
+_REFUSED_TLS = ("TLS_ERROR_NEGOTIATION_FAILURE", "CERTIFICATE", "TRUST_STORE")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +96,9 @@ def copy_result_etag(body: bytes) -> str | None:
 
 
 def transport_error(name: str, what: str) -> MCSyncError:
-    """A CRT error with no S3 answer: no connection (Unreachable), a refused TLS handshake
-    (Permanent, as botocore's and obstore's certificate errors are), else Transient."""
-    if "TLS" in name:
+    """A CRT error with no S3 answer: a refused TLS handshake (Permanent, as botocore's and
+    obstore's certificate errors are), no connection (Unreachable), else Transient."""
+    if any(word in name for word in _REFUSED_TLS):
         return Permanent(f"{what}: the TLS handshake with the endpoint failed ({name}): a "
                          "private CA goes in AWS_CA_BUNDLE (meta://: MCSYNC_META_CA_BUNDLE)")
     if any(word in name for word in _UNREACHABLE):
