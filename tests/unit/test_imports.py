@@ -1,0 +1,20 @@
+"""What starting the command costs: importing it loads none of the clients a run may not need.
+Each is imported by the first request that needs it (aiohttp + botocore ~0.2 s, awscrt
+~0.04 s, the XML parser ~2.5 ms), so a run that does not need one never pays for it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+LATER = ("aiohttp", "botocore", "aiobotocore", "awscrt", "xml.etree.ElementTree",
+         "prometheus_client", "tqdm", "watchfiles")
+
+
+def test_importing_the_command_loads_no_client_a_run_may_not_need() -> None:
+    code = ("import json, sys; import mcsync.cli.main; "
+            f"print(json.dumps([m for m in {LATER!r} if m in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert json.loads(done.stdout) == []
