@@ -1,6 +1,6 @@
 """S3 and S3-compatible object stores (Amazon S3, Meta Storage, SeaweedFS, MinIO...).
 
-Two clients, each where it is strongest (measured against SeaweedFS on loopback, 16 KiB objects,
+Three clients, each where it is strongest (measured against SeaweedFS on loopback, 16 KiB objects,
 64 in flight: aiobotocore spends ~1.2 ms of client CPU per PUT and ~1.7 ms per GET, obstore's
 Rust client ~0.2 ms): obstore carries listing pages, whole-object PUTs, every GET (whole or
 ranged), HEAD and DELETE; the AWS CRT CopyObject to an explicit endpoint (``s3_crt``);
@@ -12,7 +12,7 @@ SDK errors are translated into ``mcsync.errors`` by one table (``s3_errors``); o
 makes a configuration error of one. Retries of single requests are the SDKs' (configured once,
 in ``mcsync.retry``); the engine never loops.
 
-Keys that expire mid-run: both clients share one ``Keys`` (``s3_clients``), renewed by
+Keys that expire mid-run: every client shares one ``Keys`` (``s3_clients``), renewed by
 botocore before they expire. A request refused for expired keys (ExpiredToken; or, with
 refreshable keys, a refusal of a key that a renewal then replaces) raises
 ``CredentialsExpired`` and asks for a forced renewal, made before this store's next request
@@ -138,7 +138,7 @@ class S3Store:
         self._obstore: Any = None
         self._crt_copies = crt_copies
         self._crt: CrtCopier | None = None
-        self._keys: Keys | None = None  # once resolved: what both clients sign with
+        self._keys: Keys | None = None  # once resolved: what every client signs with
         # Forced renewals: each makes a new generation; a request remembers the one it was
         # sent in, so the refusals of one expiry ask for one renewal, not one each.
         self._generation = 0
