@@ -1,14 +1,16 @@
 """Server-side copies (CopyObject) to an explicit endpoint go by the CRT's client
 (``stores/s3_crt.py``): a run that only copies server-side starts neither aiohttp nor botocore,
 and either client copies the same bytes, refuses a changed source and names a missing one;
-copies refused for a while are tried again."""
+copies refused for a while are tried again, and copies in flight stop on a second Ctrl-C."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 from mcsync.errors import AccessDenied, NotFound, PreconditionFailed
 from mcsync.stores.s3 import S3Store
 from mcsync.stores.s3_clients import S3Credentials
-from mcsync.testing.faultproxy import INTERNAL_ERROR, SLOW_DOWN, FaultProxy, Rule
+from mcsync.testing.faultproxy import INTERNAL_ERROR, SLOW_DOWN, FaultProxy, Rule, Stall
 from mcsync.testing.servers import S3Endpoint
 
 from .helpers import new_bucket, payload, put_objects, read_bucket, sync_stores
@@ -142,3 +144,39 @@ def test_copies_refused_for_a_while_are_tried_again(seaweed: S3Endpoint,
     assert len(seaweed_proxy.exchanges("CopyObject", fault="SlowDown")) == 6
     assert len(seaweed_proxy.exchanges("CopyObject", fault="InternalError")) == 4
     assert len(seaweed_proxy.exchanges("CopyObject", fault="")) == len(objects)
+
+
+def test_ctrl_c_twice_stops_copies_in_flight_and_the_rerun_finishes(
+        seaweed: S3Endpoint, seaweed_proxy: FaultProxy, tmp_path: Path) -> None:
+    """Every CopyObject's answer is held back, so the CRT's requests are in flight when the
+    second SIGINT comes: the run stops at once with 130 (the requests cancelled, no callback
+    left to crash the exiting process), and the same command then copies every object."""
+    objects = {f"shard-{i}.bin": payload(200_000 + i, 50 + i) for i in range(6)}
+    bucket = new_bucket(seaweed)
+    put_objects(seaweed, bucket, objects, "src/")
+    stall = seaweed_proxy.add(Rule(Stall(30.0), op="CopyObject"))
+    ep = seaweed_proxy.endpoint
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **ep.aws_env(), **ep.meta_env(),
+           "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "mcsync.cli.main", "sync", f"s3://{bucket}/src/",
+            f"meta://{bucket}/dst/", "--quiet"]
+    run = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    deadline = time.monotonic() + 20
+    while len(seaweed_proxy.exchanges("CopyObject", fault="stall")) < len(objects):
+        assert time.monotonic() < deadline and run.poll() is None, run.communicate()
+        time.sleep(0.05)
+    run.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    run.send_signal(signal.SIGINT)
+    began = time.monotonic()
+    _, err = run.communicate(timeout=20)
+    assert run.returncode == 130, err
+    assert time.monotonic() - began < 5, "the second SIGINT waited for the copies"
+    assert "Traceback" not in err and "Fatal" not in err
+
+    seaweed_proxy.remove(stall)
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60,
+                           check=False)
+    assert again.returncode == 0, again.stderr
+    assert read_bucket(seaweed, bucket, "dst/") == objects
