@@ -13,8 +13,8 @@ were slower here), and botocore keeps what needs AWS's endpoint rules (no endpoi
 a multipart upload's id. The request is signed by the CRT (SigV4 with S3's rules: no path
 normalisation, unsigned payload) with the store's current keys; its retries are configured
 from the one ``RetryPolicy``, as the other SDKs' are. Its answers are reduced to
-``s3_errors.Answer`` (status and XML code) and translated by the same table; the CRT's own
-errors (no connection, a refused handshake) become mcsync errors here, at the edge.
+``s3_errors.Answer`` (status and XML code, read as obstore's are) and translated by the same
+table, as are the CRT's own errors (no connection, a refused handshake: ``s3_errors.crt_error``).
 """
 
 from __future__ import annotations
@@ -25,23 +25,18 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from ..errors import MCSyncError, Permanent, Transient, Unreachable
+from ..errors import Transient
 from ..retry import RetryPolicy
 from .s3_clients import ClientSettings, Keys, S3Credentials
-from .s3_errors import Answer, S3Answered
+from .s3_errors import S3Answered, crt_answer, crt_error
 
 # botocore's read_timeout: a CopyObject answers when the copy is done, so this bounds a copy
 # as it does botocore's (which fails a read that waits longer, and tries again).
 ANSWER_TIMEOUT_S = 120.0
 CONNECT_TIMEOUT_MS = 10_000
-# Names of the CRT's errors that mean no connection was made or it was lost before an answer.
-_UNREACHABLE = ("SOCKET", "DNS", "CONNECTION", "HOST", "TLS")
-# ... and of those, the ones where the endpoint's certificate was refused: no try makes it
-# trusted (an untrusted one is AWS_IO_TLS_ERROR_NEGOTIATION_FAILURE, seen with moto over https
-# and no CA given). The CRT's TLS (s2n) holds a failed handshake back 20-30 s before it says
-# so (its blinding delay, not configurable from Python): a trust the store's preflight
-# (obstore's) already checked, so met mid-run only with a bundle that lacks the CA.
-_REFUSED_TLS = ("TLS_ERROR_NEGOTIATION_FAILURE", "CERTIFICATE", "TRUST_STORE")
+# The CRT's TLS (s2n) holds a failed handshake back 20-30 s before it says so (its blinding
+# delay, not configurable from Python): a trust the store's preflight (obstore's) already
+# checked, so met mid-run only with a bundle that lacks a CA the system's roots hold.
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,23 +65,10 @@ class Endpoint:
         return f"{bucket}.{self.host}", f"{self.base}/{quote(key, safe='/~')}"
 
 
-def answer_from(status: int | None, body: bytes | None) -> Answer:
-    """The S3 answer in an error response (its ``<Error>`` XML, when it has one)."""
-    import xml.etree.ElementTree as ET  # ~2.5 ms: paid by the runs that copy, not every run
-
-    code = message = None
-    if body:
-        with contextlib.suppress(ET.ParseError):
-            root = ET.fromstring(body)
-            code = root.findtext("Code") or None
-            message = root.findtext("Message") or ""
-    return Answer(code, status, message or "")
-
-
 def copy_result_etag(body: bytes) -> str | None:
     """The ETag of a CopyObjectResult (the CRT has already turned a 200 carrying an
     ``<Error>`` into an error); None if the answer holds none, as botocore's would."""
-    import xml.etree.ElementTree as ET
+    import xml.etree.ElementTree as ET  # ~2.5 ms: paid by the runs that copy, not every run
 
     try:
         root = ET.fromstring(body)
@@ -96,17 +78,6 @@ def copy_result_etag(body: bytes) -> str | None:
         if child.tag.rpartition("}")[2] == "ETag":
             return child.text
     return None
-
-
-def transport_error(name: str, what: str) -> MCSyncError:
-    """A CRT error with no S3 answer: a refused TLS handshake (Permanent, as botocore's and
-    obstore's certificate errors are), no connection (Unreachable), else Transient."""
-    if any(word in name for word in _REFUSED_TLS):
-        return Permanent(f"{what}: the TLS handshake with the endpoint failed ({name}): a "
-                         "private CA goes in AWS_CA_BUNDLE (meta://: MCSYNC_META_CA_BUNDLE)")
-    if any(word in name for word in _UNREACHABLE):
-        return Unreachable(f"{what}: connection failed: {name}")
-    return Transient(f"{what}: {name}")
 
 
 class CrtCopier:
@@ -194,8 +165,8 @@ class CrtCopier:
             raise
         if error is not None:
             if status is not None:
-                raise S3Answered(answer_from(status, error_body))
-            raise transport_error(getattr(error, "name", type(error).__name__), what)
+                raise S3Answered(crt_answer(status, error_body))
+            raise crt_error(getattr(error, "name", type(error).__name__), what)
         return copy_result_etag(b"".join(body))
 
     def close(self) -> None:

@@ -131,16 +131,46 @@ def _untrusted(exc: BaseException, what: str) -> Permanent | None:
     found = _BAD_CERTIFICATE.search(str(exc))
     if found is None:
         return None
-    reason = (found.group(1) or found.group(2)).strip()
+    return _not_trusted(what, (found.group(1) or found.group(2)).strip())
+
+
+def _not_trusted(what: str, reason: str) -> Permanent:
     return Permanent(f"{what}: the endpoint's TLS certificate is not trusted ({reason}): a "
                      "private CA goes in AWS_CA_BUNDLE (meta://: MCSYNC_META_CA_BUNDLE)")
 
 
+# The CRT's errors (``s3_crt``) that carry no S3 answer, by their names: a refused certificate
+# (an untrusted one is AWS_IO_TLS_ERROR_NEGOTIATION_FAILURE, seen with moto over https and no
+# CA given), else no connection made or one lost before the answer.
+_CRT_REFUSED_TLS = ("TLS_ERROR_NEGOTIATION_FAILURE", "CERTIFICATE", "TRUST_STORE")
+_CRT_UNREACHABLE = ("SOCKET", "DNS", "CONNECTION", "HOST", "TLS")
+
+
+def crt_error(name: str, what: str) -> MCSyncError:
+    """The mcsync error for a CRT error named ``name`` that holds no S3 answer: a refused
+    certificate is Permanent (as botocore's and obstore's are), no connection Unreachable,
+    anything else Transient."""
+    if any(word in name for word in _CRT_REFUSED_TLS):
+        return _not_trusted(what, name)
+    if any(word in name for word in _CRT_UNREACHABLE):
+        return Unreachable(f"{what}: connection failed: {name}")
+    return Transient(f"{what}: {name}")
+
+
 def obstore_answer(exc: BaseException) -> Answer:
     text = str(exc)
-    code, status, message = _CODE.search(text), _STATUS.search(text), _MESSAGE.search(text)
-    return Answer(code.group(1) if code else None, int(status.group(1)) if status else None,
-                  message.group(1) if message else "")
+    status = _STATUS.search(text)
+    return _answer_in(text, int(status.group(1)) if status else None)
+
+
+def crt_answer(status: int | None, body: bytes | None) -> Answer:
+    """The answer the CRT's client (``s3_crt``) hands over: a status and the error's body."""
+    return _answer_in(body.decode("utf-8", "replace") if body else "", status)
+
+
+def _answer_in(text: str, status: int | None) -> Answer:
+    code, message = _CODE.search(text), _MESSAGE.search(text)
+    return Answer(code.group(1) if code else None, status, message.group(1) if message else "")
 
 
 def answer_of(exc: BaseException) -> Answer | None:

@@ -23,12 +23,10 @@ from mcsync.retry import RetryPolicy
 from mcsync.stores.s3_clients import ClientSettings
 from mcsync.stores.s3_crt import (
     Endpoint,
-    answer_from,
     copy_result_etag,
     crt_retry_config,
-    transport_error,
 )
-from mcsync.stores.s3_errors import S3Answered, answer_of, translate
+from mcsync.stores.s3_errors import S3Answered, answer_of, crt_answer, crt_error, translate
 
 
 def settings(url: str | None, *, path_style: bool = True) -> ClientSettings:
@@ -77,7 +75,7 @@ def test_error_answers_go_through_the_one_table(status: int, code: str | None,
                                                 kind: type) -> None:
     body = (f"<Error><Code>{code}</Code><Message>told</Message></Error>".encode()
             if code else None)
-    exc = S3Answered(answer_from(status, body))
+    exc = S3Answered(crt_answer(status, body))
     assert answer_of(exc) == exc.answer
     error = translate(exc, "s3://b/k", "b")
     assert type(error) is kind
@@ -85,7 +83,7 @@ def test_error_answers_go_through_the_one_table(status: int, code: str | None,
 
 
 def test_an_error_body_that_is_no_xml_still_has_its_status() -> None:
-    answer = answer_from(502, b"<html>Bad Gateway")
+    answer = crt_answer(502, b"<html>Bad Gateway")
     assert (answer.code, answer.status) == (None, 502)
     assert isinstance(translate(S3Answered(answer), "s3://b/k", "b"), Transient)
 
@@ -98,7 +96,7 @@ def test_an_error_body_that_is_no_xml_still_has_its_status() -> None:
     ("AWS_ERROR_S3_INTERNAL_ERROR", Transient),
 ])
 def test_the_crt_s_own_errors(name: str, kind: type) -> None:
-    error = transport_error(name, "s3://b/k")
+    error = crt_error(name, "s3://b/k")
     assert type(error) is kind
     assert str(error).startswith("s3://b/k: ") and name in str(error)
 
