@@ -141,17 +141,21 @@ def _not_trusted(what: str, reason: str) -> Permanent:
 
 # The CRT's errors (``s3_crt``) that carry no S3 answer, by their names: a refused certificate
 # (an untrusted one is AWS_IO_TLS_ERROR_NEGOTIATION_FAILURE, seen with moto over https and no
-# CA given), else no connection made or one lost before the answer.
+# CA given), else no connection made or one lost before the answer. The CRT hands over a 503
+# SlowDown its own retries did not outlast as AWS_ERROR_S3_SLOW_DOWN, with no status.
 _CRT_REFUSED_TLS = ("TLS_ERROR_NEGOTIATION_FAILURE", "CERTIFICATE", "TRUST_STORE")
 _CRT_UNREACHABLE = ("SOCKET", "DNS", "CONNECTION", "HOST", "TLS")
+_CRT_THROTTLED = ("SLOW_DOWN",)
 
 
 def crt_error(name: str, what: str) -> MCSyncError:
     """The mcsync error for a CRT error named ``name`` that holds no S3 answer: a refused
-    certificate is Permanent (as botocore's and obstore's are), no connection Unreachable,
-    anything else Transient."""
+    certificate is Permanent (as botocore's and obstore's are), SlowDown Throttled, no
+    connection Unreachable, anything else Transient."""
     if any(word in name for word in _CRT_REFUSED_TLS):
         return _not_trusted(what, name)
+    if any(word in name for word in _CRT_THROTTLED):
+        return Throttled(f"{what}: throttled ({name})")
     if any(word in name for word in _CRT_UNREACHABLE):
         return Unreachable(f"{what}: connection failed: {name}")
     return Transient(f"{what}: {name}")

@@ -94,6 +94,7 @@ def test_an_error_body_that_is_no_xml_still_has_its_status() -> None:
     ("AWS_IO_TLS_ERROR_NEGOTIATION_FAILURE", Permanent),
     ("AWS_IO_TLS_ERROR_WRITE_FAILURE", Unreachable),  # the connection broke, not the trust
     ("AWS_ERROR_S3_INTERNAL_ERROR", Transient),
+    ("AWS_ERROR_S3_SLOW_DOWN", Throttled),  # a 503 SlowDown the CRT's own retries gave up on
 ])
 def test_the_crt_s_own_errors(name: str, kind: type) -> None:
     error = crt_error(name, "s3://b/k")
