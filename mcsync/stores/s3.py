@@ -3,10 +3,11 @@
 Three clients, each where it is strongest (measured against SeaweedFS on loopback, 16 KiB objects,
 64 in flight: aiobotocore spends ~1.2 ms of client CPU per PUT and ~1.7 ms per GET, obstore's
 Rust client ~0.2 ms): obstore carries listing pages, whole-object PUTs, every GET (whole or
-ranged), HEAD and DELETE; the AWS CRT CopyObject to an explicit endpoint (``s3_crt``);
-aiobotocore the rest: multipart uploads with their ids (``s3_upload``), UploadPartCopy. For
-parts of 8 MiB and more the per-request cost is noise. obstore refuses keys it cannot spell
-("a//b", "x/../y"): those go by botocore.
+ranged), HEAD and DELETE; the AWS CRT, to an explicit endpoint, CopyObject and the multipart
+upload requests with their ids (``s3_crt``, ``s3_upload``); aiobotocore the rest:
+UploadPartCopy, listings of open uploads, and what the CRT may not send (``crt_client``). So a
+run that uploads or copies whole objects never starts botocore (~0.2 s). obstore refuses keys
+it cannot spell ("a//b", "x/../y"): those go by botocore.
 
 SDK errors are translated into ``mcsync.errors`` by one table (``s3_errors``); only ``check``
 makes a configuration error of one. Retries of single requests are the SDKs' (configured once,
@@ -67,9 +68,9 @@ from .s3_clients import (
     read_ca_bundle,
     uses_tls,
 )
-from .s3_crt import CrtCopier
+from .s3_crt import CrtClient
 from .s3_errors import answer_of, translate, unclear_refusal
-from .s3_upload import BodyChecksums, S3Upload, unquote_etag
+from .s3_upload import BodyChecksums, S3Upload, botocore_body, unquote_etag
 
 __all__ = ["S3CopySource", "S3Credentials", "S3Store", "S3Upload"]
 
@@ -108,12 +109,12 @@ class S3Store:
         max_connections: int = 128,
         retry: RetryPolicy | None = None,
         ca_bundle: str | None = None,
-        crt_copies: bool = True,
+        crt: bool = True,
     ) -> None:
         """``ca_bundle``: a PEM file of the CAs an https endpoint's certificate may chain
-        to (a private CA), trusted by every client. ``crt_copies``: CopyObject to an explicit
-        endpoint goes through the CRT (``s3_crt``); False: through botocore, as it does
-        without an endpoint or keys."""
+        to (a private CA), trusted by every client. ``crt``: CopyObject and the multipart
+        upload requests to an explicit endpoint go through the CRT (``s3_crt``); False:
+        through botocore, as they do without an endpoint or keys."""
         self.bucket = bucket
         self.prefix = prefix  # "" or ends with "/"
         self.url = f"{scheme}://{bucket}/{prefix}"
@@ -136,8 +137,9 @@ class S3Store:
         self._botocore_cm: Any = None
         self._botocore: Any = None
         self._obstore: Any = None
-        self._crt_copies = crt_copies
-        self._crt: CrtCopier | None = None
+        self._use_crt = crt
+        self._crt: CrtClient | None = None
+        self._crt_sends_bodies = False  # no payload to sign (see crt_client)
         self._keys: Keys | None = None  # once resolved: what every client signs with
         # Forced renewals: each makes a new generation; a request remembers the one it was
         # sent in, so the refusals of one expiry ask for one renewal, not one each.
@@ -519,8 +521,8 @@ class S3Store:
             return r.get("e_tag")
 
         async def slow(client: Any) -> str | None:
-            r = await self.body_checksums.send(client.put_object, data, Bucket=self.bucket,
-                                               Key=self.full_key(key))
+            r = await self.body_checksums.send("put_object", data, botocore_body(
+                client.put_object, data, Bucket=self.bucket, Key=self.full_key(key)))
             return r.get("ETag")
 
         return ObjectInfo(key, len(data), unquote_etag(await self._either(key, fast, slow)), None)
@@ -532,14 +534,27 @@ class S3Store:
         await self._either(key, lambda fast: obstore.delete_async(fast, self.full_key(key)),
                            slow)
 
-    async def copy_object(self, source: S3CopySource, key: str) -> ObjectInfo:
+    async def crt_client(self, *, body: bool = False) -> CrtClient | None:
+        """The CRT's client for this store's requests (with a ``body``: requests that send
+        one), or None where they go through botocore: no endpoint given (AWS's endpoint rules
+        are botocore's), anonymous access, or, for a body, a payload that must be SHA-256-
+        signed (plain HTTP across a network: the CRT's S3 signer sends UNSIGNED-PAYLOAD)."""
         await self._fast()  # the keys known (and a renewal a refusal asked for, made)
-        if self._crt_copies and self.endpoint_url and self._keys and not self._keys.anonymous:
-            self._crt = self._crt or CrtCopier(self._settings(self._region or "us-east-1"))
+        if not (self._use_crt and self.endpoint_url and self._keys
+                and not self._keys.anonymous):
+            return None
+        if self._crt is None:
+            settings = self._settings(self._region or "us-east-1")
+            self._crt = CrtClient(settings, self._keys)
+            self._crt_sends_bodies = not settings.sign_payload
+        return self._crt if self._crt_sends_bodies or not body else None
+
+    async def copy_object(self, source: S3CopySource, key: str) -> ObjectInfo:
+        crt = await self.crt_client()
+        if crt is not None:
             with self.translating(key):
-                etag = await self._crt.copy_object(self._keys, source.bucket, source.key,
-                                                   source.etag, self.bucket, self.full_key(key),
-                                                   f"{self.url}{key}")
+                etag = await crt.copy_object(source.bucket, source.key, source.etag,
+                                             self.bucket, self.full_key(key), f"{self.url}{key}")
             return ObjectInfo(key, -1, unquote_etag(etag), None)
         client = await self.botocore()
         kwargs: dict[str, Any] = {
@@ -553,6 +568,12 @@ class S3Store:
         return ObjectInfo(key, -1, unquote_etag(r.get("CopyObjectResult", {}).get("ETag")), None)
 
     async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> S3Upload:
+        crt = await self.crt_client()
+        if crt is not None:
+            with self.translating(key):
+                upload_id = await crt.create_upload(self.bucket, self.full_key(key),
+                                                    f"{self.url}{key}")
+            return S3Upload(self, key, upload_id, size)
         client = await self.botocore()
         with self.translating(key):
             r = await client.create_multipart_upload(Bucket=self.bucket, Key=self.full_key(key))

@@ -1,5 +1,10 @@
 """Multipart uploads to an S3-compatible target, and the checksum every body carries.
 
+Their requests go through the AWS CRT's client where the store has one for them
+(``S3Store.crt_client``: an explicit endpoint, keys, and no payload that must be signed), else
+through botocore; UploadPartCopy always through botocore. Both send the same S3 API, so an
+upload opened by one is resumed by the other.
+
 Every UploadPart (and the S3 API PUT) carries an ``x-amz-checksum-crc32c`` computed here, off
 the event loop, so the target refuses a body damaged on the way (400 BadDigest) and nothing of
 it is stored. An endpoint that refuses that header (some want the algorithm declared at
@@ -16,19 +21,24 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import checksums
 from ..errors import NotFound, PreconditionFailed
 from ..types import Buffer, ByteRange, ObjectInfo, PartClaim, PartRef
-from .s3_errors import answer_of
+from .s3_errors import Answer, answer_of
 
 if TYPE_CHECKING:
-    from botocore.exceptions import ClientError
-
     from .s3 import S3CopySource, S3Store
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+CRC32C_HEADER = "x-amz-checksum-crc32c"
+MD5_HEADER = "Content-MD5"
+# The same headers as botocore's parameters.
+_BOTOCORE_PARAM = {CRC32C_HEADER: "ChecksumCRC32C", MD5_HEADER: "ContentMD5"}
 
 
 @dataclass
@@ -40,31 +50,36 @@ class BodyChecksums:
     endpoint: str
     _taken: dict[str, str] = field(default_factory=dict)
 
-    async def send(self, call: Callable[..., Awaitable[dict[str, Any]]], data: Buffer,
-                   **kwargs: Any) -> dict[str, Any]:
-        """``call(Body=data, **kwargs)`` with a checksum of the body the target verifies.
-        Errors are the SDK's: the caller translates them."""
-        from botocore.exceptions import ClientError  # loaded already: ``call`` is botocore's
-
-        operation = getattr(call, "__name__", "")
-        body = Body(data)
+    async def send(self, operation: str, data: Buffer,
+                   call: Callable[[str, str], Awaitable[T]]) -> T:
+        """``call(header, value)`` sends ``data`` with a checksum the target verifies: the
+        header (``CRC32C_HEADER`` or ``MD5_HEADER``) and its value. Errors are the client's
+        (botocore's or the CRT's): the caller translates them."""
         if self._taken.get(operation) != "md5":
             crc = checksums.to_base64(await checksums.crc32c_async(data))
             try:
-                r = await call(Body=body, ChecksumCRC32C=crc, **kwargs)
-            except ClientError as exc:
-                if self._taken.get(operation) == "crc32c" or not _refuses_header(exc):
+                r = await call(CRC32C_HEADER, crc)
+            except Exception as exc:
+                answer = answer_of(exc)
+                if self._taken.get(operation) == "crc32c" or not _refuses_header(answer):
                     raise
                 if operation not in self._taken:
                     self._taken[operation] = "md5"
                     log.warning("%s refuses x-amz-checksum-crc32c on %s (%s); sending "
                                 "Content-MD5 instead", self.endpoint, operation,
-                                exc.response.get("Error", {}).get("Code"))
+                                answer.code if answer is not None else None)
             else:
                 self._taken.setdefault(operation, "crc32c")
                 return r
         md5 = await asyncio.to_thread(lambda: hashlib.md5(data, usedforsecurity=False).digest())
-        return await call(Body=body, ContentMD5=base64.b64encode(md5).decode("ascii"), **kwargs)
+        return await call(MD5_HEADER, base64.b64encode(md5).decode("ascii"))
+
+
+def botocore_body(call: Callable[..., Awaitable[dict[str, Any]]], data: Buffer,
+                  **kwargs: Any) -> Callable[[str, str], Awaitable[dict[str, Any]]]:
+    """``BodyChecksums.send``'s ``call`` for a botocore operation that takes ``data``."""
+    return lambda header, value: call(Body=Body(data), **{_BOTOCORE_PARAM[header]: value},
+                                      **kwargs)
 
 
 class S3Upload:
@@ -85,16 +100,35 @@ class S3Upload:
         s = self.store
         return {"Bucket": s.bucket, "Key": s.full_key(self.key), "UploadId": self.upload_id}
 
+    def _what(self) -> str:
+        return f"{self.store.url}{self.key}"
+
     async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
         s = self.store
-        client = await s.botocore()
-        with s.translating(self.key):
-            r = await s.body_checksums.send(client.upload_part, data, PartNumber=number,
-                                            **self._ids())
-        return PartRef(number, unquote_etag(r["ETag"]) or "", len(data))
+        crt = await s.crt_client(body=True)
+        if crt is not None:
+            def send(header: str, value: str) -> Awaitable[str]:
+                return crt.upload_part(s.bucket, s.full_key(self.key), self.upload_id, number,
+                                       data, (header, value), self._what())
+
+            with s.translating(self.key):
+                etag = await s.body_checksums.send("upload_part", data, send)
+        else:
+            client = await s.botocore()
+            with s.translating(self.key):
+                r = await s.body_checksums.send("upload_part", data, botocore_body(
+                    client.upload_part, data, PartNumber=number, **self._ids()))
+            etag = r["ETag"]
+        return PartRef(number, unquote_etag(etag) or "", len(data))
 
     async def list_parts(self) -> list[PartRef]:
         s = self.store
+        crt = await s.crt_client()
+        if crt is not None:
+            with s.translating(self.key):
+                found = await crt.list_parts(s.bucket, s.full_key(self.key), self.upload_id,
+                                             self._what())
+            return [PartRef(n, unquote_etag(etag) or "", size) for n, etag, size in found]
         client = await s.botocore()
         parts: list[PartRef] = []
         with s.translating(self.key):
@@ -136,31 +170,43 @@ class S3Upload:
         s = self.store
         if self._finished is not None:
             raise NotFound(f"{s.url}{self.key}: upload {self.upload_id} already {self._finished}")
-        client = await s.botocore()
         ordered = sorted(parts, key=lambda p: p.number)
-        with s.translating(self.key):
-            r = await client.complete_multipart_upload(
-                **self._ids(),
-                MultipartUpload={"Parts": [{"PartNumber": p.number, "ETag": f'"{p.etag}"'}
-                                           for p in ordered]},
-            )
+        crt = await s.crt_client()
+        if crt is not None:
+            with s.translating(self.key):
+                etag = await crt.complete_upload(s.bucket, s.full_key(self.key), self.upload_id,
+                                                 [(p.number, p.etag) for p in ordered],
+                                                 self._what())
+        else:
+            client = await s.botocore()
+            with s.translating(self.key):
+                r = await client.complete_multipart_upload(
+                    **self._ids(),
+                    MultipartUpload={"Parts": [{"PartNumber": p.number, "ETag": f'"{p.etag}"'}
+                                               for p in ordered]},
+                )
+            etag = r.get("ETag")
         self._finished = "completed"
-        return ObjectInfo(self.key, self.size, unquote_etag(r.get("ETag")), None)
+        return ObjectInfo(self.key, self.size, unquote_etag(etag), None)
 
     async def abort(self) -> None:
         s = self.store
-        client = await s.botocore()
+        crt = await s.crt_client()
         with contextlib.suppress(NotFound), s.translating(self.key):
-            await client.abort_multipart_upload(**self._ids())
+            if crt is not None:
+                await crt.abort_upload(s.bucket, s.full_key(self.key), self.upload_id,
+                                       self._what())
+            else:
+                await (await s.botocore()).abort_multipart_upload(**self._ids())
         self._finished = self._finished or "aborted"
 
 
-def _refuses_header(exc: ClientError) -> bool:
+def _refuses_header(answer: Answer | None) -> bool:
     """Could this be an endpoint refusing x-amz-checksum-crc32c itself? (AWS answers
     InvalidRequest "Checksum Type mismatch" when an upload was created without the algorithm;
     others may not implement the header.) A wrong checksum is BadDigest, never this."""
-    code = str(exc.response.get("Error", {}).get("Code", ""))
-    return code in {"InvalidRequest", "InvalidArgument", "NotImplemented"}
+    return answer is not None and answer.code in {"InvalidRequest", "InvalidArgument",
+                                                  "NotImplemented"}
 
 
 class Body:
@@ -174,11 +220,13 @@ class Body:
     (each iteration starts from the first slice anyway). Needs the client's parameter
     validation off (``s3_clients``): botocore knows no such type.
 
-    ``read``/``readinto`` are for botocore's other signer: with ``awscrt`` importable
-    (``boto3[crt]`` installs it, and so does mcsync for its CopyObject client) botocore signs
-    with the CRT's, which wraps the body in a stream (a body with no ``read`` failed every
-    UploadPart: "I/O stream type expected") and reads it where the payload is signed. The command
-    keeps botocore's own signer (``cli.main``); a library call gets whichever its process has."""
+    ``read``/``readinto`` are for the CRT: its S3 client (``s3_crt``) reads a part's body with
+    ``readinto`` from its threads (``seek(0)`` before its own retries), and so does botocore's
+    other signer: with ``awscrt`` importable (``boto3[crt]`` installs it, and so does mcsync)
+    botocore signs with the CRT's, which wraps the body in a stream (a body with no ``read``
+    failed every UploadPart: "I/O stream type expected") and reads it where the payload is
+    signed. The command keeps botocore's own signer (``cli.main``); a library call gets
+    whichever its process has."""
 
     SLICE = 1 << 20
 

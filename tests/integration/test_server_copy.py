@@ -67,7 +67,7 @@ def store(ep: S3Endpoint, bucket: str, *, crt: bool, secret: str | None = None) 
     return S3Store(scheme="s3", bucket=bucket, prefix="p/", endpoint_url=ep.url,
                    region=ep.region,
                    credentials=S3Credentials(ep.access_key, secret or ep.secret_key),
-                   crt_copies=crt)
+                   crt=crt)
 
 
 def run(coro: Any) -> Any:

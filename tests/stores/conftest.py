@@ -171,9 +171,10 @@ class LocalBackend(Backend):
 class S3Backend(Backend):
     def __init__(self, name: str, endpoint: S3Endpoint, bucket: str,
                  new_bucket: Callable[[], str],
-                 known_failures: Mapping[str, KnownFailure]) -> None:
+                 known_failures: Mapping[str, KnownFailure], *, crt: bool = True) -> None:
         super().__init__()
         self.name = name
+        self.crt = crt  # False: every request the CRT may send goes by botocore
         self.endpoint = endpoint
         self.bucket = bucket
         self.area = f"t-{uuid.uuid4().hex[:10]}/"
@@ -185,7 +186,7 @@ class S3Backend(Backend):
         ep = self.endpoint
         return S3Store(scheme="s3", bucket=bucket, prefix=prefix, endpoint_url=ep.url,
                        region=ep.region, credentials=S3Credentials(ep.access_key, ep.secret_key),
-                       retry=_RETRY, max_connections=16)
+                       retry=_RETRY, max_connections=16, crt=self.crt)
 
     def _root(self, name: str) -> S3Store:
         return self._store(self.bucket, f"{self.area}{name}/")
@@ -372,7 +373,9 @@ SEAWEED_FAILURES = {
 
 # -- fixtures -----------------------------------------------------------------------------------
 
-BACKENDS = ["local", "moto", "seaweed", "gcs", "azure", "memory"]
+# seaweed-botocore: the S3 store with its CopyObject and multipart requests sent by botocore,
+# as they are to AWS (no endpoint given) and over plain HTTP across a network.
+BACKENDS = ["local", "moto", "seaweed", "seaweed-botocore", "gcs", "azure", "memory"]
 
 
 def _session_bucket(endpoint: S3Endpoint) -> Iterator[str]:
@@ -414,12 +417,14 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     kind = request.param
     if kind == "local":
         return LocalBackend(tmp_path)
-    if kind in ("moto", "seaweed"):
-        endpoint: S3Endpoint = request.getfixturevalue(kind)
-        bucket: str = request.getfixturevalue(f"{kind}_bucket")
+    if kind in ("moto", "seaweed", "seaweed-botocore"):
+        server = kind.removesuffix("-botocore")
+        endpoint: S3Endpoint = request.getfixturevalue(server)
+        bucket: str = request.getfixturevalue(f"{server}_bucket")
         factory = request.getfixturevalue("bucket_factory")
-        failures = MOTO_FAILURES if kind == "moto" else SEAWEED_FAILURES
-        return S3Backend(kind, endpoint, bucket, lambda: factory(endpoint), failures)
+        failures = MOTO_FAILURES if server == "moto" else SEAWEED_FAILURES
+        return S3Backend(kind, endpoint, bucket, lambda: factory(endpoint), failures,
+                         crt=not kind.endswith("-botocore"))
     if kind == "gcs":  # the emulator, anonymous: no credential of the developer's is read
         return GCSBackend(request.getfixturevalue("gcs"),
                           request.getfixturevalue("gcs_session_bucket"))

@@ -1,7 +1,7 @@
-"""The CRT's CopyObject client, its pure pieces: where a request goes, how its answers and
-errors are read, the retry policy it is given. The requests themselves are tested against
-moto and SeaweedFS (tests/stores, tests/integration/test_server_copy.py) and over https
-(test_tls.py)."""
+"""The CRT's S3 client (CopyObject, the multipart upload requests), its pure pieces: where a
+request goes, how its answers and errors are read, the retry policy it is given. The requests
+themselves are tested against moto and SeaweedFS (tests/stores,
+tests/integration/test_server_copy.py) and over https (test_tls.py)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,11 @@ from mcsync.retry import RetryPolicy
 from mcsync.stores.s3_clients import ClientSettings
 from mcsync.stores.s3_crt import (
     Endpoint,
-    copy_result_etag,
+    Response,
+    _checked,
     crt_retry_config,
+    first,
+    xml_fields,
 )
 from mcsync.stores.s3_errors import S3Answered, answer_of, crt_answer, crt_error, translate
 
@@ -60,9 +63,30 @@ def test_the_etag_of_a_copy_result() -> None:
     body = (b'<?xml version="1.0" encoding="UTF-8"?><CopyObjectResult '
             b'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><LastModified>2026-12-02T01:00:00Z'
             b'</LastModified><ETag>"9b2cf535f27731c974343645a3985328"</ETag></CopyObjectResult>')
-    assert copy_result_etag(body) == '"9b2cf535f27731c974343645a3985328"'
-    assert copy_result_etag(b"<CopyObjectResult/>") is None
-    assert copy_result_etag(b"") is None
+    assert first(xml_fields(body, "ETag"), "ETag") == '"9b2cf535f27731c974343645a3985328"'
+    assert first(xml_fields(b"<CopyObjectResult/>", "ETag"), "ETag") is None
+    assert first(xml_fields(b"", "ETag"), "ETag") is None  # no XML: no ETag, not an error
+
+
+def test_the_parts_of_a_list_parts_page_in_order() -> None:
+    body = (b'<ListPartsResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><UploadId>u</UploadId>'
+            b'<NextPartNumberMarker>7</NextPartNumberMarker><IsTruncated>true</IsTruncated>'
+            b'<Part><PartNumber>3</PartNumber><ETag>"a"</ETag><Size>5242880</Size></Part>'
+            b'<Part><PartNumber>7</PartNumber><ETag>"b"</ETag><Size>12</Size></Part>'
+            b'</ListPartsResult>')
+    fields = xml_fields(body, "PartNumber", "ETag", "Size", "IsTruncated", "NextPartNumberMarker")
+    assert fields["PartNumber"] == ["3", "7"] and fields["ETag"] == ['"a"', '"b"']
+    assert fields["Size"] == ["5242880", "12"]
+    assert (first(fields, "IsTruncated"), first(fields, "NextPartNumberMarker")) == ("true", "7")
+
+
+def test_a_200_that_carries_an_error_is_the_error() -> None:
+    # S3 answers CompleteMultipartUpload (and copies) with 200 before it knows how they end.
+    body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code>'
+            b'<Message>We encountered an internal error.</Message></Error>')
+    with pytest.raises(S3Answered) as raised:
+        _checked(Response(200, {}, body), "ETag")
+    assert isinstance(translate(raised.value, "s3://b/k", "b"), Transient)
 
 
 @pytest.mark.parametrize(("status", "code", "kind"), [
