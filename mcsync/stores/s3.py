@@ -4,10 +4,10 @@ Three clients, each where it is strongest (measured against SeaweedFS on loopbac
 64 in flight: aiobotocore spends ~1.2 ms of client CPU per PUT and ~1.7 ms per GET, obstore's
 Rust client ~0.2 ms): obstore carries listing pages, whole-object PUTs, every GET (whole or
 ranged), HEAD and DELETE; the AWS CRT, to an explicit endpoint, CopyObject and the multipart
-upload requests with their ids (``s3_crt``, ``s3_upload``); aiobotocore the rest:
-UploadPartCopy, listings of open uploads, and what the CRT may not send (``crt_client``). So a
-run that uploads or copies whole objects never starts botocore (~0.2 s). obstore refuses keys
-it cannot spell ("a//b", "x/../y"): those go by botocore.
+upload requests with their ids, UploadPartCopy included (``s3_crt``, ``s3_upload``);
+aiobotocore the rest: listings of open uploads, and what the CRT may not send
+(``crt_client``). So a run that uploads, copies or composes a delta never starts botocore
+(~0.2 s). obstore refuses keys it cannot spell ("a//b", "x/../y"): those go by botocore.
 
 SDK errors are translated into ``mcsync.errors`` by one table (``s3_errors``); only ``check``
 makes a configuration error of one. Retries of single requests are the SDKs' (configured once,

@@ -1,5 +1,6 @@
 """S3 requests through the AWS Common Runtime (``awscrt``'s S3 client), to an explicit endpoint:
-CopyObject and the multipart upload API (create, UploadPart, ListParts, complete, abort).
+CopyObject and the multipart upload API (create, UploadPart, UploadPartCopy, ListParts,
+complete, abort).
 
 These requests cost the client little but the start of what sends them and its per-request
 CPU. Through aiobotocore that start was ~0.2 s of every run that copies or uploads in parts
@@ -12,13 +13,13 @@ parts, 8 in flight, whole process: 1.66-1.74 s and 0.24-0.27 user CPU s through 
 6.47-6.73 s / 0.51-0.65 against 6.91-7.37 s / 1.13-1.21 and s5cmd's 7.14-8.36 s / 2.4.
 
 GETs and whole-object PUTs stay with obstore (the CRT's were slower here); botocore keeps
-what needs AWS's endpoint rules (no endpoint given), anonymous stores, UploadPartCopy, and
-bodies that must be SHA-256-signed (plain HTTP across a network: ``ClientSettings.sign_payload``;
-the CRT's S3 signer sends UNSIGNED-PAYLOAD). Requests are signed by the CRT (SigV4 with S3's
-rules) with the store's current keys; its retries are configured from the one ``RetryPolicy``,
-as the other SDKs' are. Answers are reduced to ``s3_errors.Answer`` (status and XML code) and
-translated by the same table, as are the CRT's own errors (no connection, a refused
-handshake: ``s3_errors.crt_error``).
+what needs AWS's endpoint rules (no endpoint given), anonymous stores, listings of open
+uploads, and bodies that must be SHA-256-signed (plain HTTP across a network:
+``ClientSettings.sign_payload``; the CRT's S3 signer sends UNSIGNED-PAYLOAD). Requests are
+signed by the CRT (SigV4 with S3's rules) with the store's current keys; its retries are
+configured from the one ``RetryPolicy``, as the other SDKs' are. Answers are reduced to
+``s3_errors.Answer`` (status and XML code) and translated by the same table, as are the CRT's
+own errors (no connection, a refused handshake, SlowDown: ``s3_errors.crt_error``).
 """
 
 from __future__ import annotations
@@ -239,6 +240,20 @@ class CrtClient:
         if not etag:
             raise Transient(f"{what}: UploadPart {number} answered no ETag")
         return etag
+
+    async def copy_part(self, bucket: str, key: str, upload_id: str, number: int,
+                        source_bucket: str, source_key: str, source_etag: str | None,
+                        first_byte: int, last_byte: int, what: str) -> str | None:
+        """UploadPartCopy of bytes ``first_byte``-``last_byte`` (inclusive) of ``source_key``
+        (only while its ETag is ``source_etag``, if given) as part ``number``; its ETag."""
+        headers = [("x-amz-copy-source", quote(f"{source_bucket}/{source_key}", safe="/~")),
+                   ("x-amz-copy-source-range", f"bytes={first_byte}-{last_byte}")]
+        if source_etag:
+            headers.append(("x-amz-copy-source-if-match", f'"{source_etag}"'))
+        r = await self.request("PUT", bucket, key, what, operation="UploadPartCopy",
+                               query=f"partNumber={number}&uploadId={_q(upload_id)}",
+                               headers=headers)
+        return first(_checked(r, "ETag"), "ETag")
 
     async def list_parts(self, bucket: str, key: str, upload_id: str,
                          what: str) -> list[tuple[int, str, int]]:

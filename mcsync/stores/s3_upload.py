@@ -2,8 +2,8 @@
 
 Their requests go through the AWS CRT's client where the store has one for them
 (``S3Store.crt_client``: an explicit endpoint, keys, and no payload that must be signed), else
-through botocore; UploadPartCopy always through botocore. Both send the same S3 API, so an
-upload opened by one is resumed by the other.
+through botocore. Both send the same S3 API, so an upload opened by one is resumed by the
+other.
 
 Every UploadPart (and the S3 API PUT) carries an ``x-amz-checksum-crc32c`` computed here, off
 the event loop, so the target refuses a body damaged on the way (400 BadDigest) and nothing of
@@ -144,17 +144,15 @@ class S3Upload:
     async def copy_part(self, number: int, offset: int, source: S3CopySource,
                         rng: ByteRange) -> PartRef:
         s = self.store
-        client = await s.botocore()
-        kwargs: dict[str, Any] = {
-            **self._ids(), "PartNumber": number,
-            "CopySource": {"Bucket": source.bucket, "Key": source.key},
-            "CopySourceRange": f"bytes={rng.start}-{rng.end - 1}",
-        }
-        if source.etag:
-            kwargs["CopySourceIfMatch"] = f'"{source.etag}"'
+        crt = await s.crt_client()
         try:
             with s.translating(self.key):
-                r = await client.upload_part_copy(**kwargs)
+                if crt is not None:
+                    etag = await crt.copy_part(s.bucket, s.full_key(self.key), self.upload_id,
+                                               number, source.bucket, source.key, source.etag,
+                                               rng.start, rng.end - 1, self._what())
+                else:
+                    etag = await self._copy_part_by_botocore(number, source, rng)
         except NotFound as exc:
             # NoSuchKey names the copy source (NoSuchUpload the upload): like a source that
             # changed, one that is gone is a failed precondition of the copy, for the caller
@@ -164,7 +162,20 @@ class S3Upload:
                 raise
             raise PreconditionFailed(f"{s.url}{self.key}: its copy source {source.bucket}/"
                                      f"{source.key} no longer exists") from exc
-        return PartRef(number, unquote_etag(r["CopyPartResult"]["ETag"]) or "", rng.length)
+        return PartRef(number, unquote_etag(etag) or "", rng.length)
+
+    async def _copy_part_by_botocore(self, number: int, source: S3CopySource,
+                                     rng: ByteRange) -> str | None:
+        kwargs: dict[str, Any] = {
+            **self._ids(), "PartNumber": number,
+            "CopySource": {"Bucket": source.bucket, "Key": source.key},
+            "CopySourceRange": f"bytes={rng.start}-{rng.end - 1}",
+        }
+        if source.etag:
+            kwargs["CopySourceIfMatch"] = f'"{source.etag}"'
+        r = await (await self.store.botocore()).upload_part_copy(**kwargs)
+        etag: str | None = r["CopyPartResult"]["ETag"]
+        return etag
 
     async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:
         s = self.store

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,23 +31,38 @@ OBJECTS = {"ckpt/model-00001-of-00002.safetensors": payload(21 * MiB, 1),
     f"ckpt/tokenizer/part-{i:02d}.json": payload(3000 + i, 10 + i) for i in range(12)}
 
 
-def test_an_upload_run_starts_neither_aiohttp_nor_botocore(
+def test_an_upload_and_a_delta_start_neither_aiohttp_nor_botocore(
         seaweed: S3Endpoint, tmp_path: Path) -> None:
     write_tree(tmp_path / "src", OBJECTS)
     target = new_bucket(seaweed, "up")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **seaweed.meta_env(),
            "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    done = subprocess.run(
-        [sys.executable, "-c", RUN_AND_REPORT_IMPORTS, "sync", str(tmp_path / "src"),
-         f"meta://{target}/", "--json", "--quiet"],
-        env=env, capture_output=True, text=True, timeout=120, check=False)
-    after = json.loads(done.stderr.strip().splitlines()[-1])
-    assert after["exit"] == 0, done.stderr
-    report = json.loads(done.stdout)
+
+    def sync() -> tuple[dict[str, Any], list[str], str]:
+        done = subprocess.run(
+            [sys.executable, "-c", RUN_AND_REPORT_IMPORTS, "sync", str(tmp_path / "src"),
+             f"meta://{target}/", "--json", "--quiet"],
+            env=env, capture_output=True, text=True, timeout=120, check=False)
+        after = json.loads(done.stderr.strip().splitlines()[-1])
+        assert after["exit"] == 0, done.stderr
+        return json.loads(done.stdout), after["loaded"], done.stdout + done.stderr
+
+    report, loaded, output = sync()
     assert report["objects_copied"] == len(OBJECTS)
     assert read_bucket(seaweed, target) == OBJECTS
-    assert after["loaded"] == [], "an upload run imported an SDK it does not need"
-    assert seaweed.secret_key not in done.stdout + done.stderr
+    assert loaded == [], "an upload run imported an SDK it does not need"
+    assert seaweed.secret_key not in output
+    # 64 KiB rewritten in the middle of the first shard: the re-sync composes it at the target
+    # from the parts it holds (UploadPartCopy), sending about one block.
+    shard = "ckpt/model-00001-of-00002.safetensors"
+    changed = bytearray(OBJECTS[shard])
+    changed[10 * MiB:10 * MiB + 65536] = payload(65536, 99)
+    (tmp_path / "src" / shard).write_bytes(changed)
+    report, loaded, output = sync()
+    assert report["objects_copied"] == 1 and 0 < report["bytes_sent"] < 9 * MiB, report
+    assert read_bucket(seaweed, target) == OBJECTS | {shard: bytes(changed)}
+    assert loaded == [], "a delta run imported an SDK it does not need"
+    assert seaweed.secret_key not in output
 
 
 def store(ep: S3Endpoint, bucket: str, *, crt: bool) -> S3Store:
