@@ -568,16 +568,7 @@ class S3Store:
         return ObjectInfo(key, -1, unquote_etag(r.get("CopyObjectResult", {}).get("ETag")), None)
 
     async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> S3Upload:
-        crt = await self.crt_client()
-        if crt is not None:
-            with self.translating(key):
-                upload_id = await crt.create_upload(self.bucket, self.full_key(key),
-                                                    f"{self.url}{key}")
-            return S3Upload(self, key, upload_id, size)
-        client = await self.botocore()
-        with self.translating(key):
-            r = await client.create_multipart_upload(Bucket=self.bucket, Key=self.full_key(key))
-        return S3Upload(self, key, r["UploadId"], size)
+        return await S3Upload.create(self, key, size)
 
     def validate_key(self, key: str) -> None:
         if not key:  # it would name the prefix itself: a "directory marker" listings hide

@@ -96,6 +96,20 @@ class S3Upload:
         # handle can tell that the protocol's second completion must raise NotFound.
         self._finished: str | None = None
 
+    @classmethod
+    async def create(cls, store: S3Store, key: str, size: int) -> S3Upload:
+        """CreateMultipartUpload of ``key``, by whichever client the store has for it."""
+        crt = await store.crt_client()
+        with store.translating(key):
+            if crt is not None:
+                upload_id = await crt.create_upload(store.bucket, store.full_key(key),
+                                                    f"{store.url}{key}")
+            else:
+                r = await (await store.botocore()).create_multipart_upload(
+                    Bucket=store.bucket, Key=store.full_key(key))
+                upload_id = r["UploadId"]
+        return cls(store, key, upload_id, size)
+
     def _ids(self) -> dict[str, Any]:
         s = self.store
         return {"Bucket": s.bucket, "Key": s.full_key(self.key), "UploadId": self.upload_id}
