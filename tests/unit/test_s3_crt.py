@@ -5,6 +5,8 @@ tests/integration/test_server_copy.py) and over https (test_tls.py)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from awscrt import s3
 
@@ -135,3 +137,30 @@ def test_the_retry_policy_of_the_sdks_is_the_crt_s_too() -> None:
     assert crt_retry_config(RetryPolicy(sdk_attempts=1)).retry_mode == s3.S3RetryMode.NONE
     # no backoff asked: 1 ms (0 would mean the CRT's 500 ms)
     assert crt_retry_config(RetryPolicy.immediate(3)).backoff_scale_factor_ms == 1
+
+
+
+@pytest.mark.parametrize(("url", "crt_sends_bodies"), [
+    ("http://127.0.0.1:9000", True),  # loopback: no one on the way
+    ("https://meta.example:8443", True),  # TLS
+    ("http://meta.example:9000", False),  # plain HTTP across a network: the payload is signed
+])
+def test_bodies_that_must_be_signed_stay_with_botocore(url: str, crt_sends_bodies: bool) -> None:
+    """``crt_client`` only builds clients (no request is sent): the CRT sends the requests
+    without a body to any explicit endpoint, and bodies only where the payload needs no
+    SHA-256 (the CRT's S3 signer sends UNSIGNED-PAYLOAD)."""
+    from mcsync.stores.s3 import S3Store
+    from mcsync.stores.s3_clients import S3Credentials
+
+    async def clients() -> tuple[object, object]:
+        store = S3Store(scheme="meta", bucket="b", prefix="", endpoint_url=url,
+                        region="us-east-1", credentials=S3Credentials("AK", "SK"))
+        try:
+            return await store.crt_client(), await store.crt_client(body=True)
+        finally:
+            await store.aclose()
+
+    plain, with_body = asyncio.run(clients())
+    assert plain is not None
+    assert (with_body is plain) is crt_sends_bodies
+    assert with_body is plain or with_body is None
