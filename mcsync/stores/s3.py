@@ -43,9 +43,7 @@ import obstore
 import obstore.exceptions as obstore_exc
 
 from ..errors import (
-    AccessDenied,
     ConfigError,
-    CredentialsExpired,
     ListingOrderError,
     MCSyncError,
     NotFound,
@@ -61,6 +59,7 @@ from .obstore_body import pieces, whole
 from .s3_clients import (
     ClientSettings,
     Keys,
+    Renewals,
     S3Credentials,
     make_obstore,
     open_botocore,
@@ -69,7 +68,7 @@ from .s3_clients import (
     uses_tls,
 )
 from .s3_crt import CrtClient
-from .s3_errors import answer_of, translate, unclear_refusal
+from .s3_errors import translate
 from .s3_upload import BodyChecksums, S3Upload, botocore_body, unquote_etag
 
 __all__ = ["S3CopySource", "S3Credentials", "S3Store", "S3Upload"]
@@ -141,15 +140,7 @@ class S3Store:
         self._crt: CrtClient | None = None
         self._crt_sends_bodies = False  # no payload to sign (see crt_client)
         self._keys: Keys | None = None  # once resolved: what every client signs with
-        # Forced renewals: each makes a new generation; a request remembers the one it was
-        # sent in, so the refusals of one expiry ask for one renewal, not one each.
-        self._generation = 0
-        self._renew_wanted = False
-        self._renew_unclear = False
-        self._renew_lock = asyncio.Lock()
-        # A generation whose key an unclear refusal (InvalidAccessKeyId, a bare 403) cannot
-        # blame on age: the renewal that began it kept the key, or was itself for one.
-        self._settled_gen: int | None = None
+        self._renewals = Renewals(self.url, bucket)  # of the keys, after refusals
         # Found out per store: whether the endpoint lists in byte order (see ``list``), and
         # which body checksum it takes (see ``s3_upload``).
         self._tree_listing = False
@@ -159,7 +150,7 @@ class S3Store:
 
     async def botocore(self) -> Any:
         """The botocore client (multipart uploads, copies), opened on first use."""
-        if self._renew_wanted:
+        if self._renewals.wanted:
             await self._renew()
         if self._botocore is None:
             async with self._client_lock:
@@ -178,7 +169,7 @@ class S3Store:
         """The obstore client. Built without botocore when the keys and the region are given
         (meta://, or AWS keys in the environment): importing and starting botocore costs
         ~0.2 s, most of what a no-op scheduled run would otherwise take."""
-        if self._renew_wanted:
+        if self._renewals.wanted:
             await self._renew()
         if self._obstore is None:
             async with self._client_lock:
@@ -208,54 +199,12 @@ class S3Store:
 
     # -- expired keys ---------------------------------------------------------------------------
 
-    def _refused(self, error: MCSyncError, exc: BaseException, generation: int) -> MCSyncError:
-        """What a refusal of keys sent in ``generation`` means, asking for a renewal where one
-        may help. Sync: it runs inside ``translating``; the renewal is made (awaited) by the
-        next request's ``_fast`` / ``botocore``."""
-        keys = self._keys
-        refreshable = keys is not None and keys.refreshable is not None
-        if isinstance(error, CredentialsExpired):
-            if not refreshable:  # fixed keys stay expired: a configuration error
-                return AccessDenied(f"{error} and cannot be renewed (fixed keys)")
-            self._want_renewal(generation, unclear=False)
-            return error
-        if (refreshable and isinstance(error, AccessDenied) and generation != self._settled_gen
-                and unclear_refusal(answer_of(exc))):
-            self._want_renewal(generation, unclear=True)
-            return CredentialsExpired(f"{error}; renewing the keys")
-        return error
-
-    def _want_renewal(self, generation: int, *, unclear: bool) -> None:
-        if generation == self._generation:  # else a renewal since has replaced those keys
-            self._renew_wanted = True
-            self._renew_unclear = unclear
-
     async def _renew(self) -> None:
-        """The forced renewal a refusal asked for, once however many requests were refused,
-        and a new obstore client (a new credential cache) for the requests after it."""
-        async with self._renew_lock:
-            if not self._renew_wanted or self._keys is None:
-                return
-            try:
-                changed = await self._keys.force_refresh()
-            except Exception as exc:
-                raise self._renewal_failed(exc) from exc
-            self._generation += 1
-            # Unclear refusals of the new generation are real when the key stayed, or when an
-            # unclear refusal already replaced it once (a refused fresh key is not old).
-            self._settled_gen = (self._generation if not changed or self._renew_unclear
-                                 else None)
-            self._renew_wanted = False
+        """The renewal a refusal asked for, and a new obstore client (a new credential cache)
+        for the requests after it."""
+        if await self._renewals.renew(self._keys):
             self._obstore = self._make_obstore()
             log.debug("%s: keys renewed after a refusal", self.url)
-
-    def _renewal_failed(self, exc: BaseException) -> MCSyncError:
-        error = translate(exc, self.url, self.bucket)
-        if isinstance(error, Transient) and not isinstance(error, CredentialsExpired):
-            return error  # the source is unreachable for now: worth another try
-        # RuntimeError: botocore's "refreshed, but the refreshed credentials are still expired"
-        detail = str(error) if error is not None else type(exc).__name__
-        return AccessDenied(f"{self.url}: renewing expired keys failed ({detail[:300]})")
 
     def _settings(self, region: str) -> ClientSettings:
         return ClientSettings(self.bucket, self.endpoint_url, region, self._path_style,
@@ -279,7 +228,7 @@ class S3Store:
     @contextlib.contextmanager
     def translating(self, key: str | None) -> Iterator[None]:
         """SDK errors raised inside become mcsync errors about ``key`` (None: the store)."""
-        generation = self._generation  # the keys the requests inside are sent with
+        generation = self._renewals.generation  # the keys the requests inside are sent with
         try:
             yield
         except Exception as exc:
@@ -287,7 +236,7 @@ class S3Store:
             translated = translate(exc, what, self.bucket)
             if translated is None or translated is exc:
                 raise
-            raise self._refused(translated, exc, generation) from exc
+            raise self._renewals.refused(self._keys, translated, exc, generation) from exc
 
     async def _either(self, key: str, fast: Callable[[Any], Awaitable[T]],
                       slow: Callable[[Any], Awaitable[T]]) -> T:

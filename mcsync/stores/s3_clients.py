@@ -18,6 +18,7 @@ and botocore's own refresh machinery renews them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 from dataclasses import dataclass
@@ -27,8 +28,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._version import __version__
-from ..errors import AccessDenied, ConfigError
+from ..errors import AccessDenied, ConfigError, CredentialsExpired, MCSyncError, Transient
 from ..retry import RetryPolicy
+from .s3_errors import answer_of, translate, unclear_refusal
 
 # The profile name under which a meta:// credential_process is handed to botocore's provider.
 _PROCESS_PROFILE = "mcsync-meta"
@@ -117,6 +119,70 @@ class Keys:
                     "token": creds.session_token, "expires_at": expiry}
 
         return provide
+
+
+class Renewals:
+    """Forced renewals of a store's keys after refusals. Each renewal makes a new generation;
+    a request remembers the one it was sent in, so the refusals of one expiry ask for one
+    renewal, not one each. The store makes the renewal (``renew``) before its next request."""
+
+    def __init__(self, url: str, bucket: str) -> None:
+        self.url = url
+        self.bucket = bucket
+        self.generation = 0
+        self.wanted = False
+        self._unclear = False
+        self._lock = asyncio.Lock()
+        # A generation whose key an unclear refusal (InvalidAccessKeyId, a bare 403) cannot
+        # blame on age: the renewal that began it kept the key, or was itself for one.
+        self._settled: int | None = None
+
+    def refused(self, keys: Keys | None, error: MCSyncError, exc: BaseException,
+                generation: int) -> MCSyncError:
+        """What a refusal of keys sent in ``generation`` means, asking for a renewal where one
+        may help. Sync: it runs inside the store's ``translating``."""
+        refreshable = keys is not None and keys.refreshable is not None
+        if isinstance(error, CredentialsExpired):
+            if not refreshable:  # fixed keys stay expired: a configuration error
+                return AccessDenied(f"{error} and cannot be renewed (fixed keys)")
+            self._want(generation, unclear=False)
+            return error
+        if (refreshable and isinstance(error, AccessDenied) and generation != self._settled
+                and unclear_refusal(answer_of(exc))):
+            self._want(generation, unclear=True)
+            return CredentialsExpired(f"{error}; renewing the keys")
+        return error
+
+    def _want(self, generation: int, *, unclear: bool) -> None:
+        if generation == self.generation:  # else a renewal since has replaced those keys
+            self.wanted = True
+            self._unclear = unclear
+
+    async def renew(self, keys: Keys | None) -> bool:
+        """The forced renewal a refusal asked for, once however many requests were refused;
+        whether one was made (the store then needs a new obstore client: a new credential
+        cache)."""
+        async with self._lock:
+            if not self.wanted or keys is None:
+                return False
+            try:
+                changed = await keys.force_refresh()
+            except Exception as exc:
+                raise self._failed(exc) from exc
+            self.generation += 1
+            # Unclear refusals of the new generation are real when the key stayed, or when an
+            # unclear refusal already replaced it once (a refused fresh key is not old).
+            self._settled = self.generation if not changed or self._unclear else None
+            self.wanted = False
+            return True
+
+    def _failed(self, exc: BaseException) -> MCSyncError:
+        error = translate(exc, self.url, self.bucket)
+        if isinstance(error, Transient) and not isinstance(error, CredentialsExpired):
+            return error  # the source is unreachable for now: worth another try
+        # RuntimeError: botocore's "refreshed, but the refreshed credentials are still expired"
+        detail = str(error) if error is not None else type(exc).__name__
+        return AccessDenied(f"{self.url}: renewing expired keys failed ({detail[:300]})")
 
 
 async def process_keys(command: str) -> Keys:

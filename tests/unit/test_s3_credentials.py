@@ -164,9 +164,9 @@ def test_many_refusals_of_one_expiry_ask_for_one_renewal():
         with pytest.raises(CredentialsExpired), store.translating("k"):
             await store._renew()
             raise client_error("ExpiredToken", 403)
-        assert store._renew_wanted is False
+        assert store._renewals.wanted is False
         await store._renew()
-        assert source.calls == 2 and store._generation == 1
+        assert source.calls == 2 and store._renewals.generation == 1
 
     asyncio.run(go())
 
@@ -189,7 +189,7 @@ def test_fixed_keys_refused_as_expired_are_denied():
     error = refuse(store, client_error("ExpiredToken", 403))
     assert type(error) is AccessDenied and "cannot be renewed" in str(error)
     assert type(refuse(store, client_error("InvalidAccessKeyId", 403))) is AccessDenied
-    assert store._renew_wanted is False
+    assert store._renewals.wanted is False
 
 
 # -- meta:// settings ---------------------------------------------------------------------------
