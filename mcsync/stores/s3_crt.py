@@ -215,11 +215,8 @@ class CrtClient:
         """CopyObject ``source_bucket/source_key`` (only while its ETag is ``source_etag``,
         if given) to ``bucket/key``; the new object's ETag (None if the answer holds none,
         as botocore's would)."""
-        headers = [("x-amz-copy-source", quote(f"{source_bucket}/{source_key}", safe="/~"))]
-        if source_etag:
-            headers.append(("x-amz-copy-source-if-match", f'"{source_etag}"'))
         r = await self.request("PUT", bucket, key, what, operation="CopyObject",
-                               headers=headers)
+                               headers=_copy_source(source_bucket, source_key, source_etag))
         return first(_checked(r, "ETag"), "ETag")
 
     async def create_upload(self, bucket: str, key: str, what: str) -> str:
@@ -246,13 +243,11 @@ class CrtClient:
                         first_byte: int, last_byte: int, what: str) -> str | None:
         """UploadPartCopy of bytes ``first_byte``-``last_byte`` (inclusive) of ``source_key``
         (only while its ETag is ``source_etag``, if given) as part ``number``; its ETag."""
-        headers = [("x-amz-copy-source", quote(f"{source_bucket}/{source_key}", safe="/~")),
-                   ("x-amz-copy-source-range", f"bytes={first_byte}-{last_byte}")]
-        if source_etag:
-            headers.append(("x-amz-copy-source-if-match", f'"{source_etag}"'))
         r = await self.request("PUT", bucket, key, what, operation="UploadPartCopy",
                                query=f"partNumber={number}&uploadId={_q(upload_id)}",
-                               headers=headers)
+                               headers=[*_copy_source(source_bucket, source_key, source_etag),
+                                        ("x-amz-copy-source-range",
+                                         f"bytes={first_byte}-{last_byte}")])
         return first(_checked(r, "ETag"), "ETag")
 
     async def list_parts(self, bucket: str, key: str, upload_id: str,
@@ -309,6 +304,15 @@ def _checked(r: Response, *names: str) -> dict[str, list[str]]:
     if b"<Error>" in r.body:
         raise S3Answered(crt_answer(r.status, r.body))
     return xml_fields(r.body, *names)
+
+
+def _copy_source(bucket: str, key: str, etag: str | None) -> list[tuple[str, str]]:
+    """The headers naming a copy's source, encoded as botocore does, and guarding it with its
+    ETag when one is given (a changed source is then refused with 412, never copied)."""
+    headers = [("x-amz-copy-source", quote(f"{bucket}/{key}", safe="/~"))]
+    if etag:
+        headers.append(("x-amz-copy-source-if-match", f'"{etag}"'))
+    return headers
 
 
 def _q(value: str) -> str:
