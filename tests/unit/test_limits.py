@@ -160,3 +160,42 @@ def test_goodput_slots_are_fifo_and_survive_cancellation():
 
     order, busy = asyncio.run(go())
     assert order == ["first", "last"] and busy == 0
+
+
+MIB = 1 << 20
+
+
+def test_buffer_pool_serves_a_part_from_the_smallest_free_buffer_that_holds_it():
+    from mcsync.limits import BufferPool
+
+    pool = BufferPool(keep=8)
+    big, small = pool.take(9 * MIB), pool.take(3 * MIB + 1)
+    assert (len(big), len(small)) == (9 * MIB, 4 * MIB)  # rounded up to whole MiB
+    pool.give(big)
+    pool.give(small)
+    assert pool.take(2 * MIB) is small  # not a fresh buffer, and not the larger one
+    assert pool.take(5 * MIB) is big
+
+
+def test_buffer_pool_keeps_no_more_buffers_than_were_ever_lent_at_once():
+    from mcsync.limits import BufferPool
+
+    pool = BufferPool(keep=8)
+    # Parts of many sizes, two in hand at a time, each larger than the last: a pool kept per
+    # size would end holding one buffer of each.
+    held = [pool.take(1 * MIB)]
+    for mib in range(2, 12):
+        held.append(pool.take(mib * MIB))
+        pool.give(held.pop(0))
+    pool.give(held.pop())
+    assert pool.kept == (10 + 11) * MIB
+
+
+def test_buffer_pool_keeps_at_most_keep_free_buffers():
+    from mcsync.limits import BufferPool
+
+    pool = BufferPool(keep=2)
+    held = [pool.take(MIB) for _ in range(5)]
+    for buf in held:
+        pool.give(buf)
+    assert pool.kept == 2 * MIB
