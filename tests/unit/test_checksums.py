@@ -1,6 +1,7 @@
 import asyncio
 import base64
 
+import obstore
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -64,6 +65,7 @@ def test_any_buffer_and_the_async_form():
     want = checksums.crc32c(data)
     assert checksums.crc32c(bytearray(data)) == want
     assert checksums.crc32c(memoryview(data)) == want
+    assert checksums.crc32c(obstore.Bytes(data)) == want  # what an S3 or Azure GET returns
     assert checksums.crc32c(memoryview(data)[100:], checksums.crc32c(data[:100])) == want
     assert asyncio.run(checksums.crc32c_async(data)) == want
     assert asyncio.run(checksums.crc32c_async(data[:10])) == checksums.crc32c(data[:10])
