@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 ResultAction = Literal["copy", "server_copy", "delete"]
@@ -28,6 +28,12 @@ class ObjectResult:
     bytes_changed: int | None = None  # new bytes (the whole object unless sent as a delta)
     bytes_reused_own: int = 0  # of bytes_reused: from the key's own previous version
     reused_from: tuple[tuple[str, int], ...] = ()  # (key, bytes composed from it)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _RESULT_FIELDS}
+
+
+_RESULT_FIELDS = tuple(f.name for f in fields(ObjectResult))
 
 
 @dataclass
@@ -147,7 +153,11 @@ class SyncReport:
             self.objects_deleted += 1
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        # Field by field: dataclasses.asdict deep-copies every value of every object result,
+        # 20-35 ms for a run of 1,000 objects, and a run asks twice (its record in the
+        # manifest, and --json). Every value here is immutable but the lists, remade below.
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["objects"] = [r.to_dict() for r in self.objects]
         d["failures"] = [{"key": k, "error": e} for k, e in self.failures]
         d["deferred"] = [{"key": k, "reason": why} for k, why in self.deferred]
         d["bytes_transferred"] = self.bytes_transferred

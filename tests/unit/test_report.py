@@ -1,0 +1,38 @@
+"""The report as ``--json`` prints it and the manifest records it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from mcsync.report import ObjectResult, SyncReport
+
+
+def test_to_dict_holds_every_field_as_dataclasses_asdict_would() -> None:
+    report = SyncReport("s3://a/", "meta://b/", objects_copied=2, bytes_sent=150)
+    report.record_done(ObjectResult("a", "copy", 100, 100, "ab" * 16, 4096, "e1", 60, 40, 20,
+                                    (("old/a", 20), ("old/b", 40))))
+    report.record_done(ObjectResult("b", "server_copy", 50, 0))
+    report.failures.append(("c", "AccessDenied"))
+    report.deferred.append(("d", "a checkpoint not complete yet"))
+
+    expected = dataclasses.asdict(report)  # the deep conversion, as the oracle
+    expected["failures"] = [{"key": "c", "error": "AccessDenied"}]
+    expected["deferred"] = [{"key": "d", "reason": "a checkpoint not complete yet"}]
+    got = report.to_dict()
+    extra = {"bytes_transferred", "throughput_bps", "sent_per_changed", "exit_code"}
+    assert {k: v for k, v in got.items() if k not in extra} == expected
+    assert got["objects"][0]["reused_from"] == (("old/a", 20), ("old/b", 40))
+    assert json.loads(json.dumps(got))["objects"][1] == {
+        "key": "b", "action": "server_copy", "size": 50, "bytes_sent": 0, "xxh3_128": None,
+        "hash_block_size": None, "etag": None, "bytes_reused": 0, "bytes_changed": None,
+        "bytes_reused_own": 0, "reused_from": []}
+
+
+def test_to_dict_is_a_copy_the_caller_may_change() -> None:
+    report = SyncReport("s3://a/", "meta://b/")
+    report.record_done(ObjectResult("a", "copy", 1, 1))
+    got = report.to_dict()
+    got["objects"].clear()
+    got["objects_copied"] = 99
+    assert len(report.objects) == 1 and report.objects_copied == 1
