@@ -79,6 +79,13 @@ class Transfer:
         self.uploads = Uploads(dst, limits, emit, options.part_concurrency, journal,
                                dict(open_uploads or {}), stop or asyncio.Event())
         self.deltas = Deltas(src, dst, options, limits, emit, manifest or journal)
+        # Abilities asked once per run, not per object: on Python 3.11 each check against a
+        # runtime protocol walks the protocol's members (~20 us for ServerSideCopier here),
+        # ~5% of the client CPU of a server-side copy of 1,000 small objects.
+        self._streams_into_files = isinstance(dst, FileTarget) and isinstance(src,
+                                                                              RangeStreamer)
+        self._copier = dst if isinstance(dst, ServerSideCopier) else None
+        self._copy_origin = src if isinstance(src, ServerSideCopier) else None
         # A previous run left uploads open: it was stopped, and may have left staging objects
         # of a block delta behind too.
         self.after_stop = bool(open_uploads)
@@ -202,7 +209,7 @@ class Transfer:
 
     def _streams(self) -> bool:
         """Do parts read here stream into the target (an S3 range into a file)?"""
-        return isinstance(self.dst, FileTarget) and isinstance(self.src, RangeStreamer)
+        return self._streams_into_files
 
     async def _copy_parts(self, action: Action, src: ObjectInfo,
                           prior: OpenUpload | None) -> Done:
@@ -249,8 +256,8 @@ class Transfer:
 
     async def _server_copy(self, action: Action, src: ObjectInfo) -> Done:
         # The planner chose server_copy only because dst.can_copy_from(src) said so.
-        dst, origin = self.dst, self.src
-        assert isinstance(dst, ServerSideCopier) and isinstance(origin, ServerSideCopier)
+        dst, origin = self._copier, self._copy_origin
+        assert dst is not None and origin is not None
         source = origin.copy_source(action.key, src.etag)
         # One CopyObject up to the store's limit (S3: 5 GiB, as rclone's copy cutoff): on
         # SeaweedFS a 256 MiB object copies in 1.57 s whole against 1.80 s as 8 parallel 64 MiB
