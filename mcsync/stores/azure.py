@@ -105,8 +105,9 @@ class AzureStore:
                               "AZURE_STORAGE_ACCOUNT_NAME (and its credential)")
         try:
             with self.translating(None):
-                stream = obstore.list(self._make(preflight=True),
-                                      self.prefix.rstrip("/") or None, chunk_size=1)
+                client = (self._fast() if self._retry.checks_retry_as_requests
+                          else self._make(preflight=True))
+                stream = obstore.list(client, self.prefix.rstrip("/") or None, chunk_size=1)
                 await anext(aiter(stream), None)
         except MCSyncError as exc:
             raise as_config_error(exc, self.url, self._endpoint or "Azure") from exc

@@ -275,8 +275,9 @@ class S3Store:
         or bucket is a one-line error in seconds. Its page also shows whether the endpoint
         lists in byte order (see ``list``)."""
         try:
-            await self._fast()
-            probe = self._make_obstore(preflight=True)
+            fast = await self._fast()
+            probe = (fast if self._retry.checks_retry_as_requests
+                     else self._make_obstore(preflight=True))
             keys = []
             async with contextlib.aclosing(self._flat(self.prefix, probe)) as page:
                 async for c in page:
