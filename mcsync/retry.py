@@ -43,10 +43,10 @@ class RetryPolicy:
 
     @property
     def checks_retry_as_requests(self) -> bool:
-        """Is a check tried as often as any request (the default)? Then a store checks with
-        the client its run uses: a second obstore client loads the system's CA roots again
+        """Would a check's client retry as a request's does (the default)? Then a store checks
+        with the client its run uses: a second obstore client loads the system's CA roots again
         (~5-7 ms here) and opens connections of its own (a TLS handshake each, on a WAN)."""
-        return self.preflight_attempts == self.sdk_attempts
+        return self.obstore(preflight=True) == self.obstore()
 
     def botocore(self) -> dict[str, Any]:
         return {"mode": self.mode, "total_max_attempts": self.sdk_attempts}
