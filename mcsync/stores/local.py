@@ -97,6 +97,12 @@ class LocalStore:
         self._fold_case = False
         self._names: dict[str, dict[str, str]] = {}
         self._names_lock = threading.Lock()
+        # Directories this store made or found, each checked to resolve inside the root: the
+        # next file there skips the check (three ``realpath`` walks, a ``mkdir``: ~0.15 ms of
+        # a small file's 0.2 ms here). mcsync makes no symlinks, so a checked directory stays
+        # inside; one a delete removed is dropped, one removed behind our back is checked
+        # again when a file cannot be created in it.
+        self._checked_dirs: set[str] = set()
 
     async def _off_loop(self, size: int, work: Callable[[], T]) -> T:
         """``work()`` in a worker thread, or right here for a small file on a local disk."""
@@ -140,6 +146,18 @@ class LocalStore:
         directory that exists is checked *before* anything is created, so a symlink inside
         the root that points outside it never gets a directory made at its far end."""
         parent = path.parent
+        if str(parent) not in self._checked_dirs:
+            self._check_dir(path, key)
+        elif self._fold_case:
+            self._claim_name(path, key)
+        if os.path.islink(path):
+            raise UnsafeKey(f"{key!r}: target is a symlink")
+        return parent
+
+    def _check_dir(self, path: Path, key: str) -> None:
+        """Make the directory of ``path`` (and its parents) and check that it resolves inside
+        the root."""
+        parent = path.parent
         real_root = os.path.realpath(self.root)
         existing = parent
         while not existing.exists() and existing != self.root and existing != existing.parent:
@@ -155,9 +173,7 @@ class LocalStore:
                             "so it cannot also be a directory") from None
         if not self._resolves_inside(parent, real_root):
             raise UnsafeKey(f"{key!r}: resolves outside the target root (symlink)")
-        if os.path.islink(path):
-            raise UnsafeKey(f"{key!r}: target is a symlink")
-        return parent
+        self._checked_dirs.add(str(parent))
 
     def _resolves_inside(self, directory: Path, real_root: str) -> bool:
         real = os.path.realpath(directory)
@@ -206,7 +222,12 @@ class LocalStore:
         tmp = parent / _tmp_name(path.name)
         self._in_flight.add(str(tmp))  # before it exists: a sweep never sees it unclaimed
         try:
-            fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileNotFoundError:  # its directory was removed since it was checked
+                self._checked_dirs.discard(str(parent))
+                self._check_dir(path, key)
+                fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:  # named by the directory that refused, not the hidden name
             self._in_flight.discard(str(tmp))
             raise OSError(exc.errno, exc.strerror, str(parent)) from None
@@ -462,6 +483,7 @@ class LocalStore:
                     parent.rmdir()
                 except OSError:
                     break
+                self._checked_dirs.discard(str(parent))
                 parent = parent.parent
 
         await asyncio.to_thread(remove)

@@ -192,10 +192,11 @@ def publish(tmp: Path, path: Path, key: str, mtime: float | None) -> ObjectInfo:
     try:
         if mtime is not None:
             os.utime(tmp, (mtime, mtime))
-        if path.is_dir() and not path.is_symlink():
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError:  # rename(2) puts no file in a directory's place
             raise UnsafeKey(f"{key!r}: a directory of that name exists at the target (keys "
-                            f"under {key + '/'!r}), so it cannot also be a file")
-        os.replace(tmp, path)
+                            f"under {key + '/'!r}), so it cannot also be a file") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

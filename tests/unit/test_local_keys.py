@@ -30,6 +30,53 @@ def test_symlinked_directory_inside_root_cannot_escape(tmp_path):
     assert list(outside.iterdir()) == []
 
 
+def test_a_directory_is_checked_once_then_remade_when_it_goes(tmp_path, monkeypatch):
+    import shutil
+
+    from mcsync.stores import local
+
+    resolved: list[str] = []
+    realpath = os.path.realpath
+
+    def counting(path, *args, **kwargs):
+        resolved.append(os.fspath(path))
+        return realpath(path, *args, **kwargs)
+
+    monkeypatch.setattr(local.os.path, "realpath", counting)
+    root = tmp_path / "root"
+    store = LocalStore(root)
+
+    async def put(key: str) -> int:
+        """How many paths the write of ``key`` resolved."""
+        before = len(resolved)
+        await store.put(key, key.encode())
+        return len(resolved) - before
+
+    async def run():
+        counts = [await put("d/a"), await put("d/b"), await put("d/c")]
+        shutil.rmtree(root / "d")  # removed behind the store's back
+        counts.append(await put("d/e"))
+        await store.delete("d/e")  # empties d, so the delete removes it
+        counts.append(await put("d/f"))
+        return counts
+
+    a, b, c, e, f = asyncio.run(run())
+    assert a > 0 and b == c == 0 and e > 0 and f > 0
+    assert set(resolved) <= {str(root), str(root / "d")}
+    assert sorted(os.listdir(root / "d")) == ["f"]
+    assert (root / "d" / "f").read_bytes() == b"d/f"
+
+
+def test_a_checked_directory_does_not_let_a_file_replace_a_directory(tmp_path):
+    root = tmp_path / "root"
+    store = LocalStore(root)
+    asyncio.run(store.put("d/a", b"a"))
+    (root / "d" / "sub").mkdir()
+    with pytest.raises(UnsafeKey, match="cannot also be a file"):
+        asyncio.run(store.put("d/sub", b"x"))
+    assert sorted(os.listdir(root / "d")) == ["a", "sub"]  # no hidden file left
+
+
 def test_listing_is_in_s3_key_order_and_hides_temp_files(tmp_path):
     for rel in ["a/b", "a-b", "a.c", "b", "é/x", "a/c/d"]:
         p = tmp_path / rel
