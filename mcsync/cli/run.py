@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -26,7 +25,7 @@ from ..errors import MCSyncError, UsageError
 from ..events import EventSink, FanOut
 from ..lock import Locked
 from ..manifest import Manifest
-from ..report import SyncReport
+from ..report import SyncReport, report_json
 from ..stores.base import ReadStore
 from ..stores.registry import StoreOptions, open_store
 from .plan_view import PlanLines, PlanSummary
@@ -123,7 +122,7 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
         if sink is not metrics:
             sink.close()  # type: ignore[attr-defined]
     if out.as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(report_json(result.to_dict()))
     if out.report_path:
         write_report(Path(out.report_path), result.to_dict())
     if result.manifest_note:
@@ -167,7 +166,7 @@ def write_report(path: Path, doc: dict[str, Any]) -> None:
     """The JSON report, replaced whole (a reader never sees half of it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.write_text(report_json(doc))
     tmp.replace(path)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from mcsync.report import ObjectResult, SyncReport
+from mcsync.report import ObjectResult, SyncReport, report_json
 
 
 def test_to_dict_holds_every_field_as_dataclasses_asdict_would() -> None:
@@ -36,3 +36,21 @@ def test_to_dict_is_a_copy_the_caller_may_change() -> None:
     got["objects"].clear()
     got["objects_copied"] = 99
     assert len(report.objects) == 1 and report.objects_copied == 1
+
+
+def test_report_json_parses_back_with_a_line_per_field_and_per_entry() -> None:
+    report = SyncReport("s3://a/", "meta://b/", objects_copied=2)
+    report.record_done(ObjectResult("a\n\"b", "copy", 100, 100, "ab" * 16, 4096, "e1", 60, 40,
+                                    20, (("old/a", 20),)))
+    report.record_done(ObjectResult("c", "copy", 1, 1))
+    report.failures.append(("d", "AccessDenied"))
+    doc = report.to_dict()
+
+    text = report_json(doc)
+
+    assert json.loads(text) == json.loads(json.dumps(doc))
+    lines = text.splitlines()
+    # a line per field, the braces, then per non-empty list its entries and its closing bracket
+    assert len(lines) == len(doc) + 2 + (2 + 1) + (1 + 1)
+    assert sum(line.startswith('    {"key": ') for line in lines) == 3
+    assert report_json({}) == "{}"
