@@ -22,12 +22,15 @@ RESERVED_PREFIX = ".mcsync/"  # mcsync's own state at a target: never synced or 
 # S3 LastModified has one-second precision: a file uploaded within the second it was written
 # lists as "older" than its source. Times this close count as equal (rclone's modify window).
 MODIFY_WINDOW_S = 1.0
+# The markers' patterns as one expression: asked of every key of a run (11 fnmatch calls a
+# key cost 12 us).
+_MARKER = re.compile("|".join(fnmatch.translate(p) for p in MARKERS))
+
 
 def is_commit_marker(key: str) -> bool:
     """A file readers open first to find a checkpoint (``checkpoints.MARKERS``): written
     after everything else of the run."""
-    name = key.rsplit("/", 1)[-1]
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in MARKERS)
+    return _MARKER.match(key.rsplit("/", 1)[-1]) is not None
 
 
 @dataclass(frozen=True, slots=True)
