@@ -115,6 +115,7 @@ class Bench(Setup):
         self.link_probe: dict | None = None  # one PUT/GET through the link, timed
         self.clients: dict[str, object] = {}
         self.runs: list[dict] = []
+        self.trash_bytes = 0  # in local targets set aside, not yet deleted
         self.server_cpu = ServerCpu()
         self.nonce = uuid.uuid4().hex[:6]
         self.tools: list[Tool] = []
@@ -472,7 +473,10 @@ def main(argv: list[str] | None = None) -> int:
                 bench.prepare_mutations(sets["checkpoint"])
             if "delta-newstep" in args.only and set(NEWSTEP_SETS) & set(sets):
                 bench.prepare_newstep(sets[NEWSTEP_SETS[0]])
-            bench.run_matrix(sets)
+            try:
+                bench.run_matrix(sets)
+            finally:
+                bench.empty_trash()
     except KeyboardInterrupt:
         interrupted = True
         log("interrupted: reporting the runs done so far")
