@@ -263,11 +263,12 @@ class Setup:
         return list_s3(self.clients[dst.server], dst.bucket, dst.prefix)
 
     def _set_aside(self, path: Path) -> None:
-        """Move a local target out of the way, to be deleted with others later. Deleting
-        1,000 files right before a run made that run's creates slow: ext4 without a journal
-        (this VM's root) skips recently freed inodes, and ``recently_deleted``
-        took 27-31% of a download's samples (``perf``). Whichever tool ran next paid: a
-        1,000 x 16 KiB download took rclone 1.32-1.55 s after a delete, 0.89-1.06 s without."""
+        """Move a local target out of the way, to be deleted with others later (or sooner,
+        when a run needs the space). Deleting 1,000 files right before a run made that run's
+        creates slow: ext4 without a journal (this VM's root) skips recently freed inodes,
+        and ``recently_deleted`` took 27-31% of a download's samples (``perf``). Whichever
+        tool ran next paid: a 1,000 x 16 KiB download took rclone 1.32-1.55 s after a
+        delete, 0.89-1.06 s without."""
         if not path.exists():
             return
         trash = self.workdir / "trash"

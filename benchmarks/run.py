@@ -275,6 +275,8 @@ class Bench(Setup):
 
         # Data, a mutated copy and a target (two for a local delta) at most.
         need = ds.nbytes * (3.2 if mutation else 1.2) + 512 * MIB
+        if free_bytes(self.workdir) < need and self.trash_bytes:
+            self.empty_trash()  # the targets set aside give their space back first
         if free_bytes(self.workdir) < need:
             raise SystemExit(
                 f"error: only {free_bytes(self.workdir) / MIB:,.0f} MiB free in {self.workdir}, "
