@@ -38,6 +38,10 @@ def summarize(runs: list[dict], tools: list[str], peers: set[str]) -> list[dict]
                 "bytes": tool_runs[0]["expected_bytes"],
                 "objects": tool_runs[0]["expected_objects"],
                 "wall_s": _median(r["wall_s"] for r in ok),
+                # The spread behind the median: on the shared 2-core VMs a run's kernel CPU
+                # for the same download varied 3x with the state of the host's memory.
+                "wall_min_s": min((r["wall_s"] for r in ok), default=None),
+                "wall_max_s": max((r["wall_s"] for r in ok), default=None),
                 "cpu_s": _median(r["cpu_s"] for r in ok),
                 "maxrss_mib": _median(r["maxrss_mib"] for r in ok),
                 "server_cpu_s": _median(r.get("server_cpu_s") for r in ok),
@@ -89,11 +93,11 @@ def _num(v: float | None, fmt: str) -> str:
 
 
 HEADER = (
-    "tool", "wall s", "MB/s", "CPU s", "CPU s/GiB", "RSS MiB", "srv CPU s", "÷ best peer",
+    "tool", "wall s", "range", "MB/s", "CPU s", "CPU s/GiB", "RSS MiB", "srv CPU s", "÷ best peer",
 )  # fmt: skip
 # Re-sync paths: bytes sent matter, MB/s of a no-op does not.
 RESYNC_HEADER = (
-    "tool", "wall s", "CPU s", "CPU s/GiB", "RSS MiB", "srv CPU s", "sent MB", "sent %",
+    "tool", "wall s", "range", "CPU s", "CPU s/GiB", "RSS MiB", "srv CPU s", "sent MB", "sent %",
     "÷ best peer",
 )  # fmt: skip
 RESYNC_PATHS = ("resync-noop", "delta-s3", "delta-local", "delta-newstep")
@@ -107,15 +111,18 @@ DELTA_MAX_RATIO = 0.25  # of the fastest peer's wall time
 def _cells(row: dict, resync: bool) -> tuple[str, ...]:
     ratio = row["vs_best_peer"]
     ratio_s = "-" if ratio is None else f"{ratio:.2f}x"
+    low, high = row.get("wall_min_s"), row.get("wall_max_s")
+    spread = "-" if low is None or high is None else f"{low:.2f}-{high:.2f}"
     base = (
         _num(row["wall_s"], ".2f"),
+        spread,
         _num(row["cpu_s"], ".2f"),
         _num(row.get("cpu_s_per_gib"), ".2f"),
         _num(row["maxrss_mib"], ".0f"),
         _num(row["server_cpu_s"], ".2f"),
     )
     if not resync:
-        return (base[0], _num(row["mb_s"], ".1f"), *base[1:], ratio_s)
+        return (*base[:2], _num(row["mb_s"], ".1f"), *base[2:], ratio_s)
     sent = row.get("bytes_sent")
     mark = "~" if row.get("bytes_sent_assumed") else ""
     sent_mb = "-" if sent is None else f"{sent / 1e6:,.1f}{mark}"

@@ -532,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "wall s / CPU s / RSS: medians for the client process tree (CPU = user + sys); "
-        "srv CPU s: the SeaweedFS servers; MB/s = 10^6 bytes/s;"
+        "range: fastest-slowest wall time of the runs; srv CPU s: the SeaweedFS servers; "
+        "MB/s = 10^6 bytes/s;"
     )
     print(
         "CPU s/GiB: client CPU s per GiB (2^30 bytes) of the data set copied or re-synced; "
