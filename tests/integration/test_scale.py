@@ -79,9 +79,11 @@ SHM = Path("/dev/shm")
 def tree_dir(tmp_path: Path) -> Iterator[Path]:
     """Where a tree of empty files is made: tmpfs when there is one with inodes to spare.
 
-    A million creates and deletes cost ~4x more on this project's ext4 disks than on tmpfs, and
-    leave ext4 slow for minutes after (freed inodes are searched on every create), which would
-    bill every later test; the tree is walked the same way on either.
+    Creates and deletes cost twice as much on this project's ext4 disks as on tmpfs when the
+    disk is fresh, more after a day of tests (the million-file test: 138 s in the suite, 27 s
+    on tmpfs), and a million of them leave ext4 slow for minutes after (freed inodes are
+    searched on every create), which would bill every later test. The tree is walked the
+    same way on either.
     """
     try:
         free = os.statvfs(SHM).f_favail
