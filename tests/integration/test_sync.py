@@ -4,6 +4,10 @@ one checked byte for byte."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -105,6 +109,27 @@ def test_local_to_local(tmp_path):
     assert read_tree(tmp_path / "dst") == objs
     assert report["objects_copied"] == len(objs)
 
+
+
+def test_the_json_report_reaches_a_slow_reader_whole(tmp_path):
+    # A report of 1,500 objects is ~350 KB, more than a pipe holds: the command has to wait
+    # for its reader. Right after uvloop closed its loop that write came back short, and
+    # the reader got the first 64 KiB and an exit code of 0.
+    objs = {f"d{i // 500}/f{i:04}.txt": payload(10, i) for i in range(1_500)}
+    write_tree(tmp_path / "src", objs)
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mcsync.cli.main", "sync", str(tmp_path / "src"),
+         str(tmp_path / "dst"), "--json", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    time.sleep(1.5)  # not reading yet: the pipe fills
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert len(out) > 64 * 1024
+    report = json.loads(out)
+    assert report["objects_copied"] == len(objs)
+    assert read_tree(tmp_path / "dst") == objs
 
 @pytest.mark.slow
 def test_100_mib_object_moves_in_parts_both_ways(seaweed, tmp_path):
