@@ -43,6 +43,7 @@ from .run import (
     configure_logging,
     guarded,
     run_command,
+    write_stdout,
 )
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_LOCKED", "EXIT_OK", "EXIT_USAGE", "Seams",
@@ -281,8 +282,8 @@ def verify(dst: str, manifests: tuple[str, ...], endpoint_url: str | None, profi
         sys.exit(result)
     checked, problems = result
     if as_json:
-        click.echo(json.dumps({"checked": checked, "problems": [
-            {"key": k, "problem": p} for k, p in problems]}, indent=2))
+        write_stdout(json.dumps({"checked": checked, "problems": [
+            {"key": k, "problem": p} for k, p in problems]}, indent=2) + "\n")
     for key, problem in problems:
         click.echo(f"mismatch: {key}: {problem}", err=True)
     click.echo(f"verified {checked} objects: {len(problems)} problems", err=True)

@@ -164,10 +164,11 @@ def _cycle_done(cycle: Cycle, out: Output, metrics: Metrics | None) -> None:
 
 
 def write_stdout(text: str) -> None:
-    """Write ``text`` to standard output whole. Right after uvloop closes its loop, a write
-    of more than a pipe holds (64 KiB) to a slow reader came back short, and Python's stream
-    dropped the rest: ``--json | (sleep 2; wc -c)`` got 65,536 of 349,449 bytes, exit 0. So
-    the bytes go out here, written again from where a short write stopped."""
+    """Write ``text`` to standard output whole: what a command prints after its run (a JSON
+    report can be hundreds of KB). Right after uvloop closes its loop, a write of more than
+    a pipe holds (64 KiB) to a slow reader came back short, and Python's stream dropped the
+    rest: ``--json | (sleep 2; wc -c)`` got 65,536 of 349,449 bytes, exit 0. So the bytes
+    go out here, written again from where a short write stopped."""
     try:
         fd = sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):  # a test runner's stream: no descriptor

@@ -110,7 +110,6 @@ def test_local_to_local(tmp_path):
     assert report["objects_copied"] == len(objs)
 
 
-
 def test_the_json_report_reaches_a_slow_reader_whole(tmp_path):
     # A report of 1,500 objects is ~350 KB, more than a pipe holds: the command has to wait
     # for its reader. Right after uvloop closed its loop that write came back short, and
@@ -130,6 +129,7 @@ def test_the_json_report_reaches_a_slow_reader_whole(tmp_path):
     report = json.loads(out)
     assert report["objects_copied"] == len(objs)
     assert read_tree(tmp_path / "dst") == objs
+
 
 @pytest.mark.slow
 def test_100_mib_object_moves_in_parts_both_ways(seaweed, tmp_path):
