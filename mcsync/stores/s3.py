@@ -35,6 +35,7 @@ import itertools
 import logging
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -78,6 +79,10 @@ T = TypeVar("T")
 
 # What obstore raises for a key it cannot spell (a path it would normalise): plain S3 API then.
 _UNSPELLABLE = (ValueError, obstore_exc.InvalidPathError)
+CHECK_PAGE = 1000  # keys a check lists at most: one page
+# How long a check's page stands as the start of the listing after it: a run lists right
+# after its checks; a store checked and then left (a library caller) lists afresh.
+CHECKED_FRESH_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +150,9 @@ class S3Store:
         # which body checksum it takes (see ``s3_upload``).
         self._tree_listing = False
         self.body_checksums = BodyChecksums(endpoint_url or "S3")
+        # The check's page (see ``check``): the start of the first listing that follows it,
+        # unless this store wrote something in between.
+        self._checked: tuple[float, list[dict[str, Any]]] | None = None
 
     # -- clients ------------------------------------------------------------------------------
 
@@ -273,18 +281,19 @@ class S3Store:
     async def check(self, *, mode: CheckMode) -> None:
         """One listing request, tried only ``preflight_attempts`` times: a wrong address, key
         or bucket is a one-line error in seconds. Its page also shows whether the endpoint
-        lists in byte order (see ``list``)."""
+        lists in byte order (see ``list``), and is the start of the listing that follows: a
+        prefix of fewer than 1,000 keys is listed whole by the check alone."""
         try:
             fast = await self._fast()
             probe = (fast if self._retry.checks_retry_as_requests
                      else self._make_obstore(preflight=True))
-            keys = []
+            entries: list[dict[str, Any]] = []
             async with contextlib.aclosing(self._flat(self.prefix, probe)) as page:
                 async for c in page:
-                    keys.append(c["Key"])
-                    if len(keys) >= 1000:
+                    entries.append(c)
+                    if len(entries) >= CHECK_PAGE:
                         break
-            if not keys:
+            if not entries:
                 await self._answers_as_s3(probe)
         except Unreachable as exc:  # no answer at all: a wrong address, most likely
             raise as_config_error(exc, self.url, self.endpoint_url or "S3") from exc
@@ -294,8 +303,10 @@ class S3Store:
             raise
         except MCSyncError as exc:
             raise as_config_error(exc, self.url, self.endpoint_url or "S3") from exc
-        if any(a >= b for a, b in itertools.pairwise(keys)):
+        if any(a["Key"] >= b["Key"] for a, b in itertools.pairwise(entries)):
             self._tree_listing = True
+        else:
+            self._checked = (time.monotonic(), entries)
 
     async def _answers_as_s3(self, probe: Any) -> None:
         """An empty listing is also what obstore makes of a web page answered with 200. S3
@@ -320,8 +331,13 @@ class S3Store:
         is listed directory by directory (``_walk``), which is ordered by construction. Which
         one an endpoint needs is found out by ``check`` and, failing that, by the first
         out-of-order key (the engine then starts again)."""
-        fast = await self._fast()
-        walk = self._walk(self.prefix) if self._tree_listing else self._flat(self.prefix, fast)
+        checked, self._checked = self._checked, None
+        if self._tree_listing:
+            walk = self._walk(self.prefix)
+        elif checked is not None and time.monotonic() - checked[0] < CHECKED_FRESH_S:
+            walk = self._after_check(checked[1])
+        else:
+            walk = self._flat(self.prefix, await self._fast())
         cut = len(self.prefix)
         last = ""
         async for c in walk:
@@ -337,19 +353,34 @@ class S3Store:
             yield ObjectInfo(key, c["Size"], unquote_etag(c.get("ETag")),
                              c["LastModified"].timestamp())
 
+    def _changes_listing(self) -> None:
+        """A write through this store: a check's page no longer starts the listing."""
+        self._checked = None
+
     def _use_tree_listing(self) -> None:
         self._tree_listing = True
 
-    async def _flat(self, prefix: str, fast: Any) -> AsyncIterator[dict[str, Any]]:
+    async def _after_check(self, page: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        """The check's page, then, if it was full, the rest of the listing after its last key."""
+        for c in page:
+            yield c
+        if len(page) >= CHECK_PAGE:
+            async for c in self._flat(self.prefix, await self._fast(), after=page[-1]["Key"]):
+                yield c
+
+    async def _flat(self, prefix: str, fast: Any, *,
+                    after: str = "") -> AsyncIterator[dict[str, Any]]:
         """Pages through obstore (parsing 1,000 entries in Rust costs ~1 ms; botocore's XML
-        and dateutil parsing ~100 ms). obstore refuses a whole page that holds a key it cannot
-        represent ("a//b", "x/../y"): the listing then goes on through botocore, after the
-        last key already yielded, so no key is lost or repeated."""
-        last = ""
+        and dateutil parsing ~100 ms), from the first key after ``after`` (a full key; "":
+        from the start). obstore refuses a whole page that holds a key it cannot represent
+        ("a//b", "x/../y"): the listing then goes on through botocore, after the last key
+        already yielded, so no key is lost or repeated."""
+        last = after
         with self.translating(None):
             try:
                 # obstore's prefix is a path prefix: "run" lists run/..., as our "run/" does
-                stream = obstore.list(fast, prefix.rstrip("/") or None, chunk_size=1000)
+                stream = obstore.list(fast, prefix.rstrip("/") or None, offset=after or None,
+                                      chunk_size=1000)
                 async for chunk in stream:
                     for meta in chunk:
                         last = meta["path"]
@@ -466,6 +497,7 @@ class S3Store:
     # -- writes -----------------------------------------------------------------------------------
 
     async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
+        self._changes_listing()
         async def fast(client: Any) -> str | None:
             r = await obstore.put_async(client, self.full_key(key), data, use_multipart=False)
             return r.get("e_tag")
@@ -478,6 +510,7 @@ class S3Store:
         return ObjectInfo(key, len(data), unquote_etag(await self._either(key, fast, slow)), None)
 
     async def delete(self, key: str) -> None:
+        self._changes_listing()
         async def slow(client: Any) -> None:
             await client.delete_object(Bucket=self.bucket, Key=self.full_key(key))
 
@@ -500,6 +533,7 @@ class S3Store:
         return self._crt if self._crt_sends_bodies or not body else None
 
     async def copy_object(self, source: S3CopySource, key: str) -> ObjectInfo:
+        self._changes_listing()
         crt = await self.crt_client()
         if crt is not None:
             with self.translating(key):
@@ -518,6 +552,7 @@ class S3Store:
         return ObjectInfo(key, -1, unquote_etag(r.get("CopyObjectResult", {}).get("ETag")), None)
 
     async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> S3Upload:
+        self._changes_listing()
         return await S3Upload.create(self, key, size)
 
     def validate_key(self, key: str) -> None:
@@ -533,6 +568,7 @@ class S3Store:
     async def resume_upload(
         self, key: str, upload_id: str, size: int, *, mtime: float | None = None
     ) -> S3Upload | None:
+        self._changes_listing()
         upload = S3Upload(self, key, upload_id, size)
         try:
             await upload.list_parts()
@@ -546,6 +582,7 @@ class S3Store:
     async def clear(self, prefix: str) -> None:
         """Abort every open upload and delete every object under ``prefix`` (mcsync's own
         scratch space, e.g. the staging objects a killed delta left)."""
+        self._changes_listing()
         client = await self.botocore()
         full = self.full_key(prefix)
         uploads = client.get_paginator("list_multipart_uploads")

@@ -1,23 +1,26 @@
 """An S3 store's check (``Store.check``) against SeaweedFS through the fault proxy: it tries its
 listing as often as the retry policy lets a check (``preflight_attempts``), and the run's own
 requests are still tried as often as a request may (``sdk_attempts``), whether the check had
-a client of its own (the two differ) or asked with the run's (they are equal, the default)."""
+a client of its own (the two differ) or asked with the run's (they are equal, the default).
+A check that saw every key stands in for the listing that follows it, once, while fresh."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import urllib.parse
 
 import pytest
 
 from mcsync.errors import Transient
 from mcsync.retry import RetryPolicy
+from mcsync.stores import s3
 from mcsync.stores.s3 import S3Store
 from mcsync.stores.s3_clients import S3Credentials
 from mcsync.testing.faultproxy import INTERNAL_ERROR, FaultProxy, Rule
 from mcsync.testing.servers import S3Endpoint
 
-from .helpers import new_bucket
+from .helpers import new_bucket, put_objects
 
 
 async def _check_then_list(store: S3Store) -> tuple[BaseException | None, BaseException | None]:
@@ -56,3 +59,66 @@ def test_a_check_tries_as_often_as_a_check_may_and_a_listing_as_a_request_may(
     assert isinstance(checked, Transient) and isinstance(listed, Transient)
     tried = [e.op for e in seaweed_proxy.exchanges("ListObjectsV2")]
     assert len(tried) == preflight + sdk, tried
+
+
+KEYS = {f"k{i}": bytes([i]) * (i + 1) for i in range(5)}
+
+
+def _store(ep: S3Endpoint, proxy: FaultProxy, bucket: str) -> S3Store:
+    return S3Store(scheme="s3", bucket=bucket, prefix="p/", endpoint_url=proxy.url,
+                   region=ep.region, credentials=S3Credentials(ep.access_key, ep.secret_key))
+
+
+async def _check_and_list(store: S3Store, listings: int) -> list[list[tuple[str, int]]]:
+    """Check, then list ``listings`` times: (key, size) of each listing."""
+    await store.check(mode="read")
+    seen = []
+    for _ in range(listings):
+        async with contextlib.aclosing(store.list()) as listing:
+            seen.append([(o.key, o.size) async for o in listing])
+    await store.aclose()
+    return seen
+
+
+@pytest.mark.parametrize(("page", "fresh_s", "after"), [
+    (1000, 10.0, []),  # the check saw every key: only the second listing asks
+    (3, 10.0, ["p/k2"]),  # its page was full: the first listing goes on after its last key
+    (1000, 0.0, [""]),  # stale by the time of the listing: the first listing asks afresh
+])
+def test_a_check_s_page_starts_the_next_listing_once(
+        seaweed: S3Endpoint, seaweed_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch,
+        page: int, fresh_s: float, after: list[str]) -> None:
+    bucket = new_bucket(seaweed)
+    put_objects(seaweed, bucket, KEYS, prefix="p/")
+    monkeypatch.setattr(s3, "CHECK_PAGE", page)
+    monkeypatch.setattr(s3, "CHECKED_FRESH_S", fresh_s)
+
+    seen = asyncio.run(_check_and_list(_store(seaweed, seaweed_proxy, bucket), listings=2))
+
+    want = sorted((k, len(v)) for k, v in KEYS.items())
+    assert seen == [want, want]
+    # (the check's, the first listing's if any, the second listing's): where each started
+    asked = [_start_after(e.target) for e in seaweed_proxy.exchanges("ListObjectsV2")]
+    assert asked == ["", *after, ""]
+
+
+def _start_after(target: str) -> str:
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
+    return query.get("start-after", [""])[0]
+
+
+def test_a_write_through_the_store_after_its_check_is_in_the_next_listing(
+        seaweed: S3Endpoint, seaweed_proxy: FaultProxy) -> None:
+    bucket = new_bucket(seaweed)
+    store = _store(seaweed, seaweed_proxy, bucket)
+
+    async def check_write_list() -> list[str]:
+        await store.check(mode="write")  # an empty prefix: a whole, empty listing
+        await store.put("new", b"x")
+        async with contextlib.aclosing(store.list()) as listing:
+            keys = [o.key async for o in listing]
+        await store.aclose()
+        return keys
+
+    assert asyncio.run(check_write_list()) == ["new"]
+    assert len(seaweed_proxy.exchanges("ListObjectsV2")) == 2
