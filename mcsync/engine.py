@@ -287,7 +287,8 @@ class _Run:
         if report.requests_throttled:
             report.requests_in_flight_low = self.pacing.lowest_limit()
             report.requests_in_flight_end = self.pacing.current_limit()
-        report.parts_in_flight_peak = self.limits.parts.peak
+        report.parts_in_flight_peak = self.limits.parts.most_busy
+        report.parts_in_flight_limit_peak = self.limits.parts.peak
         report.bytes_compared = self.bytes_compared
         if keeper is not None and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else

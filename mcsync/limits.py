@@ -75,6 +75,7 @@ class _Gate:
 
     def __init__(self) -> None:
         self.busy = 0
+        self.most_busy = 0  # the most requests ever holding the gate at once
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def _waited(self) -> None:
@@ -82,7 +83,7 @@ class _Gate:
 
     async def acquire(self) -> None:
         if not self._waiters and self.busy < self.limit:
-            self.busy += 1
+            self._enter()
             return
         self._waited()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -105,8 +106,12 @@ class _Gate:
         while self._waiters and self.busy < self.limit:
             fut = self._waiters.popleft()
             if not fut.done():
-                self.busy += 1
+                self._enter()
                 fut.set_result(None)
+
+    def _enter(self) -> None:
+        self.busy += 1
+        self.most_busy = max(self.most_busy, self.busy)
 
 
 class GoodputSlots(_Gate):

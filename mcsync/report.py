@@ -68,14 +68,15 @@ class SyncReport:
     objects_compared: int = 0
     bytes_compared: int = 0
     # Resilience: answers that said slow down, requests tried again (for any transient
-    # cause), the fewest requests in flight to a store that throttling left, and the most
-    # parts on the wire at once (found by measuring goodput).
+    # cause), the fewest requests in flight to a store that throttling left, the most parts
+    # that were on the wire at once, and the most the goodput limit ever allowed.
     requests_throttled: int = 0
     requests_retried: int = 0
     requests_credentials_expired: int = 0  # refused for expired keys, renewed and retried
     requests_in_flight_low: int | None = None
     requests_in_flight_end: int | None = None  # ...and where it had grown back to at the end
     parts_in_flight_peak: int = 0
+    parts_in_flight_limit_peak: int = 0
     elapsed_s: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)  # (key, error), capped
     deferred: list[tuple[str, str]] = field(default_factory=list)  # (key, why), the first 1000

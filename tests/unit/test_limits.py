@@ -165,6 +165,22 @@ def test_goodput_slots_are_fifo_and_survive_cancellation():
 MIB = 1 << 20
 
 
+def test_goodput_slots_count_the_most_parts_that_were_in_flight_not_the_most_allowed():
+    from mcsync.limits import GoodputSlots
+
+    async def go():
+        slots = GoodputSlots(8, 8)  # eight allowed from the start
+        await slots.acquire()
+        await slots.acquire()
+        slots.release()
+        await asyncio.gather(*(slots.acquire() for _ in range(4)))  # five at once, no more
+        slots.release()
+        await slots.acquire()
+        return slots.most_busy, slots.peak
+
+    assert asyncio.run(go()) == (5, 8)
+
+
 def test_buffer_pool_serves_a_part_from_the_smallest_free_buffer_that_holds_it():
     from mcsync.limits import BufferPool
 
