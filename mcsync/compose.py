@@ -28,7 +28,7 @@ from .errors import MCSyncError, NotFound, Permanent, PreconditionFailed
 from .events import DeltaPlanned, Event
 from .limits import Limits
 from .manifest import Manifest, OpenUpload
-from .plan import RESERVED_PREFIX, Action
+from .plan import Action
 from .scan import cut, scan_chunks
 from .stores.base import (
     Composer,
@@ -40,7 +40,7 @@ from .stores.base import (
     Store,
     Upload,
 )
-from .types import ByteRange, ObjectInfo
+from .types import RESERVED_PREFIX, ByteRange, ObjectInfo
 from .upload import Moved, MovePart, PartSpec, Uploaded, UploadPlan, Uploads
 
 log = logging.getLogger(__name__)

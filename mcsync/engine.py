@@ -46,7 +46,7 @@ from .limits import Limits
 from .listing import Handoff, merge_join, prefetched
 from .lock import read_lock, run_lock
 from .manifest import Manifest, ManifestEntry, default_path, entry_for, pair_id, split_digests
-from .plan import RESERVED_PREFIX, Action, Pair, is_commit_marker, plan
+from .plan import Action, Pair, is_commit_marker, plan
 from .preflight import check_stores, writable_pair
 from .report import SyncReport
 from .resilience import Pacing, pacing_of, resilient
@@ -63,7 +63,7 @@ from .stores.base import (
 from .stores.registry import StoreOptions, open_store
 from .tasks import cancel_and_wait
 from .transfer import Transfer
-from .types import ObjectInfo
+from .types import RESERVED_PREFIX, ObjectInfo
 from .verify import verify_entries
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,9 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
         locking = not options.dry_run and options.lock
         # Over a WAN each request is a round trip, so the reads that need no lock go out with
         # the stores' checks: the lock object, the manifest's copy (then the source's listing
-        # with the lock's PUT). Nothing is written before the checks pass, and what was read
-        # is used only once the lock is held. A local target costs no round trip to wait for.
+        # with the lock's PUT; an S3 target's check page, kept through that PUT, starts its
+        # listing). Nothing is written before the checks pass, and what was read is used only
+        # once the lock is held. A local target costs no round trip to wait for.
         early = locking and not isinstance(target, LocalTree)
         ahead = target_copy.Lookahead(
             source, target, path, look=check_manifest_copy, early=early and options.use_manifest,

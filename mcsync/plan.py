@@ -11,14 +11,13 @@ from .checkpoints import MARKERS
 from .config import SyncOptions
 from .events import ActionKind
 from .manifest import ManifestEntry
-from .types import ObjectInfo
+from .types import RESERVED_PREFIX, ObjectInfo
 
 # "compare" (only with --checksum): metadata is no evidence either way; the engine reads and
 # hashes the content (mcsync.compare) and turns it into a skip or a copy.
 PlanKind = ActionKind | Literal["compare"]
 _PLAIN_MD5 = re.compile(r"[0-9a-f]{32}")
 
-RESERVED_PREFIX = ".mcsync/"  # mcsync's own state at a target: never synced or deleted as data
 # S3 LastModified has one-second precision: a file uploaded within the second it was written
 # lists as "older" than its source. Times this close count as equal (rclone's modify window).
 MODIFY_WINDOW_S = 1.0

@@ -21,10 +21,9 @@ from .config import SyncOptions
 from .errors import MCSyncError, NotFound
 from .limits import Limits
 from .manifest import Manifest, pair_id
-from .plan import RESERVED_PREFIX
 from .stores.base import ReadStore, Store
 from .tasks import cancel_and_wait
-from .types import ObjectInfo, PartRef
+from .types import RESERVED_PREFIX, ObjectInfo, PartRef
 from .upload import Uploads
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,8 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
+RESERVED_PREFIX = ".mcsync/"  # mcsync's own state at a target: never synced or deleted as data
+
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:

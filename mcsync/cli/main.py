@@ -29,8 +29,8 @@ from ..config import (
 from ..errors import UsageError
 from ..limits import Limits
 from ..manifest import Manifest, last_run_status, manifest_dir, pair_of
-from ..plan import RESERVED_PREFIX
 from ..stores.registry import StoreOptions, open_store
+from ..types import RESERVED_PREFIX
 from ..verify import verify_entries
 from .run import (
     EXIT_FAILED,

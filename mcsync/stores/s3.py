@@ -35,7 +35,6 @@ import itertools
 import logging
 import os
 import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -70,6 +69,7 @@ from .s3_clients import (
 )
 from .s3_crt import CrtClient
 from .s3_errors import translate
+from .s3_listing import CheckPage, own_state, tree_walk
 from .s3_upload import BodyChecksums, S3Upload, botocore_body, unquote_etag
 
 __all__ = ["S3CopySource", "S3Credentials", "S3Store", "S3Upload"]
@@ -152,7 +152,7 @@ class S3Store:
         self.body_checksums = BodyChecksums(endpoint_url or "S3")
         # The check's page (see ``check``): the start of the first listing that follows it,
         # unless this store wrote something in between.
-        self._checked: tuple[float, list[dict[str, Any]]] | None = None
+        self._checked: CheckPage | None = None
 
     # -- clients ------------------------------------------------------------------------------
 
@@ -306,7 +306,8 @@ class S3Store:
         if any(a["Key"] >= b["Key"] for a, b in itertools.pairwise(entries)):
             self._tree_listing = True
         else:
-            self._checked = (time.monotonic(), entries)
+            full = len(entries) >= CHECK_PAGE
+            self._checked = CheckPage(entries, entries[-1]["Key"] if full else None)
 
     async def _answers_as_s3(self, probe: Any) -> None:
         """An empty listing is also what obstore makes of a web page answered with 200. S3
@@ -328,14 +329,14 @@ class S3Store:
 
         S3 lists a flat, recursive listing in that order; some S3-compatibles (SeaweedFS among
         them) walk their directory tree instead and put ``a/b`` before ``a-b``. Such an endpoint
-        is listed directory by directory (``_walk``), which is ordered by construction. Which
-        one an endpoint needs is found out by ``check`` and, failing that, by the first
+        is listed directory by directory (``s3_listing.tree_walk``), ordered by construction.
+        Which one an endpoint needs is found out by ``check`` and, failing that, by the first
         out-of-order key (the engine then starts again)."""
         checked, self._checked = self._checked, None
         if self._tree_listing:
-            walk = self._walk(self.prefix)
-        elif checked is not None and time.monotonic() - checked[0] < CHECKED_FRESH_S:
-            walk = self._after_check(checked[1])
+            walk = tree_walk(self._level_pages, self.prefix)
+        elif checked is not None and checked.fresh(CHECKED_FRESH_S):
+            walk = self._after_check(checked)
         else:
             walk = self._flat(self.prefix, await self._fast())
         cut = len(self.prefix)
@@ -360,12 +361,12 @@ class S3Store:
     def _use_tree_listing(self) -> None:
         self._tree_listing = True
 
-    async def _after_check(self, page: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    async def _after_check(self, page: CheckPage) -> AsyncIterator[dict[str, Any]]:
         """The check's page, then, if it was full, the rest of the listing after its last key."""
-        for c in page:
+        for c in page.entries:
             yield c
-        if len(page) >= CHECK_PAGE:
-            async for c in self._flat(self.prefix, await self._fast(), after=page[-1]["Key"]):
+        if page.rest_after is not None:
+            async for c in self._flat(self.prefix, await self._fast(), after=page.rest_after):
                 yield c
 
     async def _flat(self, prefix: str, fast: Any, *,
@@ -396,43 +397,12 @@ class S3Store:
                 for c in page.get("Contents", ()):
                     yield c
 
-    async def _walk(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
-        """One directory level: its subdirectories are collected first (a pass that keeps
-        only their names), then its files are streamed with each subdirectory walked at its
-        byte-order place. Within one level file names hold no '/', so any server's name order
-        is byte order. A level that fits one page is listed once."""
-        dirs: list[str] = []
-        first_files: list[dict[str, Any]] = []
-        pages = 0
-        async for page in self._level_pages(prefix):
-            pages += 1
-            dirs.extend(cp["Prefix"] for cp in page.get("CommonPrefixes", ()))
-            if pages == 1:
-                first_files = page.get("Contents", [])
-        dirs.sort()
-        files = _aiter(first_files) if pages <= 1 else self._level_files(prefix)
-        i = 0
-        async for c in files:
-            while i < len(dirs) and dirs[i] < c["Key"]:
-                async for sub in self._walk(dirs[i]):
-                    yield sub
-                i += 1
-            yield c
-        for d in dirs[i:]:
-            async for sub in self._walk(d):
-                yield sub
-
     async def _level_pages(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
         paginator = (await self.botocore()).get_paginator("list_objects_v2")
         with self.translating(None):
             async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix,
                                                  Delimiter="/"):
                 yield page
-
-    async def _level_files(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
-        async for page in self._level_pages(prefix):
-            for c in page.get("Contents", ()):
-                yield c
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -497,7 +467,6 @@ class S3Store:
     # -- writes -----------------------------------------------------------------------------------
 
     async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
-        self._changes_listing()
         async def fast(client: Any) -> str | None:
             r = await obstore.put_async(client, self.full_key(key), data, use_multipart=False)
             return r.get("e_tag")
@@ -507,15 +476,34 @@ class S3Store:
                 client.put_object, data, Bucket=self.bucket, Key=self.full_key(key)))
             return r.get("ETag")
 
-        return ObjectInfo(key, len(data), unquote_etag(await self._either(key, fast, slow)), None)
+        async with self._writing(key) as page:
+            etag = unquote_etag(await self._either(key, fast, slow))
+            if page is not None:
+                page.wrote(self.full_key(key), len(data), etag)
+        return ObjectInfo(key, len(data), etag, None)
 
     async def delete(self, key: str) -> None:
-        self._changes_listing()
         async def slow(client: Any) -> None:
             await client.delete_object(Bucket=self.bucket, Key=self.full_key(key))
 
-        await self._either(key, lambda fast: obstore.delete_async(fast, self.full_key(key)),
-                           slow)
+        async with self._writing(key) as page:
+            await self._either(key, lambda fast: obstore.delete_async(fast, self.full_key(key)),
+                               slow)
+            if page is not None:
+                page.deleted(self.full_key(key))
+
+    @contextlib.asynccontextmanager
+    async def _writing(self, key: str) -> AsyncIterator[CheckPage | None]:
+        """Around a write of ``key``: the check's page to enter it into (mcsync's own state),
+        or None, the page dropped (data, or a write that failed: it may have landed)."""
+        page = self._checked if own_state(key) else None
+        if page is None:
+            self._changes_listing()
+        try:
+            yield page
+        except BaseException:
+            self._changes_listing()
+            raise
 
     async def crt_client(self, *, body: bool = False) -> CrtClient | None:
         """The CRT's client for this store's requests (with a ``body``: requests that send
@@ -597,9 +585,4 @@ class S3Store:
             async for page in objects.paginate(Bucket=self.bucket, Prefix=full):
                 for obj in page.get("Contents", ()):
                     await client.delete_object(Bucket=self.bucket, Key=obj["Key"])
-
-
-async def _aiter(items: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-    for item in items:
-        yield item
 

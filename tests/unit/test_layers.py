@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config", "retry", "limits", "ratelimit", "hashing", "checksums", "chunking", "delta",
      "report", "events", "stores.base", "stores.wrap"),
     ("streaming", "stores.s3_errors", "stores.s3_clients", "stores.s3_upload", "stores.s3_crt",
-     "stores.obstore_body", "stores.s3",
+     "stores.obstore_body", "stores.s3_listing", "stores.s3",
      "stores.local_files", "stores.local", "stores.gcs", "stores.azure", "stores.memory",
      "stores.registry",
      "metrics", "resilience"),
