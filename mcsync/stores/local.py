@@ -417,9 +417,8 @@ class LocalStore:
         def write() -> ObjectInfo:
             tmp, fd = self._hidden_file(path, key, os.O_WRONLY,
                                         lambda fd: pwrite_all(fd, data, 0))
-            os.close(fd)
             try:
-                return publish(tmp, path, key, mtime)
+                return publish(tmp, fd, path, key, mtime)
             finally:
                 self._in_flight.discard(str(tmp))
 
