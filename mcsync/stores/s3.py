@@ -151,7 +151,7 @@ class S3Store:
         self._tree_listing = False
         self.body_checksums = BodyChecksums(endpoint_url or "S3")
         # The check's page (see ``check``): the start of the first listing that follows it,
-        # unless this store wrote something in between.
+        # unless this store wrote data in between (its own state is entered into the page).
         self._checked: CheckPage | None = None
 
     # -- clients ------------------------------------------------------------------------------
@@ -478,7 +478,7 @@ class S3Store:
 
         async with self._writing(key) as page:
             etag = unquote_etag(await self._either(key, fast, slow))
-            if page is not None:
+            if page is not None and page is self._checked:  # not taken by a listing since
                 page.wrote(self.full_key(key), len(data), etag)
         return ObjectInfo(key, len(data), etag, None)
 
@@ -489,7 +489,7 @@ class S3Store:
         async with self._writing(key) as page:
             await self._either(key, lambda fast: obstore.delete_async(fast, self.full_key(key)),
                                slow)
-            if page is not None:
+            if page is not None and page is self._checked:
                 page.deleted(self.full_key(key))
 
     @contextlib.asynccontextmanager

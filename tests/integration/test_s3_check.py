@@ -202,3 +202,25 @@ def test_a_run_to_an_s3_target_lists_it_once_though_it_writes_its_lock_first(
     assert len(lock_puts) == 1
     listings = seaweed_proxy.exchanges("ListObjectsV2")
     assert len(listings) == 1, [e.target for e in listings]
+
+
+def test_a_write_that_ends_while_a_listing_reads_the_page_leaves_that_listing_alone(
+        seaweed: S3Endpoint, seaweed_proxy: FaultProxy) -> None:
+    # The lock's PUT went out before the listing took the page and came back while the
+    # listing was going through it: the listing goes on as the page was, in order.
+    bucket = new_bucket(seaweed)
+    put_objects(seaweed, bucket, {"a": b"1", "b": b"22"}, prefix="p/")
+    store = _store(seaweed, seaweed_proxy, bucket)
+
+    async def write_during_listing() -> list[str]:
+        await store.check(mode="write")
+        writing = asyncio.create_task(store.put(".mcsync/lock", b"held"))
+        await asyncio.sleep(0)  # the PUT is on its way
+        async with contextlib.aclosing(store.list()) as listing:
+            keys = [(await anext(listing)).key]
+            await writing
+            keys += [o.key async for o in listing]
+        await store.aclose()
+        return keys
+
+    assert asyncio.run(write_during_listing()) == ["a", "b"]
