@@ -8,12 +8,16 @@ A key under a checkpoint that is not complete yet is deferred (not copied, not r
 a failure) with the reason, and picked up by a later run or ``--watch`` cycle. Completion
 markers are written after every other object of the run (``plan.is_commit_marker``).
 
-The signals are read from the source, once per directory per run: a HEAD (or a small GET,
-for the files that name the latest step) for the first key of each checkpoint directory.
+The signals are read from the source, once per directory per run: for the first key of each
+checkpoint directory, whether a file is there (the run's listing answers for a key it has
+passed, such as Orbax's ``_CHECKPOINT_METADATA`` or DCP's ``.metadata``, which sort before
+a directory's other files; a HEAD for one still ahead) and a small GET for the files that
+name the latest step.
 """
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import re
 import time
@@ -29,18 +33,52 @@ _UNKNOWN = object()
 _CACHED = 4096  # answers of the source kept (per kind), and waiting directories named
 
 
+class Listed:
+    """The last keys of the run's listing of the source (at least ``keep``), which come in
+    order: whether a key the listing has passed was in it, known without a request."""
+
+    def __init__(self, keep: int = _CACHED) -> None:
+        self._keep = keep
+        self._keys: list[str] = []  # in order: searched by bisection
+        self._from_start = True  # every key listed so far is still held
+
+    def add(self, key: str) -> None:
+        # Called for every key of a run: an append, and now and then a cut of the oldest half.
+        self._keys.append(key)
+        if len(self._keys) > 2 * self._keep:
+            del self._keys[:self._keep]
+            self._from_start = False
+
+    def holds(self, key: str) -> bool | None:
+        """Was ``key`` listed? None when not known: the listing has not reached it yet, or
+        passed it longer ago than the keys held."""
+        keys = self._keys
+        if not keys or key > keys[-1]:
+            return None
+        if key < keys[0] and not self._from_start:
+            return None
+        i = bisect.bisect_left(keys, key)
+        return keys[i] == key
+
+
 @dataclass
 class Source:
     """The source as the completion checks read it, with what they read cached.
-    ``atomic_renames``: a filesystem, where a framework can publish a directory by rename."""
+    ``atomic_renames``: a filesystem, where a framework can publish a directory by rename.
+    ``listed``: what the run's listing of it has shown so far."""
 
     store: ReadStore
     atomic_renames: bool = False
+    listed: Listed = field(default_factory=Listed)
     _present: dict[str, bool] = field(default_factory=dict)
     _text: dict[str, str | None] = field(default_factory=dict)
 
     async def has(self, key: str) -> bool:
         if key not in self._present:
+            known = self.listed.holds(key)
+            if known is not None:
+                self._present[key] = known
+                return known
             try:
                 await self.store.head(key)
                 self._present[key] = True
@@ -177,6 +215,11 @@ class Completion:
         self._making: str | None = None  # why it is in the making (IN_THE_MAKING), if it is
         self._verdict: str | object | None = _UNKNOWN  # its checkpoints' verdict
         self.waiting_dirs: dict[str, str] = {}  # checkpoint directory → why it waits
+
+    def listed(self, key: str) -> None:
+        """The run's listing of the source reached ``key`` (every key, in order, before the
+        ``waiting`` of any key after it): a marker it has passed needs no HEAD."""
+        self._src.listed.add(key)
 
     async def waiting(self, info: ObjectInfo) -> str | None:
         key = info.key

@@ -364,10 +364,13 @@ class _Run:
     async def _plan_and_copy(self, server_side: bool, trust: bool, deletes: Spool,
                              markers: Spool) -> None:
         files = isinstance(self.dst, FileTarget)  # once: a protocol check costs microseconds
+        listed = self.completion.listed  # every source key, in order: markers passed need no HEAD
         async with self._pairs(trust) as pairs, asyncio.TaskGroup() as tg:
             async for pair in pairs:
                 if self.stop.is_set():
                     break
+                if pair.src is not None:
+                    listed(pair.key)
                 action = plan(pair, self.options, server_side=server_side,
                               target_listed=not trust, files=files)
                 if action is None:

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from mcsync.checkpoints import FRAMEWORKS, MARKERS, Completion
+from mcsync.checkpoints import FRAMEWORKS, MARKERS, Completion, Listed
 from mcsync.plan import is_commit_marker
 from mcsync.stores.memory import MemoryStore
 from mcsync.types import ObjectInfo
@@ -136,3 +136,69 @@ def test_completion_caches_one_check_per_directory():
 
     asyncio.run(go())
     assert calls.count("hf/checkpoint-7/trainer_state.json") == 1
+
+
+def test_the_listing_answers_for_the_keys_it_has_passed():
+    listed = Listed(keep=2)
+    assert listed.holds("a") is None  # nothing listed yet
+    for key in ("b", "d", "f", "h"):
+        listed.add(key)
+    assert listed.holds("d") is True and listed.holds("h") is True
+    assert listed.holds("c") is False and listed.holds("a") is False  # passed, not there
+    assert listed.holds("i") is None  # not reached yet
+    listed.add("j")  # "b" and "d" fall out: before "f" nothing is known any more
+    assert listed.holds("c") is None and listed.holds("d") is None
+    assert listed.holds("g") is False and listed.holds("f") is True
+
+
+def _checked(files: dict[str, bytes], key: str) -> tuple[str | None, list[str]]:
+    """``waiting`` for ``key`` with the listing run up to it (as the engine calls it): the
+    verdict and the keys HEAD was asked for."""
+    heads: list[str] = []
+
+    class Counting(MemoryStore):
+        async def head(self, key: str) -> ObjectInfo:
+            heads.append(key)
+            return await super().head(key)
+
+    async def go() -> str | None:
+        store = Counting("src")
+        for k, data in files.items():
+            await store.put(k, data)
+        info = await store.head(key)
+        heads.clear()
+        completion = Completion(store, clock=lambda: info.mtime)
+        for k in sorted(files):
+            if k > key:
+                break
+            completion.listed(k)
+        return await completion.waiting(info)
+
+    return asyncio.run(go()), heads
+
+
+def test_markers_the_listing_has_passed_cost_no_head():
+    # Orbax's probe (sorts before a directory's lower-case files) is answered by the listing:
+    # a Hugging Face directory costs one HEAD, for trainer_state.json, still ahead.
+    hf = {"hf/checkpoint-5/config.json": b"{}", "hf/checkpoint-5/model.safetensors": b"w",
+          "hf/checkpoint-5/trainer_state.json": b"{}"}
+    assert _checked(hf, "hf/checkpoint-5/config.json") == (
+        None, ["hf/checkpoint-5/trainer_state.json"])
+    # DCP's .metadata and NeMo's -unfinished sibling come before the files they speak for.
+    dcp = {"run/step-9/.metadata": b"m", "run/step-9/__0_0.distcp": b"d"}
+    assert _checked(dcp, "run/step-9/__0_0.distcp") == (None, [])
+    why, heads = _checked({"run/step-9/__0_0.distcp": b"d"}, "run/step-9/__0_0.distcp")
+    assert why is not None and "no .metadata yet" in why and heads == []
+    nemo = {"n/gpt--step=5.ckpt-unfinished": b"", "n/gpt--step=5.ckpt/weights": b"w"}
+    why, heads = _checked(nemo, "n/gpt--step=5.ckpt/weights")
+    assert why is not None and "still being written" in why and heads == []
+    # Orbax recognised from the listing; its commit file asked for while still ahead of the
+    # key, answered by the listing once passed. Missing either way.
+    ox = {"ox/100/_CHECKPOINT_METADATA": b"{}", "ox/100/array_metadatas/a": b"w",
+          "ox/100/state/d": b"w"}
+    why, heads = _checked(ox, "ox/100/array_metadatas/a")
+    assert why is not None and why.startswith("Orbax") and heads == ["ox/100/commit_success.txt"]
+    why, heads = _checked(ox, "ox/100/state/d")
+    assert why is not None and why.startswith("Orbax") and heads == []
+    complete = ox | {"ox/100/commit_success.txt": b"ok"}
+    assert _checked(complete, "ox/100/state/d") == (None, [])
