@@ -1,7 +1,8 @@
 """A local or mounted filesystem (Meta Storage Direct mounts a bucket as a path).
 
-Writes go to a hidden temporary file in the target directory and are renamed into place, so a
-reader never sees a half-written file. Keys are untrusted: ``..``, absolute paths, empty
+A whole file is written without a name (``O_TMPFILE``) and linked into place; a file written
+in parts goes to a hidden temporary file in the target directory and is renamed into place. So
+a reader never sees a half-written file. Keys are untrusted: ``..``, absolute paths, empty
 components and NUL bytes are refused, and the resolved parent directory must stay inside the
 root even when the target tree holds symlinks.
 """
@@ -22,18 +23,22 @@ from ..errors import ConfigError, NotFound, Permanent, PreconditionFailed, Unsaf
 from ..types import ByteRange, Capabilities, ObjectInfo
 from .base import Buffer, CheckMode
 from .local_files import (
+    TMP_MARK,
     LocalCopySource,
     LocalUpload,
     filesystem_type,
+    nameless_file,
     pread_exact,
     preadinto_exact,
     publish,
     pwrite_all,
+    raw_name,
+    tmp_name,
+    write_nameless,
 )
 
 T = TypeVar("T")
 
-TMP_MARK = ".mcsync-tmp-"
 # Exactly the names mcsync gives its hidden files: "." + up to 100 bytes of the file's name +
 # TMP_MARK + 12 hex digits (``_tmp_name``), or the write probe's 8 (``check``). Only these are
 # ever swept (``sweep_temp_files``).
@@ -54,21 +59,6 @@ _LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs",
 
 def _is_tmp(name: str) -> bool:
     return name.startswith(".") and TMP_MARK in name
-
-
-def _raw(name: str) -> bytes:
-    """The bytes of a name as the filesystem holds them (``os.fsdecode`` in reverse)."""
-    try:
-        return name.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # a surrogate no file name decodes to
-        return name.encode("utf-8", "backslashreplace")
-
-
-def _tmp_name(name: str) -> str:
-    """The hidden temporary name for a file called ``name``: at most 100 bytes of the name, cut
-    at a character (a name of 255 bytes still gets a temporary name of fewer than 255)."""
-    stem = _raw(name)[:100].decode("utf-8", "ignore")
-    return f".{stem}{TMP_MARK}{secrets.token_hex(6)}"
 
 
 def _inside(path: str, root: str) -> bool:
@@ -103,6 +93,9 @@ class LocalStore:
         # inside; one a delete removed is dropped, one removed behind our back is checked
         # again when a file cannot be created in it.
         self._checked_dirs: set[str] = set()
+        # New whole files are written nameless and linked into place (``put``) until the
+        # filesystem turns out to make no nameless files.
+        self._nameless = True
 
     async def _off_loop(self, size: int, work: Callable[[], T]) -> T:
         """``work()`` in a worker thread, or right here for a small file on a local disk."""
@@ -123,7 +116,7 @@ class LocalStore:
             key.encode("utf-8")
         except UnicodeEncodeError:  # a file name of bytes that are not UTF-8 (os.fsdecode)
             raise UnsafeKey(f"{key!r}: not valid UTF-8 (a file name of the bytes "
-                            f"{_raw(key)!r}: rename it)") from None
+                            f"{raw_name(key)!r}: rename it)") from None
         parts = key.split("/")
         if key.endswith("/") and all(p not in ("", ".", "..") for p in parts[:-1]):
             raise UnsafeKey(f"{key!r}: ends with '/' (an S3 directory marker): a file system "
@@ -141,7 +134,7 @@ class LocalStore:
     def validate_key(self, key: str) -> None:
         self.path_for(key)
 
-    def _checked_parent(self, path: Path, key: str) -> Path:
+    def _checked_dir(self, path: Path, key: str) -> Path:
         """Create the parent directory and make sure it resolves inside the root: the nearest
         directory that exists is checked *before* anything is created, so a symlink inside
         the root that points outside it never gets a directory made at its far end."""
@@ -150,6 +143,11 @@ class LocalStore:
             self._check_dir(path, key)
         elif self._fold_case:
             self._claim_name(path, key)
+        return parent
+
+    def _checked_parent(self, path: Path, key: str) -> Path:
+        """``_checked_dir``, and ``path`` itself is no symlink (a file never replaces one)."""
+        parent = self._checked_dir(path, key)
         if os.path.islink(path):
             raise UnsafeKey(f"{key!r}: target is a symlink")
         return parent
@@ -219,7 +217,7 @@ class LocalStore:
         inside the root), opened with ``flags``, after ``first(fd)``; nothing is left behind
         when that fails. Blocking."""
         parent = self._checked_parent(path, key)
-        tmp = parent / _tmp_name(path.name)
+        tmp = parent / tmp_name(path.name)
         self._in_flight.add(str(tmp))  # before it exists: a sweep never sees it unclaimed
         try:
             try:
@@ -241,6 +239,20 @@ class LocalStore:
             self._done_with(tmp)
             raise
         return tmp, fd
+
+    def _nameless_file(self, path: Path, key: str) -> int | None:
+        """A nameless file in the checked directory of ``path`` (``nameless_file``), or None
+        where the filesystem makes none. Blocking."""
+        parent = self._checked_dir(path, key)
+        try:
+            try:
+                return nameless_file(parent)
+            except FileNotFoundError:  # its directory was removed since it was checked
+                self._checked_dirs.discard(str(parent))
+                self._check_dir(path, key)
+                return nameless_file(parent)
+        except OSError as exc:  # named by the directory that refused
+            raise OSError(exc.errno, exc.strerror, str(parent)) from None
 
     def _done_with(self, tmp: Path) -> None:
         """The hidden file is published or given up: remove what is left of it."""
@@ -415,6 +427,11 @@ class LocalStore:
         path = self.path_for(key)
 
         def write() -> ObjectInfo:
+            if self._nameless:
+                fd = self._nameless_file(path, key)
+                if fd is not None:
+                    return write_nameless(fd, path, key, data, mtime, self._in_flight)
+                self._nameless = False  # this filesystem makes none: hidden files from now on
             tmp, fd = self._hidden_file(path, key, os.O_WRONLY,
                                         lambda fd: pwrite_all(fd, data, 0))
             try:

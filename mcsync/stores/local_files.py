@@ -1,5 +1,6 @@
-"""The blocking file work of a local store: uploads into hidden files (parts written at their
-offsets, renamed into place on complete), range copies between files (``copy_file_range``),
+"""The blocking file work of a local store: whole files written without a name and linked into
+place (``O_TMPFILE``), uploads into hidden files (parts written at their offsets, renamed into
+place on complete) and the hidden names, range copies between files (``copy_file_range``),
 exact reads and writes, and which filesystem a path is on. Called from worker threads (or,
 for small files on a local disk, the event loop) by ``stores.local.LocalStore``."""
 
@@ -8,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import itertools
 import os
 import re
+import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,6 +22,8 @@ from pathlib import Path
 from ..errors import NotFound, PreconditionFailed, UnsafeKey
 from ..hashing import chunk_digests
 from ..types import Buffer, ByteRange, ObjectInfo, PartClaim, PartRef
+
+TMP_MARK = ".mcsync-tmp-"  # in the name of every hidden file mcsync writes
 
 # Data is written in slices of this size, never a whole part at once. Linux sizes page-cache
 # folios by the length of each write: one 8 MiB write gets 2 MiB folios, taken from the
@@ -187,6 +192,101 @@ def mount_fstype(mountinfo: str, real: str) -> str | None:
     return fstype
 
 
+def raw_name(name: str) -> bytes:
+    """The bytes of a name as the filesystem holds them (``os.fsdecode`` in reverse)."""
+    try:
+        return name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to
+        return name.encode("utf-8", "backslashreplace")
+
+
+def tmp_name(name: str) -> str:
+    """The hidden temporary name for a file called ``name``: at most 100 bytes of the name, cut
+    at a character (a name of 255 bytes still gets a temporary name of fewer than 255)."""
+    stem = raw_name(name)[:100].decode("utf-8", "ignore")
+    return f".{stem}{TMP_MARK}{secrets.token_hex(6)}"
+
+
+def nameless_file(directory: Path) -> int | None:
+    """A new file without a name in ``directory`` (``O_TMPFILE``), open for writing; None where
+    the filesystem or kernel makes none (FUSE, NFS, not Linux), or ``/proc`` is missing (the
+    file is named through it, ``link_nameless``). Until it is named no reader can see it, and
+    a killed run leaves nothing of it behind."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not _PROC_FDS:
+        return None
+    try:
+        return os.open(directory, os.O_WRONLY | flag, 0o644)
+    except OSError as exc:
+        # EISDIR: a kernel that predates O_TMPFILE read it as O_DIRECTORY alone
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return None
+        raise
+
+
+def link_nameless(fd: int, path: Path) -> bool:
+    """Give the nameless file ``fd`` the name ``path``, whole and at once; False when a file (or
+    anything) is already called that: ``linkat`` never replaces."""
+    try:
+        # A directory descriptor makes os.link call linkat(2), which follows the /proc link
+        # to the file (link(2) would link the /proc entry itself); both paths are absolute,
+        # so which directory does not matter.
+        os.link(f"/proc/self/fd/{fd}", path, dst_dir_fd=_any_directory(), follow_symlinks=True)
+    except FileExistsError:
+        return False
+    return True
+
+
+def write_nameless(fd: int, path: Path, key: str, data: Buffer, mtime: float | None,
+                   in_flight: set[str]) -> ObjectInfo:
+    """Write ``data`` into the nameless file ``fd`` (closed here) and name it ``path``: one
+    directory entry made, where a hidden file and its rename make two and remove one. A hidden
+    name used on the way is in ``in_flight`` while it exists (the sweep leaves it alone)."""
+    try:
+        pwrite_all(fd, data, 0)
+        st = stamp(fd, mtime)
+        if not link_nameless(fd, path):
+            _replace_by_nameless(fd, path, key, in_flight)
+    finally:
+        os.close(fd)
+    return ObjectInfo(key, st.st_size, None, st.st_mtime)
+
+
+def _replace_by_nameless(fd: int, path: Path, key: str, in_flight: set[str]) -> None:
+    """``path`` exists: name the file ``fd`` hidden beside it and rename that over it (a
+    link never replaces). A symlink there is refused, as ``_checked_parent`` does."""
+    if os.path.islink(path):
+        raise UnsafeKey(f"{key!r}: target is a symlink")
+    tmp = path.parent / tmp_name(path.name)
+    in_flight.add(str(tmp))
+    try:
+        if not link_nameless(fd, tmp):  # 48 random bits already taken
+            raise FileExistsError(errno.EEXIST, "temporary name taken", str(tmp))
+        try:
+            replace(tmp, path, key)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    finally:
+        in_flight.discard(str(tmp))
+
+
+_PROC_FDS = os.path.isdir("/proc/self/fd")
+
+
+@functools.cache
+def _any_directory() -> int:
+    return os.open("/", os.O_PATH | os.O_DIRECTORY)
+
+
+def stamp(fd: int, mtime: float | None) -> os.stat_result:
+    """Set a written file's mtime to the source's (so the next run's size + mtime comparison
+    sees it as current) and read it back, through ``fd``: no path lookups."""
+    if mtime is not None:
+        os.utime(fd, (mtime, mtime))
+    return os.fstat(fd)
+
+
 def publish(tmp: Path, fd: int, path: Path, key: str, mtime: float | None) -> ObjectInfo:
     """Rename the finished temporary file ``tmp`` (open as ``fd``, closed here) into place,
     carrying the source's mtime so the next run's size + mtime comparison sees the file as
@@ -194,20 +294,23 @@ def publish(tmp: Path, fd: int, path: Path, key: str, mtime: float | None) -> Ob
     file (a rename changes neither): 1,000 x 16 KiB downloaded in 0.15 system s against 0.17."""
     try:
         try:
-            if mtime is not None:
-                os.utime(fd, (mtime, mtime))
-            st = os.fstat(fd)
+            st = stamp(fd, mtime)
         finally:
             os.close(fd)
-        try:
-            os.replace(tmp, path)
-        except IsADirectoryError:  # rename(2) puts no file in a directory's place
-            raise UnsafeKey(f"{key!r}: a directory of that name exists at the target (keys "
-                            f"under {key + '/'!r}), so it cannot also be a file") from None
+        replace(tmp, path, key)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return ObjectInfo(key, st.st_size, None, st.st_mtime)
+
+
+def replace(tmp: Path, path: Path, key: str) -> None:
+    """Rename ``tmp`` over ``path``; a directory there is the key's error, not an OSError."""
+    try:
+        os.replace(tmp, path)
+    except IsADirectoryError:  # rename(2) puts no file in a directory's place
+        raise UnsafeKey(f"{key!r}: a directory of that name exists at the target (keys "
+                        f"under {key + '/'!r}), so it cannot also be a file") from None
 
 
 def _copy_range(src_fd: int, dst_fd: int, rng: ByteRange, offset: int, key: str) -> None:

@@ -9,7 +9,8 @@ import os
 import time
 from pathlib import Path
 
-from mcsync.stores.local import LocalStore, _tmp_name
+from mcsync.stores.local import LocalStore
+from mcsync.stores.local_files import tmp_name as _tmp_name
 
 HEX12 = "0123456789ab"
 
