@@ -13,11 +13,10 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import target_copy
 from .checkpoints import Completion
-from .compare import Verdict, compare
 from .config import SyncOptions
 from .errors import (
     Interrupted,
@@ -64,9 +63,11 @@ from .stores.registry import StoreOptions, open_store
 from .tasks import cancel_and_wait
 from .transfer import Transfer
 from .types import RESERVED_PREFIX, ObjectInfo
-from .verify import verify_entries
 
 log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from .compare import Verdict
 
 MOVES = ("copy", "server_copy", "compare")  # actions that would write the key at the target
 
@@ -412,6 +413,8 @@ class _Run:
         src, dst = pair.src, pair.dst
         assert src is not None and dst is not None
         executing = False
+        from .compare import compare  # --checksum runs only
+
         try:
             verdict = await compare(self.src, self.dst, src, dst, pair.known, self.options,
                                     self.limits)
@@ -503,6 +506,8 @@ class _Run:
 
     async def _verify(self) -> None:
         assert self.manifest is not None
+        from .verify import verify_entries  # --verify runs only
+
         _, problems = await verify_entries(self.dst, self.manifest.entries(), self.limits,
                                            selects=self.options.selects)
         for key, problem in problems:

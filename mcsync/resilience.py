@@ -27,16 +27,18 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .config import SyncOptions
 from .errors import CredentialsExpired, Throttled, Transient
 from .limits import AdaptiveLimit
-from .ratelimit import Bandwidth, Timetable, TokenBucket
 from .retry import RetryPolicy, retrying
 from .stores.base import LocalTree, ReadStore
 from .stores.wrap import Op, wrap
 from .types import ObjectInfo
+
+if TYPE_CHECKING:
+    from .ratelimit import Bandwidth, TokenBucket
 
 __all__ = ["Pacing", "pacing_of", "resilient"]
 
@@ -71,6 +73,8 @@ class Pacing:
     @classmethod
     def for_options(cls, options: SyncOptions) -> Pacing:
         """The pacing a run's options ask for; UsageError for a malformed --bwlimit."""
+        from .ratelimit import Bandwidth, Timetable, TokenBucket  # only runs that limit rates
+
         tps = TokenBucket(options.tps_limit) if options.tps_limit else None
         bandwidth = Bandwidth(Timetable.parse(options.bw_limit)) if options.bw_limit else None
         return cls(concurrency=options.concurrency, tps=tps, bandwidth=bandwidth)

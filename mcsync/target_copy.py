@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import tempfile
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -149,6 +148,8 @@ class Keeper:
         stale = self.uploads.open_uploads.pop(self.key, None)
         if stale is not None:  # a killed run's upload of the copy: never to be finished
             await self.uploads.abort_stale(stale)
+        import tempfile  # here, not at start-up: a run to a local target never needs it
+
         with tempfile.TemporaryDirectory(prefix="mcsync-manifest-") as tmp:
             snap = Path(tmp) / "manifest.sqlite"
             self.manifest.snapshot(snap)

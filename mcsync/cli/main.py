@@ -7,7 +7,6 @@ import gc
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,7 +30,6 @@ from ..limits import Limits
 from ..manifest import Manifest, last_run_status, manifest_dir, pair_of
 from ..stores.registry import StoreOptions, open_store
 from ..types import RESERVED_PREFIX
-from ..verify import verify_entries
 from .run import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -247,6 +245,9 @@ def resume(src: str | None, dst: str | None, **kw: Any) -> None:
 def verify(dst: str, manifests: tuple[str, ...], endpoint_url: str | None, profile: str | None,
            concurrency: int, as_json: bool) -> None:
     """Re-read DST and compare every object mcsync wrote there with the hashes it recorded."""
+    import tempfile
+
+    from ..verify import verify_entries  # the verify command's alone: not imported by a sync
 
     async def go() -> tuple[int, list[tuple[str, str]]]:
         options = SyncOptions(endpoint_url=endpoint_url, profile=profile,

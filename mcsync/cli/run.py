@@ -29,7 +29,6 @@ from ..manifest import Manifest
 from ..report import SyncReport, report_json
 from ..stores.base import ReadStore
 from ..stores.registry import StoreOptions, open_store
-from .plan_view import PlanLines, PlanSummary
 from .progress import FailureLines, LogProgress, TerminalProgress, cycle_line, summary
 
 if TYPE_CHECKING:
@@ -77,6 +76,8 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
         display = LogProgress()
     sinks: list[EventSink] = [display]
     if out.show_plan and not out.as_json:
+        from .plan_view import PlanLines, PlanSummary
+
         sinks.append(PlanLines() if out.long else PlanSummary())
     if metrics is not None:
         sinks.append(metrics)

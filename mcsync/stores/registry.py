@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +165,8 @@ def _profile(path: Path, profile: str) -> dict[str, str] | None:
     file has no such profile. Raises UsageError, naming the file and what is wrong, for a file
     that cannot be read, is not TOML (the parser's line and column), or is not shaped as
     documented (``meta`` a table of tables of strings, booleans and numbers)."""
+    import tomllib  # only a run with a config file parses TOML
+
     try:
         doc: dict[str, Any] = tomllib.loads(path.read_bytes().decode("utf-8"))
     except OSError as exc:
