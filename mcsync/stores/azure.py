@@ -13,6 +13,7 @@ SAS token travels in it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -33,7 +34,7 @@ from ..errors import (
 from ..retry import RetryPolicy
 from ..types import Buffer, ByteRange, Capabilities, ObjectInfo
 from .base import CheckMode
-from .obstore_body import pieces, whole
+from .obstore_body import fill, pieces, whole
 from .s3_errors import translate
 
 _SOURCE_ONLY = "Azure Blob Storage is supported as a source only"
@@ -169,6 +170,12 @@ class AzureStore:
             return iter(())
         resp = await self._request(key, rng, expect)
         return pieces(resp, rng.length, f"{self.url}{key}", lambda: self.translating(key))
+
+    async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
+                        expect: ObjectInfo | None = None) -> memoryview:
+        """Bytes ``rng`` of ``key`` into ``buf`` a piece at a time (as ``S3Store``'s)."""
+        body = await self.open_range(key, rng, expect=expect)
+        return await asyncio.to_thread(fill, body, buf)
 
     async def _request(self, key: str, rng: ByteRange | None,
                        expect: ObjectInfo | None) -> Any:

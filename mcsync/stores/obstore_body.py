@@ -1,5 +1,6 @@
-"""A GET answered by obstore, its body read whole (``get``) or handed out in pieces
-(``RangeStreamer.open_range``), for the stores built on obstore (S3, Azure)."""
+"""A GET answered by obstore, its body read whole (``get``), handed out in pieces
+(``RangeStreamer.open_range``) or gathered into the caller's buffer (``ReadsInto``), for the
+stores built on obstore (S3, Azure)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,14 @@ def pieces(resp: Any, length: int, what: str,
             yield piece
     if got != length:
         raise Transient(f"{what}: read {got} bytes of a {length}-byte range")
+
+
+def fill(body: Iterator[Buffer], buf: bytearray) -> memoryview:
+    """The pieces of ``body`` (``pieces``) copied one after another into the start of
+    ``buf``; the view of them. Blocking."""
+    view = memoryview(buf)
+    at = 0
+    for piece in body:
+        view[at:at + len(piece)] = piece
+        at += len(piece)
+    return view[:at]

@@ -55,7 +55,7 @@ from ..errors import (
 from ..retry import RetryPolicy
 from ..types import Buffer, ByteRange, Capabilities, ObjectInfo
 from .base import CheckMode, ReadStore
-from .obstore_body import pieces, whole
+from .obstore_body import fill, pieces, whole
 from .s3_clients import (
     ClientSettings,
     Keys,
@@ -435,6 +435,14 @@ class S3Store:
         if isinstance(resp, bytes):
             return iter((resp,))
         return pieces(resp, rng.length, f"{self.url}{key}", lambda: self.translating(key))
+
+    async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
+                        expect: ObjectInfo | None = None) -> memoryview:
+        """Bytes ``rng`` of ``key`` into ``buf`` (pinned as ``get``), a piece at a time: a
+        part read whole is a new buffer of obstore's, fresh pages each (~40% of the page
+        faults of an S3-to-S3 copy through the client), where the run's buffers are reused."""
+        body = await self.open_range(key, rng, expect=expect)
+        return await asyncio.to_thread(fill, body, buf)
 
     async def _request(self, key: str, rng: ByteRange | None,
                        expect: ObjectInfo | None) -> Any:

@@ -33,6 +33,7 @@ from mcsync.stores.base import (
     FileUpload,
     PartCopyUpload,
     RangeStreamer,
+    ReadsInto,
     ReadStore,
     ScratchSpace,
     ServerSideCopier,
@@ -161,6 +162,9 @@ async def test_a_missing_key_is_not_found(backend: Backend, store: Any) -> None:
         if isinstance(store, RangeStreamer):
             with pytest.raises(NotFound):
                 await store.open_range(missing, ByteRange(0, 2))
+        if isinstance(store, ReadsInto):
+            with pytest.raises(NotFound):
+                await store.read_into(missing, ByteRange(0, 2), bytearray(2))
 
 
 async def test_a_pinned_read_of_a_changed_object_is_refused(backend: Backend, store: Any) -> None:
@@ -178,6 +182,9 @@ async def test_a_pinned_read_of_a_changed_object_is_refused(backend: Backend, st
     if isinstance(store, RangeStreamer):
         with pytest.raises(PreconditionFailed):
             await store.open_range("k", ByteRange(0, 100), expect=info)
+    if isinstance(store, ReadsInto):
+        with pytest.raises(PreconditionFailed):
+            await store.read_into("k", ByteRange(0, 100), bytearray(100), expect=info)
 
     (fresh,) = await listed(store)
     assert await store.get("k", expect=fresh) == new
@@ -219,6 +226,19 @@ async def test_open_range_pieces_make_the_range(backend: Backend, store: Any) ->
         assert await drain(pieces) == data[start:end], (start, end)
         assert await drain(await store.open_range("blob", ByteRange(start, end))) == \
             data[start:end]
+
+
+async def test_read_into_fills_the_start_of_the_buffer(backend: Backend, store: Any) -> None:
+    need(store, ReadsInto)
+    n = 300 * KiB + 7
+    data = payload(n, 7)
+    await backend.seed(store, "blob", data)
+    (info,) = await listed(store)
+    for start, end in [(0, n), (1, 200 * KiB), (n - 1, n), (64 * KiB, 128 * KiB + 5)]:
+        buf = bytearray(b"\xff" * (end - start + 100))  # larger than the range, not zeroed
+        view = await store.read_into("blob", ByteRange(start, end), buf, expect=info)
+        assert bytes(view) == data[start:end], (start, end)
+        assert buf[:end - start] == data[start:end] and buf[end - start:] == b"\xff" * 100
 
 
 # -- the write side: Stores ---------------------------------------------------------------------
