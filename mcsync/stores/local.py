@@ -429,9 +429,11 @@ class LocalStore:
         def write() -> ObjectInfo:
             if self._nameless:
                 fd = self._nameless_file(path, key)
-                if fd is not None:
-                    return write_nameless(fd, path, key, data, mtime, self._in_flight)
-                self._nameless = False  # this filesystem makes none: hidden files from now on
+                written = (write_nameless(fd, path, key, data, mtime, self._in_flight)
+                           if fd is not None else None)
+                if written is not None:
+                    return written
+                self._nameless = False  # none made or named here: hidden files from now on
             tmp, fd = self._hidden_file(path, key, os.O_WRONLY,
                                         lambda fd: pwrite_all(fd, data, 0))
             try:

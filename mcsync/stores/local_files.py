@@ -238,14 +238,22 @@ def link_nameless(fd: int, path: Path) -> bool:
 
 
 def write_nameless(fd: int, path: Path, key: str, data: Buffer, mtime: float | None,
-                   in_flight: set[str]) -> ObjectInfo:
+                   in_flight: set[str]) -> ObjectInfo | None:
     """Write ``data`` into the nameless file ``fd`` (closed here) and name it ``path``: one
     directory entry made, where a hidden file and its rename make two and remove one. A hidden
-    name used on the way is in ``in_flight`` while it exists (the sweep leaves it alone)."""
+    name used on the way is in ``in_flight`` while it exists (the sweep leaves it alone).
+    None, with nothing written at ``path``, where the file cannot be named through ``/proc``
+    (a sandbox that refuses the link): the caller writes it another way."""
     try:
         pwrite_all(fd, data, 0)
         st = stamp(fd, mtime)
-        if not link_nameless(fd, path):
+        try:
+            linked = link_nameless(fd, path)
+        except OSError as exc:
+            if exc.errno in _NOT_LINKED_HERE:
+                return None
+            raise
+        if not linked:
             _replace_by_nameless(fd, path, key, in_flight)
     finally:
         os.close(fd)
@@ -272,6 +280,11 @@ def _replace_by_nameless(fd: int, path: Path, key: str, in_flight: set[str]) -> 
 
 
 _PROC_FDS = os.path.isdir("/proc/self/fd")
+# linkat(2) through /proc refused by the kernel or a sandbox rather than by the target: the
+# hidden file and its rename still work there (ENOENT too: /proc's link, or the directory
+# removed since, which that path makes again).
+_NOT_LINKED_HERE = frozenset({errno.EPERM, errno.EACCES, errno.EXDEV, errno.EOPNOTSUPP,
+                              errno.EINVAL, errno.ENOENT})
 
 
 @functools.cache

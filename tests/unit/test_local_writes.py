@@ -119,3 +119,27 @@ def test_a_filesystem_without_nameless_files_gets_hidden_files(tmp_path, monkeyp
     assert len(asked) == 1  # asked once, then remembered
     assert [n.split(".mcsync-tmp-")[0] for n in renamed] == [".a", ".b"]
     assert {p: (root / p).read_bytes() for p in names(root)} == {"a": b"1", "b": b"22"}
+
+
+def test_a_link_the_sandbox_refuses_falls_back_to_hidden_files(tmp_path, monkeypatch):
+    if not makes_nameless_files(tmp_path):
+        pytest.skip("this filesystem makes no nameless files (O_TMPFILE)")
+    tried: list[str] = []
+
+    def refused(src, dst, **kwargs):
+        tried.append(os.path.basename(dst))
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(local_files.os, "link", refused)
+    root = tmp_path / "root"
+    store = LocalStore(root)
+
+    async def run():
+        await store.put("a", b"1")
+        await store.put("d/b", b"22")
+
+    asyncio.run(run())
+    assert tried == ["a"]  # refused once, then not asked again
+    assert {p: (root / p).read_bytes() for p in names(root) if p != "d"} == {
+        "a": b"1", "d/b": b"22"}
+    assert names(root) == ["a", "d", "d/b"]
