@@ -276,11 +276,17 @@ class BufferPool:
 
     @contextlib.contextmanager
     def lent(self, size: int) -> Iterator[bytearray]:
+        """A buffer of at least ``size`` bytes for the body of the ``with``. One whose borrower
+        failed or was cancelled is dropped, never lent again: a worker thread reading into it
+        (``ReadsInto``) may still be writing, and a part given it next would be sent with
+        those bytes, under checksums computed over them."""
         buf = self.take(size)
         try:
             yield buf
-        finally:
-            self.give(buf)
+        except BaseException:
+            self._lent -= 1
+            raise
+        self.give(buf)
 
 
 # Data-bearing requests on the wire when a run starts; GoodputSlots grows it while that pays.

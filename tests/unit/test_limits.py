@@ -215,3 +215,21 @@ def test_buffer_pool_keeps_at_most_keep_free_buffers():
     for buf in held:
         pool.give(buf)
     assert pool.kept == 2 * MIB
+
+
+def test_a_buffer_whose_borrower_failed_is_never_lent_again():
+    """A read into it may still be under way in a worker thread (a cancelled ``read_into``):
+    the next part must get another buffer."""
+    from mcsync.limits import BufferPool
+
+    pool = BufferPool(keep=8)
+    with pool.lent(MIB) as first:
+        pass
+    with pool.lent(MIB) as again:
+        assert again is first  # returned whole: reused
+    with pytest.raises(asyncio.CancelledError), pool.lent(MIB) as taken:
+        raise asyncio.CancelledError
+    assert taken is first
+    with pool.lent(MIB) as after:
+        assert after is not first
+    assert pool.kept == MIB  # the one that came back; the dropped one is not kept
