@@ -33,6 +33,16 @@ def link_calls(monkeypatch) -> list[str]:
     return given
 
 
+def put_all(store: LocalStore, objects: dict[str, bytes]) -> None:
+    """Write ``objects`` one after another through ``store``, in one event loop."""
+
+    async def run() -> None:
+        for key, data in objects.items():
+            await store.put(key, data)
+
+    asyncio.run(run())
+
+
 def makes_nameless_files(directory) -> bool:
     fd = local_files.nameless_file(directory)
     if fd is None:
@@ -109,13 +119,7 @@ def test_a_filesystem_without_nameless_files_gets_hidden_files(tmp_path, monkeyp
 
     monkeypatch.setattr(local_files.os, "replace", recording)
     root = tmp_path / "root"
-    store = LocalStore(root)
-
-    async def run():
-        await store.put("a", b"1")
-        await store.put("b", b"22")
-
-    asyncio.run(run())
+    put_all(LocalStore(root), {"a": b"1", "b": b"22"})
     assert len(asked) == 1  # asked once, then remembered
     assert [n.split(".mcsync-tmp-")[0] for n in renamed] == [".a", ".b"]
     assert {p: (root / p).read_bytes() for p in names(root)} == {"a": b"1", "b": b"22"}
@@ -132,13 +136,7 @@ def test_a_link_the_sandbox_refuses_falls_back_to_hidden_files(tmp_path, monkeyp
 
     monkeypatch.setattr(local_files.os, "link", refused)
     root = tmp_path / "root"
-    store = LocalStore(root)
-
-    async def run():
-        await store.put("a", b"1")
-        await store.put("d/b", b"22")
-
-    asyncio.run(run())
+    put_all(LocalStore(root), {"a": b"1", "d/b": b"22"})
     assert tried == ["a"]  # refused once, then not asked again
     assert {p: (root / p).read_bytes() for p in names(root) if p != "d"} == {
         "a": b"1", "d/b": b"22"}
