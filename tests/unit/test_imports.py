@@ -18,3 +18,17 @@ def test_importing_the_command_loads_no_client_a_run_may_not_need() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)
     assert json.loads(done.stdout) == []
+
+
+def test_the_version_is_printed_without_reading_every_installed_package() -> None:
+    """``mcsync --version`` prints the version the package holds; looking it up by name
+    (importlib.metadata) read every installed distribution's metadata first."""
+    from mcsync import __version__
+
+    code = ("import sys; sys.argv = ['mcsync', '--version']\n"
+            "from mcsync.cli.main import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('importlib.metadata' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.splitlines() == [f"mcsync, version {__version__}", "False"]
