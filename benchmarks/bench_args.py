@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from bench_data import DATASETS
-from bench_tools import TOOLS
+from bench_tools import ASKED_FOR, TOOLS
 
 REPO = Path(__file__).resolve().parent.parent
 FRESH_PATHS = ("upload", "download", "server-copy", "cross")
@@ -82,9 +82,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--tools",
         type=csv_choice(tuple(TOOLS)),
-        default=list(TOOLS),
+        default=[t for t in TOOLS if t not in ASKED_FOR],
         metavar="TOOL,...",
-        help=f"tools to run (default all: {','.join(TOOLS)})",
+        help=f"tools to run (default: {','.join(t for t in TOOLS if t not in ASKED_FOR)}; "
+        f"run only when named: {','.join(ASKED_FOR)}, benchmarks/floor.py)",
     )
     p.add_argument(
         "--data",

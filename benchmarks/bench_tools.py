@@ -8,6 +8,7 @@ would plausibly pick (see benchmarks/README.md for the reasoning):
 - rclone: ``--transfers 32 --checkers 32 --s3-upload-concurrency 8 --s3-chunk-size 16M
   --multi-thread-streams 8``, remotes configured through RCLONE_CONFIG_* variables.
 - aws: ``aws s3 sync`` with ``max_concurrent_requests = 64`` and 16 MiB parts in AWS_CONFIG_FILE.
+- floor (only when asked for): ``benchmarks/floor.py``, a yardstick, not a peer.
 """
 
 from __future__ import annotations
@@ -355,12 +356,56 @@ s3 =
         return Invocation(argv, env)
 
 
+class FloorTool(Tool):
+    """``benchmarks/floor.py``: the least a Python program on mcsync's libraries does on a path
+    (list, move every object at once, nothing else). A yardstick, never a peer: its row shows
+    what a cell costs any program of this stack before it does anything of mcsync's."""
+
+    name = "floor"
+    binary = "python"
+    is_peer = False
+    install_hint = "mcsync's own dependencies: pip install -e ."
+    SCRIPT = Path(__file__).with_name("floor.py")
+
+    def version(self) -> str:
+        return f"benchmarks/floor.py ({_first_line([self.exe, '--version']) if self.exe else '?'})"
+
+    def unsupported(self, src: Loc, dst: Loc) -> str | None:
+        if isinstance(src, GcsLoc) or isinstance(dst, GcsLoc):
+            return "no gs:// here"
+        if isinstance(src, LocalLoc) and isinstance(dst, LocalLoc):
+            return "no local → local"
+        return None
+
+    @staticmethod
+    def _s3(loc: S3Loc, ctx: Context) -> list[str]:
+        return [ctx.servers[loc.server].url, loc.bucket, loc.prefix]  # type: ignore[attr-defined]
+
+    def invocation(self, src: Loc, dst: Loc, ctx: Context) -> Invocation:
+        env: dict[str, str] = {}
+        if isinstance(src, S3Loc):
+            env.update(ctx.servers[src.server].aws_env())  # type: ignore[attr-defined]
+        if isinstance(dst, S3Loc):
+            env.update(ctx.servers[dst.server].meta_env())  # type: ignore[attr-defined]
+        head = [self.exe or "python", str(self.SCRIPT)]
+        if isinstance(src, LocalLoc) and isinstance(dst, S3Loc):
+            return Invocation([*head, "upload", str(src.path), *self._s3(dst, ctx)], env)
+        if isinstance(src, S3Loc) and isinstance(dst, LocalLoc):
+            return Invocation([*head, "download", *self._s3(src, ctx), str(dst.path)], env)
+        assert isinstance(src, S3Loc) and isinstance(dst, S3Loc)
+        if src.server == dst.server:
+            return Invocation([*head, "copy", *self._s3(src, ctx), dst.bucket, dst.prefix], env)
+        return Invocation([*head, "cross", *self._s3(src, ctx), *self._s3(dst, ctx)], env)
+
+
 TOOLS: dict[str, type[Tool]] = {
     "mcsync": McsyncTool,
     "s5cmd": S5cmdTool,
     "rclone": RcloneTool,
     "aws": AwsTool,
+    "floor": FloorTool,
 }
+ASKED_FOR = ("floor",)  # run only when --tools names them
 
 SECRET_MARKERS = ("SECRET",)
 
