@@ -83,6 +83,13 @@ async def keys(store: ReadStore) -> list[str]:
     return [info.key for info in await listed(store)]
 
 
+async def only_object(backend: Backend, store: Any, key: str, data: bytes) -> ObjectInfo:
+    """``data`` seeded as ``key``, the store's one object; its entry in the listing."""
+    await backend.seed(store, key, data)
+    (info,) = await listed(store)
+    return info
+
+
 async def drain(pieces: Iterator[Buffer]) -> bytes:
     """A streamed range's pieces joined, read in a worker thread as the engine reads them."""
     return await asyncio.to_thread(lambda: b"".join(bytes(p) for p in pieces))
@@ -194,8 +201,7 @@ async def test_a_pinned_read_of_a_changed_object_is_refused(backend: Backend, st
 async def test_ranges_are_exact(backend: Backend, store: Any) -> None:
     n = 200 * KiB + 3
     data = payload(n, 3)
-    await backend.seed(store, "blob", data)
-    (info,) = await listed(store)
+    info = await only_object(backend, store, "blob", data)
     ranges = [(0, 1), (0, n), (1, n - 1), (n - 1, n), (n - 10, n), (12345, 54321),
               (64 * KiB, 128 * KiB), (64 * KiB - 1, 64 * KiB + 1)]
     for start, end in ranges:
@@ -219,8 +225,7 @@ async def test_open_range_pieces_make_the_range(backend: Backend, store: Any) ->
     need(store, RangeStreamer)
     n = 300 * KiB + 7
     data = payload(n, 4)
-    await backend.seed(store, "blob", data)
-    (info,) = await listed(store)
+    info = await only_object(backend, store, "blob", data)
     for start, end in [(0, n), (1, 200 * KiB), (n - 1, n), (64 * KiB, 128 * KiB)]:
         pieces = await store.open_range("blob", ByteRange(start, end), expect=info)
         assert await drain(pieces) == data[start:end], (start, end)
@@ -232,8 +237,7 @@ async def test_read_into_fills_the_start_of_the_buffer(backend: Backend, store: 
     need(store, ReadsInto)
     n = 300 * KiB + 7
     data = payload(n, 7)
-    await backend.seed(store, "blob", data)
-    (info,) = await listed(store)
+    info = await only_object(backend, store, "blob", data)
     for start, end in [(0, n), (1, 200 * KiB), (n - 1, n), (64 * KiB, 128 * KiB + 5)]:
         buf = bytearray(b"\xff" * (end - start + 100))  # larger than the range, not zeroed
         view = await store.read_into("blob", ByteRange(start, end), buf, expect=info)
