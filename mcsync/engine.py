@@ -53,7 +53,6 @@ from .retry import RetryPolicy, retrying
 from .spool import Spool
 from .stores.base import (
     FileTarget,
-    LocalTree,
     ReadStore,
     ServerSideCopier,
     Store,
@@ -111,7 +110,7 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
         # with the lock's PUT; an S3 target's check page, kept through that PUT, starts its
         # listing). Nothing is written before the checks pass, and what was read is used only
         # once the lock is held. A local target costs no round trip to wait for.
-        early = locking and not isinstance(target, LocalTree)
+        early = locking and target.facts.round_trips
         ahead = target_copy.Lookahead(
             source, target, path, look=check_manifest_copy, early=early and options.use_manifest,
             trusting=not (options.delete or options.verify or options.checksum))
@@ -224,7 +223,7 @@ class _Run:
         self.interrupted = False
         self._adopted = 0
         self.completion = Completion(src, min_age_s=options.min_age_s,
-                                     atomic_renames=isinstance(src, LocalTree))
+                                     atomic_renames=src.facts.atomic_renames)
         self.compared = 0  # objects whose content was read and hashed (--checksum)
         self.bytes_compared = 0
 

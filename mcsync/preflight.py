@@ -29,7 +29,7 @@ def writable_pair(source: ReadStore, target: ReadStore) -> Store:
 async def check_stores(source: ReadStore, target: Store, options: SyncOptions) -> None:
     """Both stores answer as they should (ConfigError, exit 2, when not)."""
     mode = "plan" if options.dry_run else "write"
-    if isinstance(target, LocalTree):
+    if not target.facts.round_trips:
         # After the source's: checking a directory may create it, and a run whose source
         # cannot be read should leave nothing behind. It costs no round trip to wait.
         await source.check(mode="read")

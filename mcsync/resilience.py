@@ -33,7 +33,7 @@ from .config import SyncOptions
 from .errors import CredentialsExpired, Throttled, Transient
 from .limits import AdaptiveLimit
 from .retry import RetryPolicy, retrying
-from .stores.base import LocalTree, ReadStore
+from .stores.base import ReadStore
 from .stores.wrap import Op, wrap
 from .types import ObjectInfo
 
@@ -131,7 +131,7 @@ class _Hooks:
         self.limit = pacing.limit_for(store.url)
         # --bwlimit counts what crosses a network: a local disk's reads and writes are not,
         # so an upload counts its bytes once (sent) and a copy between two endpoints twice.
-        self.bandwidth = None if isinstance(store, LocalTree) else pacing.bandwidth
+        self.bandwidth = pacing.bandwidth if store.facts.bytes_cross_network else None
 
     async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
         if op.name in _NO_REQUEST:

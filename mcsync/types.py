@@ -73,3 +73,22 @@ class Capabilities:
     # part body once more on its way to the socket); parts are charged this many times their
     # size against the memory budget, so the budget bounds real memory.
     send_copies: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFacts:
+    """What the engine must know of where a store's data lives, named as facts: it branches
+    on these, never on a store's type. Every store states them when it is made."""
+
+    # Each request is a round trip over a network: independent requests are worth sending
+    # together (the checks, the lock, the manifest's copy) rather than one after another.
+    round_trips: bool
+    # The bytes read and written cross a network, so ``--bwlimit`` counts them.
+    bytes_cross_network: bool
+    # A directory renamed into place appears whole at once, so a framework may publish a
+    # checkpoint by rename (a filesystem); object stores rename nothing.
+    atomic_renames: bool
+
+
+REMOTE = StoreFacts(round_trips=True, bytes_cross_network=True, atomic_renames=False)
+LOCAL_DISK = StoreFacts(round_trips=False, bytes_cross_network=False, atomic_renames=True)

@@ -18,7 +18,7 @@ import contextlib
 import os
 import re
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import obstore
 
@@ -28,16 +28,13 @@ from ..errors import (
     MCSyncError,
     NoSuchBucket,
     Permanent,
-    UsageError,
     as_config_error,
 )
 from ..retry import RetryPolicy
-from ..types import Buffer, ByteRange, Capabilities, ObjectInfo
-from .base import CheckMode
+from ..types import REMOTE, Buffer, ByteRange, ObjectInfo
 from .obstore_body import fill, pieces, whole
 from .s3_errors import translate
 
-_SOURCE_ONLY = "Azure Blob Storage is supported as a source only"
 _QUERY = re.compile(r"\?[^\s\"'<>]*")  # a URL's query string: where a SAS token travels
 
 
@@ -45,7 +42,7 @@ class AzureStore:
     """A container and prefix of Azure Blob Storage, read-only: a ``ReadStore`` and a
     ``RangeStreamer`` (a range into a file as it arrives)."""
 
-    caps = Capabilities()  # a source only: no upload is ever laid out for it
+    facts = REMOTE
 
     def __init__(self, *, container: str, prefix: str, endpoint: str | None = None,
                  max_connections: int = 128, retry: RetryPolicy | None = None,
@@ -98,9 +95,7 @@ class AzureStore:
             # Not chained, and cut: the SDK's text names request URLs, with a SAS token.
             raise type(translated)(_QUERY.sub("?…", str(translated))) from None
 
-    async def check(self, *, mode: CheckMode) -> None:
-        if mode != "read":
-            raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
+    async def check(self, *, mode: Literal["read"] = "read") -> None:
         if not (self._config.get("account_name") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")):
             raise ConfigError(f"{self.url}: no storage account given: set "
                               "AZURE_STORAGE_ACCOUNT_NAME (and its credential)")

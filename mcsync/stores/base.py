@@ -16,7 +16,11 @@ Two required sides and a few optional abilities (as rclone's ``Fs`` and its opti
   ``ScratchSpace`` (clear mcsync's own scratch objects under a prefix) and ``FileTarget``
   (uploads that are files written at offsets, so parts stream into them).
 
-``Capabilities`` holds only numbers: the part-size limits every upload is laid out within.
+``Capabilities`` holds only numbers: the part-size limits every upload is laid out within; a
+target has them, a source needs none. ``StoreFacts`` names what the engine must know of where
+a store's data lives (round trips, bytes over a network, atomic renames): it branches on those,
+never on a store's type. Both are fixed when a store is made: no ability or fact is switched
+on by a call made earlier.
 
 A store that wraps another (tests' ``FaultyStore``) must offer exactly the abilities of what
 it wraps: since Python 3.12 ``isinstance`` looks a protocol's methods up statically, so a
@@ -29,7 +33,7 @@ from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
-from ..types import Buffer, ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
+from ..types import Buffer, ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef, StoreFacts
 
 __all__ = [
     "Buffer",
@@ -46,9 +50,12 @@ __all__ = [
     "ScratchSpace",
     "ServerSideCopier",
     "Store",
+    "TempFileSweeper",
     "Upload",
 ]
 
+# What a check asks of a root: readable (a source), writable (a target, created if needed) or
+# usable by a dry run (a target that may not exist yet; nothing is created).
 CheckMode = Literal["read", "write", "plan"]
 
 
@@ -123,7 +130,7 @@ class ReadStore(Protocol):
     """What every store offers: enough to be a source."""
 
     url: str  # for messages: never contains credentials
-    caps: Capabilities
+    facts: StoreFacts
 
     def list(self) -> AsyncIterator[ObjectInfo]: ...
 
@@ -138,11 +145,10 @@ class ReadStore(Protocol):
         an object is never stitched together from two versions."""
         ...
 
-    async def check(self, *, mode: CheckMode) -> None:
-        """Fail fast with ConfigError when the root cannot be used: ``read`` (a source: it
-        must exist), ``write`` (a target: create it if needed) or ``plan`` (a target of a dry
-        run: it may not exist yet, and nothing is created). The only operation that turns a
-        failure into a configuration error: the others raise the per-object errors."""
+    async def check(self, *, mode: Literal["read"]) -> None:
+        """Fail fast with ConfigError when the root cannot be read (it must exist). The only
+        operation that turns a failure into a configuration error: the others raise the
+        per-object errors."""
         ...
 
     async def aclose(self) -> None: ...
@@ -151,6 +157,13 @@ class ReadStore(Protocol):
 @runtime_checkable
 class Store(ReadStore, Protocol):
     """A store that can be written: a target."""
+
+    caps: Capabilities
+
+    async def check(self, *, mode: CheckMode) -> None:
+        """``ReadStore.check``, and as a target: ``write`` (create the root if needed) or
+        ``plan`` (a dry run's target: it may not exist yet, and nothing is created)."""
+        ...
 
     async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
         """Write a whole object. ``mtime`` is the source's; stores that can keep it do."""
@@ -210,7 +223,7 @@ class ReadsInto(Protocol):
 @runtime_checkable
 class LocalTree(Protocol):
     """A store that is a directory on this machine: its changes can be watched (``--watch``
-    wakes on file-system events) and its renames are atomic."""
+    wakes on file-system events), and two roots can be told nested."""
 
     root: Path
 

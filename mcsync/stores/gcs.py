@@ -51,7 +51,7 @@ not decompressively transcoded. GCS does no compressive transcoding, so other ob
 stored too.
 
 A source only: the store is a ``ReadStore`` and has no write side, so the engine refuses it as
-a target before anything is asked of it (``check`` for a target raises UsageError too).
+a target before anything is asked of it.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ import types
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
@@ -87,12 +87,11 @@ from ..errors import (
     Throttled,
     Transient,
     Unreachable,
-    UsageError,
     as_config_error,
 )
 from ..retry import RetryPolicy, retrying
-from ..types import ByteRange, Capabilities, ObjectInfo
-from .base import Buffer, CheckMode
+from ..types import REMOTE, ByteRange, ObjectInfo
+from .base import Buffer
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +104,10 @@ _CREDENTIAL_TYPES = {"service_account", "authorized_user", "external_account",
                      "impersonated_service_account"}
 _REQUIRED_FIELDS = {"service_account": ("client_email", "private_key"),
                     "authorized_user": ("client_id", "client_secret", "refresh_token")}
-_SOURCE_ONLY = "gs:// is a source only: mcsync reads Google Cloud Storage but does not write to it"
 
 
 class GCSStore:
-    caps = Capabilities()  # a source only: no upload is ever laid out for it
+    facts = REMOTE
 
     def __init__(
         self,
@@ -272,9 +270,7 @@ class GCSStore:
 
     # -- operations -----------------------------------------------------------------------------
 
-    async def check(self, *, mode: CheckMode) -> None:
-        if mode != "read":
-            raise UsageError(f"{self.url}: {_SOURCE_ONLY}")
+    async def check(self, *, mode: Literal["read"] = "read") -> None:
         try:
             await self._send(self._objects, {"prefix": self.prefix, "maxResults": "1",
                                              "fields": "items(name),nextPageToken"},

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..errors import ConfigError, NotFound, Permanent, PreconditionFailed, UnsafeKey
-from ..types import ByteRange, Capabilities, ObjectInfo
+from ..types import LOCAL_DISK, ByteRange, Capabilities, ObjectInfo
 from .base import Buffer, CheckMode
 from .local_files import (
     TMP_MARK,
@@ -73,6 +73,8 @@ class LocalStore:
     # Parts are offsets in one file: any size, any number; nothing is copied on the way out.
     caps = Capabilities(min_part_size=1, max_part_size=1 << 62, max_parts=1 << 31,
                         max_copy_size=1 << 62, send_copies=0)
+    # A mounted bucket (FUSE) is treated as a directory too: renames there are the mount's.
+    facts = LOCAL_DISK
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(os.path.abspath(root))

@@ -19,7 +19,16 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError, NotFound, Permanent, PreconditionFailed, UnsafeKey
-from ..types import Buffer, ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
+from ..types import (
+    REMOTE,
+    Buffer,
+    ByteRange,
+    Capabilities,
+    ObjectInfo,
+    PartClaim,
+    PartRef,
+    StoreFacts,
+)
 from .base import CheckMode, ReadStore
 
 __all__ = ["MemoryCopySource", "MemoryEndpoint", "MemoryObject", "MemoryStore", "MemoryUpload"]
@@ -73,9 +82,10 @@ class MemoryStore:
 
     def __init__(self, prefix: str = "", *, endpoint: MemoryEndpoint | None = None,
                  clock: Callable[[], float] | None = None, caps: Capabilities | None = None,
-                 exists: bool = True) -> None:
+                 exists: bool = True, facts: StoreFacts = REMOTE) -> None:
         """``caps``: S3's limits unless given (tests may want small parts). ``exists=False``: a
-        root that is not there yet (``check(mode="read")`` fails until a ``write`` check)."""
+        root that is not there yet (``check(mode="read")`` fails until a ``write`` check).
+        ``facts``: an object store's unless given (a test may stand it in for a directory)."""
         if endpoint is not None and clock is not None:
             raise ValueError("give the clock to the endpoint, not to one of its stores")
         self.endpoint = endpoint or MemoryEndpoint(clock=clock or time.time)
@@ -83,6 +93,7 @@ class MemoryStore:
         self.prefix = f"{prefix}/" if prefix else ""
         self.url = f"memory://{self.endpoint.name}/{self.prefix}"
         self.caps = caps or Capabilities()
+        self.facts = facts
         self.exists = exists
 
     # -- keys -------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from ..errors import (
     as_config_error,
 )
 from ..retry import RetryPolicy
-from ..types import Buffer, ByteRange, Capabilities, ObjectInfo
+from ..types import REMOTE, Buffer, ByteRange, Capabilities, ObjectInfo
 from .base import CheckMode, ReadStore
 from .obstore_body import fill, pieces, whole
 from .s3_clients import (
@@ -97,6 +97,7 @@ class S3Store:
     abilities ``RangeStreamer``, ``ServerSideCopier``, ``Composer`` and ``ScratchSpace``."""
 
     caps = Capabilities(send_copies=2)  # S3's limits (the defaults)
+    facts = REMOTE
 
     def __init__(
         self,

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iter
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ..types import Buffer, ByteRange, ObjectInfo, PartClaim, PartRef
+from ..types import Buffer, ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
 from .base import (
     Composer,
     FileTarget,
@@ -105,7 +105,7 @@ class _Read:
         self._hooks = hooks
         self._name = name
         self.url: str = inner.url
-        self.caps = inner.caps
+        self.facts = inner.facts
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self._inner!r}>"
@@ -132,6 +132,11 @@ class _Write:
     _inner: Any
     _hooks: Hooks
     _name: str
+
+    @property
+    def caps(self) -> Capabilities:
+        caps: Capabilities = self._inner.caps
+        return caps
 
     async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
         return await self._hooks.call(Op("put", key, len(data)),

@@ -225,7 +225,7 @@ def test_a_store_without_a_write_side_is_refused_as_a_target(pair, tmp_path):
 
     class ReadOnly:
         def __init__(self, inner: MemoryStore) -> None:
-            self.url, self.caps, self._inner = "ro://x/", inner.caps, inner
+            self.url, self.facts, self._inner = "ro://x/", inner.facts, inner
             self.list, self.head, self.get = inner.list, inner.head, inner.get
 
         async def check(self, *, mode: str) -> None:
