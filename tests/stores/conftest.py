@@ -30,13 +30,28 @@ import pytest
 
 import mcsync
 from mcsync.errors import NotFound, Permanent, Transient
+from mcsync.metrics import Metrics
+from mcsync.resilience import Pacing, resilient
 from mcsync.retry import RetryPolicy
 from mcsync.stores.azure import AzureStore
-from mcsync.stores.base import ReadStore
+from mcsync.stores.base import (
+    Composer,
+    FileTarget,
+    LocalTree,
+    RangeStreamer,
+    ReadsInto,
+    ReadStore,
+    ScratchSpace,
+    ServerSideCopier,
+    Store,
+    TempFileSweeper,
+)
 from mcsync.stores.gcs import GCSStore
 from mcsync.stores.local import LocalStore
 from mcsync.stores.memory import MemoryEndpoint, MemoryStore
 from mcsync.stores.s3 import S3Credentials, S3Store
+from mcsync.stores.wrap import inner_of
+from mcsync.testing.faults import Faults, faulty
 from mcsync.testing.servers import S3Endpoint
 
 # On loopback nothing is worth retrying for long: a server's error answer should show at once.
@@ -64,10 +79,28 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
+# Every optional side and ability of ``stores.base``: a backend declares which of these its
+# store offers, and the suite fails (never skips) where a declared one is missing.
+ABILITIES: tuple[type, ...] = (Store, RangeStreamer, ReadsInto, ServerSideCopier, Composer,
+                               ScratchSpace, FileTarget, LocalTree, TempFileSweeper)
+OBJECT_STORE = frozenset({Store, RangeStreamer, ReadsInto, ServerSideCopier, Composer,
+                          ScratchSpace})
+
+# The backend each store of a running test was made by (see ``need``).
+_MADE_BY: dict[int, Backend] = {}
+
+
+def declared(store: Any) -> frozenset[type]:
+    """The abilities the backend that made ``store`` declares for it."""
+    return _MADE_BY[id(store)].abilities
+
+
 class Backend:
     """One store under test. Subclasses fill in the four ``_``-methods and the facts."""
 
     name = ""
+    # What the store offers: the suite fails when it offers less or more.
+    abilities: frozenset[type] = frozenset()
     # Test name → how this backend's server gets that case wrong: the test runs as a strict
     # xfail for it (it must fail so, and the day it passes the mark must go).
     known_failures: Mapping[str, KnownFailure] = {}
@@ -116,10 +149,12 @@ class Backend:
     async def aclose(self) -> None:
         opened, self._opened = self._opened, []
         for store in opened:
+            _MADE_BY.pop(id(store), None)
             await store.aclose()
 
     def _keep(self, store: ReadStore) -> Any:
         self._opened.append(store)
+        _MADE_BY[id(store)] = self
         return store
 
     def _root(self, name: str) -> ReadStore:
@@ -137,6 +172,7 @@ class Backend:
 
 class LocalBackend(Backend):
     name = "local"
+    abilities = frozenset({Store, ReadsInto, Composer, FileTarget, LocalTree, TempFileSweeper})
 
     def __init__(self, tmp: Path) -> None:
         super().__init__()
@@ -169,6 +205,8 @@ class LocalBackend(Backend):
 
 
 class S3Backend(Backend):
+    abilities = OBJECT_STORE
+
     def __init__(self, name: str, endpoint: S3Endpoint, bucket: str,
                  new_bucket: Callable[[], str],
                  known_failures: Mapping[str, KnownFailure], *, crt: bool = True) -> None:
@@ -216,7 +254,7 @@ class S3Backend(Backend):
 
 
 class GCSBackend(Backend):
-    name = "gcs"
+    name = "gcs"  # a source only, read whole or by range
 
     def __init__(self, url: str, bucket: str) -> None:
         super().__init__()
@@ -251,7 +289,8 @@ class GCSBackend(Backend):
 
 
 class AzureBackend(Backend):
-    name = "azure"
+    name = "azure"  # a source only
+    abilities = frozenset({RangeStreamer, ReadsInto})
 
     def __init__(self, endpoint: Any, container: str) -> None:
         super().__init__()
@@ -286,6 +325,7 @@ class AzureBackend(Backend):
 
 class MemoryBackend(Backend):
     name = "memory"
+    abilities = OBJECT_STORE - {ReadsInto}
 
     def __init__(self) -> None:
         super().__init__()
@@ -313,6 +353,51 @@ class MemoryBackend(Backend):
 
     def path_like_keys(self, store: MemoryStore) -> list[str]:
         return list(PATH_LIKE_KEYS)
+
+
+class WrappedBackend(Backend):
+    """Another backend's stores, each wrapped as a run wraps them (the retry layer, metrics)
+    or as a user's test does (faults): a wrapper offers exactly what it wraps and passes
+    every case the same."""
+
+    def __init__(self, inner: Backend, how: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.name = f"{inner.name}-{how}"
+        self.abilities = inner.abilities
+        self.known_failures = inner.known_failures
+        self._wrap = WRAPPERS[how]
+
+    def _root(self, name: str) -> ReadStore:
+        return self._wrap(self.inner._root(name))
+
+    def _top(self) -> ReadStore:
+        return self._wrap(self.inner._top())
+
+    def _reopen(self, store: Any) -> ReadStore:
+        return self._wrap(self.inner._reopen(inner_of(store)))
+
+    def _missing(self) -> ReadStore:
+        return self._wrap(self.inner._missing())
+
+    async def seed(self, store: Any, key: str, data: bytes) -> None:
+        await self.inner.seed(inner_of(store), key, data)
+
+    def refused_keys(self, store: Any) -> list[str]:
+        return self.inner.refused_keys(inner_of(store))
+
+    def accepted_keys(self, store: Any) -> list[str]:
+        return self.inner.accepted_keys(inner_of(store))
+
+    def path_like_keys(self, store: Any) -> list[str]:
+        return self.inner.path_like_keys(inner_of(store))
+
+
+WRAPPERS: dict[str, Callable[[ReadStore], ReadStore]] = {
+    "resilient": lambda store: resilient(store, Pacing(policy=_RETRY)),
+    "metered": lambda store: Metrics().wrap(store, "target"),
+    "faulty": lambda store: faulty(store, Faults()),
+}
 
 
 PATH_LIKE_KEYS = ("a//b", "x/../y", "a/./b", "./a", "..")
@@ -375,7 +460,9 @@ SEAWEED_FAILURES = {
 
 # seaweed-botocore: the S3 store with its CopyObject and multipart requests sent by botocore,
 # as they are to AWS (no endpoint given) and over plain HTTP across a network.
-BACKENDS = ["local", "moto", "seaweed", "seaweed-botocore", "gcs", "azure", "memory"]
+# memory-*, local-resilient: those stores wrapped as a run, metrics or a user's test wrap them.
+BACKENDS = ["local", "moto", "seaweed", "seaweed-botocore", "gcs", "azure", "memory",
+            "memory-resilient", "memory-metered", "memory-faulty", "local-resilient"]
 
 
 def _session_bucket(endpoint: S3Endpoint) -> Iterator[str]:
@@ -415,6 +502,10 @@ def azure_session_container(azurite: Any) -> str:
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """Each store in turn. Servers start on first use, so ``-k memory`` starts none."""
     kind = request.param
+    if "-" in kind and kind.split("-", 1)[1] in WRAPPERS:
+        inner, how = kind.split("-", 1)
+        return WrappedBackend(LocalBackend(tmp_path) if inner == "local" else MemoryBackend(),
+                              how)
     if kind == "local":
         return LocalBackend(tmp_path)
     if kind in ("moto", "seaweed", "seaweed-botocore"):

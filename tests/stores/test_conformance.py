@@ -2,8 +2,11 @@
 each backend of ``conftest.py`` (local files, S3 on moto and on SeaweedFS, the GCS emulator, the
 in-memory store).
 
-A case of the write side is skipped for a store that is not a ``Store``, a case of an ability
-for a store without it — decided by ``isinstance`` against the protocols, as the engine decides.
+Each backend declares the abilities its store offers (``Backend.abilities``). A case of an
+ability runs where it is declared and *fails* where a declared ability is missing — checked by
+``isinstance`` against the protocols, as the engine decides — and is skipped only where the
+backend declares the store does not have it (a store offering one it does not declare fails
+too), so a store that lost an ability turns cases red, never into green skips.
 Every write is read back and compared byte for byte. Parts are laid out from ``caps``: the
 smallest legal part (5 MiB on S3) is what the multipart cases send.
 """
@@ -14,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +34,9 @@ from mcsync.errors import (
 from mcsync.hashing import chunk_digests
 from mcsync.stores.base import (
     Composer,
+    FileTarget,
     FileUpload,
+    LocalTree,
     PartCopyUpload,
     RangeStreamer,
     ReadsInto,
@@ -38,11 +44,21 @@ from mcsync.stores.base import (
     ScratchSpace,
     ServerSideCopier,
     Store,
+    TempFileSweeper,
 )
 from mcsync.stores.local import LocalStore
-from mcsync.types import Buffer, ByteRange, KiB, ObjectInfo, PartClaim, PartRef
+from mcsync.types import (
+    Buffer,
+    ByteRange,
+    Capabilities,
+    KiB,
+    ObjectInfo,
+    PartClaim,
+    PartRef,
+    StoreFacts,
+)
 
-from .conftest import Backend
+from .conftest import ABILITIES, Backend, declared
 
 # Keys whose byte order differs from other plausible orders: a directory walk ("a/b" before
 # "a-b"), UTF-16 ("\U0001f600" before "\uff5e"), case-folding ("Z" before "a"), a key that is a
@@ -61,8 +77,15 @@ def payload(size: int, seed: int = 0) -> bytes:
 
 
 def need(store: Any, *abilities: type) -> None:
+    """Run on only where ``store``'s backend declares ``abilities``; fail where the store does
+    not offer what its backend declares, or offers what it does not."""
     for ability in abilities:
-        if not isinstance(store, ability):
+        offered = isinstance(store, ability)
+        if ability in declared(store):
+            assert offered, f"{type(store).__name__} lost {ability.__name__}, which it declares"
+        else:
+            assert not offered, (f"{type(store).__name__} offers {ability.__name__} but does "
+                                 "not declare it")
             pytest.skip(f"{type(store).__name__} is not a {ability.__name__}")
 
 
@@ -122,6 +145,21 @@ async def small_upload(store: Store, key: str, data: bytes) -> tuple[Any, PartRe
     """An open upload holding one part (the last part may be of any size)."""
     upload = await store.open_upload(key, len(data))
     return upload, await upload.put_part(1, 0, data)
+
+
+# -- the contract itself -------------------------------------------------------------------------
+
+
+async def test_the_store_offers_exactly_what_it_declares(store: Any) -> None:
+    assert isinstance(store, ReadStore)
+    offered = {a.__name__ for a in ABILITIES if isinstance(store, a)}
+    assert offered == {a.__name__ for a in declared(store)}
+    assert isinstance(store.facts, StoreFacts)
+    if isinstance(store, Store):
+        assert isinstance(store.caps, Capabilities)
+    # and from construction: a check (which opens clients, probes the root) changes nothing
+    await store.check(mode="read")
+    assert {a.__name__ for a in ABILITIES if isinstance(store, a)} == offered
 
 
 # -- the read side: every store -------------------------------------------------------------------
@@ -626,3 +664,68 @@ async def test_compose_a_new_version_from_the_current_one(store: Any) -> None:
     await upload.complete([ref1, ref2, ref3])
     assert await store.get("k") == new
     assert [(i.key, i.size) for i in await listed(store)] == [("k", len(new))]
+
+
+async def test_a_file_upload_takes_its_parts_piece_by_piece(store: Any) -> None:
+    need(store, FileTarget)
+    data = payload(3 * KiB + 5, 31)
+    upload = await store.open_file("f/x", len(data), mtime=1_000_000.0)
+    assert isinstance(upload, FileUpload)
+    # part 2 in two pieces, from two threads at once; part 1 whole
+    await asyncio.gather(asyncio.to_thread(upload.write_at, 2 * KiB, data[2 * KiB:2500]),
+                         asyncio.to_thread(upload.write_at, 2500, data[2500:]),
+                         asyncio.to_thread(upload.write_at, 0, data[:2 * KiB]))
+    refs = [upload.part_written(1, 2 * KiB), upload.part_written(2, len(data) - 2 * KiB)]
+    assert [(r.number, r.size) for r in refs] == [(1, 2 * KiB), (2, len(data) - 2 * KiB)]
+    assert await keys(store) == []  # nothing visible before complete
+    await upload.complete(refs)
+    assert await store.get("f/x") == data
+    with pytest.raises(OSError):  # a late writer never reaches the published file
+        await asyncio.to_thread(upload.write_at, 0, b"late")
+    assert await store.get("f/x") == data
+
+
+async def test_a_resumed_file_upload_is_a_file_upload(store: Any) -> None:
+    need(store, FileTarget)
+    data = payload(2 * KiB, 32)
+    first = await store.open_file("f/y", len(data))
+    await asyncio.to_thread(first.write_at, 0, data[:KiB])
+    ref1 = first.part_written(1, KiB)
+
+    again = await store.resume_upload("f/y", first.upload_id, len(data))
+    assert isinstance(again, FileUpload)
+    assert await again.confirm_parts([claim(ref1, 0, data[:KiB])]) == {1}
+    await asyncio.to_thread(again.write_at, KiB, data[KiB:])
+    await again.complete([ref1, again.part_written(2, KiB)])
+    assert await store.get("f/y") == data
+
+
+async def test_temp_files_a_killed_run_left_are_swept(backend: Backend, store: Any) -> None:
+    """Another store object on the same root stands in for a killed run: its open uploads'
+    hidden files are leftovers to this one, unless journalled (``keep``) or too recent."""
+    need(store, TempFileSweeper)
+    killed = backend.reopen(store)
+    journalled, journalled_ref = await small_upload(killed, "d/journalled", b"journalled")
+    left, _ = await small_upload(killed, "d/left", b"left")
+    live, live_ref = await small_upload(store, "d/live", b"live")  # this store's own
+
+    assert await store.sweep_temp_files(older_than=0.0) == []  # all modified since
+    swept = await store.sweep_temp_files([journalled.upload_id], older_than=time.time() + 60)
+    assert len(swept) == 1
+
+    assert await store.resume_upload("d/left", left.upload_id, 4) is None
+    again = await store.resume_upload("d/journalled", journalled.upload_id, 10)
+    assert await again.confirm_parts([claim(journalled_ref, 0, b"journalled")]) == {1}
+    await again.complete([journalled_ref])
+    await live.complete([live_ref])
+    assert {k: await store.get(k) for k in await keys(store)} == {
+        "d/journalled": b"journalled", "d/live": b"live"}
+
+
+async def test_a_local_tree_is_its_root_directory(store: Any) -> None:
+    need(store, LocalTree)
+    await store.put("a/b", b"through the store")
+    assert (store.root / "a" / "b").read_bytes() == b"through the store"
+    (store.root / "a" / "c").write_bytes(b"beside it")  # what a watcher of the root sees
+    assert await keys(store) == ["a/b", "a/c"]
+    assert await store.get("a/c") == b"beside it"
