@@ -79,14 +79,18 @@ class LocalStore:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(os.path.abspath(root))
         self.url = str(self.root)
-        self._inline_max = 0  # set by check() once the root's filesystem is known
+        # A small file on a local disk is written right on the event loop (a thread hand-off
+        # costs more); the root's filesystem is known when the store is made.
+        fs = filesystem_type(self.root)
+        self._inline_max = _INLINE_MAX if fs in _LOCAL_FILESYSTEMS else 0
         # Hidden files this store is writing now (their paths): never swept.
         self._in_flight: set[str] = set()
-        # Set by check() when the root's filesystem does not tell names apart by case (an
-        # SMB or vfat mount, a casefolded ext4 directory): then two names that differ only by
-        # case would be one file. ``_names`` holds, per directory, the names in it by their
-        # casefold (filled as directories are first written to), under ``_names_lock``.
-        self._fold_case = False
+        # Whether the root's filesystem tells names apart by case (not an SMB or vfat mount,
+        # a casefolded ext4 directory: there two names that differ only by case would be one
+        # file), found by a probe before the first file is written (``_folds_names``).
+        # ``_names`` holds, per directory, the names in it by their casefold (filled as
+        # directories are first written to), under ``_names_lock``.
+        self._fold_case: bool | None = None
         self._names: dict[str, dict[str, str]] = {}
         self._names_lock = threading.Lock()
         # Directories this store made or found, each checked to resolve inside the root: the
@@ -143,7 +147,7 @@ class LocalStore:
         parent = path.parent
         if str(parent) not in self._checked_dirs:
             self._check_dir(path, key)
-        elif self._fold_case:
+        elif self._folds_names():
             self._claim_name(path, key)
         return parent
 
@@ -164,7 +168,7 @@ class LocalStore:
             existing = existing.parent
         if existing.exists() and not self._resolves_inside(existing, real_root):
             raise UnsafeKey(f"{key!r}: resolves outside the target root (symlink)")
-        if self._fold_case:
+        if self._folds_names():
             self._claim_name(path, key)
         try:
             parent.mkdir(parents=True, exist_ok=True)
@@ -536,20 +540,28 @@ class LocalStore:
                 raise ConfigError(f"{self.url}: cannot create directory: {exc.strerror}") from None
             if not self.root.is_dir():
                 raise ConfigError(f"{self.url}: not a directory")
-            probe_path = self.root / f".probe{TMP_MARK}{secrets.token_hex(4)}"
             try:
-                probe_path.touch(exist_ok=False)
-                try:
-                    self._fold_case = self._folds_case(probe_path)
-                finally:
-                    probe_path.unlink()
+                self._folds_names()  # the probe a first write would make: a file in the root
             except OSError as exc:
                 raise ConfigError(
                     f"{self.url}: directory is not writable: {exc.strerror}") from None
 
         await asyncio.to_thread(probe)
-        fs = await asyncio.to_thread(filesystem_type, self.root)
-        self._inline_max = _INLINE_MAX if fs in _LOCAL_FILESYSTEMS else 0
+
+    def _folds_names(self) -> bool:
+        """Whether the root's filesystem finds a file by another case of its name: a probe
+        file in the root, made once (blocking), before the first file is written."""
+        if self._fold_case is None:
+            with self._names_lock:
+                if self._fold_case is None:
+                    self.root.mkdir(parents=True, exist_ok=True)
+                    probe = self.root / f".probe{TMP_MARK}{secrets.token_hex(4)}"
+                    probe.touch(exist_ok=False)
+                    try:
+                        self._fold_case = self._folds_case(probe)
+                    finally:
+                        probe.unlink()
+        return self._fold_case
 
     @staticmethod
     def _folds_case(probe: Path) -> bool:

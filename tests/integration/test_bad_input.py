@@ -575,7 +575,7 @@ def test_names_differing_only_by_case_on_a_case_sensitive_target(moto, tmp_path)
 def case_insensitive_target(monkeypatch):
     """Local targets that report a filesystem which folds case (vfat, SMB, a casefolded ext4
     directory; this sandbox can mount none). What is simulated is only the answer of the probe
-    in LocalStore.check; the names written and refused are real."""
+    LocalStore makes before its first write; the names written and refused are real."""
     from mcsync.stores.local import LocalStore
 
     monkeypatch.setattr(LocalStore, "_folds_case", staticmethod(lambda probe: True))

@@ -42,9 +42,9 @@ def test_a_directory_is_checked_once_then_remade_when_it_goes(tmp_path, monkeypa
         resolved.append(os.fspath(path))
         return realpath(path, *args, **kwargs)
 
-    monkeypatch.setattr(local.os.path, "realpath", counting)
     root = tmp_path / "root"
-    store = LocalStore(root)
+    store = LocalStore(root)  # made first: the paths counted are those of the writes
+    monkeypatch.setattr(local.os.path, "realpath", counting)
 
     async def put(key: str) -> int:
         """How many paths the write of ``key`` resolved."""
