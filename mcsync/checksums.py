@@ -47,7 +47,8 @@ def _implementation() -> Callable[[Buffer, int], int]:
     # CRC (a download, a no-op re-sync) should not pay it at start-up.
     from awscrt.checksums import crc32c as implementation
 
-    return implementation
+    crc: Callable[[Buffer, int], int] = implementation
+    return crc
 
 
 def crc32c(data: Buffer, value: int = 0) -> int:

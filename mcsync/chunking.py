@@ -62,7 +62,7 @@ def header_length(prefix: bytes, size: int) -> int:
     """The header's total length (8 + JSON) from the file's first 8 bytes."""
     if len(prefix) < 8 or size < 8:
         raise NotSafetensors("shorter than 8 bytes")
-    (n,) = struct.unpack("<Q", prefix[:8])
+    n: int = struct.unpack("<Q", prefix[:8])[0]
     if n > MAX_SAFETENSORS_HEADER or 8 + n > size:
         raise NotSafetensors(f"header length {n} does not fit a file of {size} bytes")
     return 8 + n

@@ -8,7 +8,7 @@ import os
 
 from .config import SyncOptions
 from .errors import UsageError
-from .stores.base import LocalTree, ReadStore, Store
+from .stores.base import CheckMode, LocalTree, ReadStore, Store
 
 
 async def check_pair(source: ReadStore, target: ReadStore, options: SyncOptions) -> Store:
@@ -28,7 +28,7 @@ def writable_pair(source: ReadStore, target: ReadStore) -> Store:
 
 async def check_stores(source: ReadStore, target: Store, options: SyncOptions) -> None:
     """Both stores answer as they should (ConfigError, exit 2, when not)."""
-    mode = "plan" if options.dry_run else "write"
+    mode: CheckMode = "plan" if options.dry_run else "write"
     if not target.facts.round_trips:
         # After the source's: checking a directory may create it, and a run whose source
         # cannot be read should leave nothing behind. It costs no round trip to wait.

@@ -18,7 +18,7 @@ import contextlib
 import os
 import re
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import obstore
 
@@ -34,6 +34,10 @@ from ..retry import RetryPolicy
 from ..types import REMOTE, Buffer, ByteRange, ObjectInfo
 from .obstore_body import fill, pieces, whole
 from .s3_errors import translate
+
+if TYPE_CHECKING:
+    from obstore import GetOptions, ObjectMeta
+    from obstore.store import AzureConfig, RetryConfig
 
 _QUERY = re.compile(r"\?[^\s\"'<>]*")  # a URL's query string: where a SAS token travels
 
@@ -63,7 +67,7 @@ class AzureStore:
     def _make(self, *, preflight: bool = False) -> Any:
         from obstore.store import AzureStore as ObAzure
 
-        config = dict(self._config)
+        config = cast("AzureConfig", dict(self._config))
         if self._endpoint:
             config.setdefault("endpoint", self._endpoint)
         return ObAzure(
@@ -71,7 +75,7 @@ class AzureStore:
             client_options={"allow_http": (self._endpoint or "").startswith("http:"),
                             "pool_max_idle_per_host": str(self._max_connections),
                             "timeout": "300s", "connect_timeout": "10s"},
-            retry_config=self._retry.obstore(preflight=preflight))
+            retry_config=cast("RetryConfig", self._retry.obstore(preflight=preflight)))
 
     def _fast(self) -> Any:
         if self._client is None:
@@ -135,7 +139,7 @@ class AzureStore:
     def _sort_listing(self) -> None:
         self._sorted = True
 
-    async def _pages(self) -> AsyncIterator[dict[str, Any]]:
+    async def _pages(self) -> AsyncIterator[ObjectMeta]:
         with self.translating(None):
             # obstore's prefix is a path prefix: "run" lists run/..., as our "run/" does
             stream = obstore.list(self._fast(), self.prefix.rstrip("/") or None,
@@ -175,7 +179,7 @@ class AzureStore:
     async def _request(self, key: str, rng: ByteRange | None,
                        expect: ObjectInfo | None) -> Any:
         """A GET answered up to its headers (obstore's result, body unread)."""
-        options: dict[str, Any] = {}
+        options: GetOptions = {}
         if rng is not None:
             options["range"] = (rng.start, rng.end)
         if expect is not None and expect.etag:
@@ -184,14 +188,14 @@ class AzureStore:
             return await obstore.get_async(self._fast(), self.prefix + key, options=options)
 
 
-async def _sorted_pages(items: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+async def _sorted_pages(items: AsyncIterator[ObjectMeta]) -> AsyncIterator[ObjectMeta]:
     whole = [item async for item in items]
     whole.sort(key=lambda item: item["path"])  # str order is code point order: UTF-8's
     for item in whole:
         yield item
 
 
-def _info(key: str, meta: dict[str, Any]) -> ObjectInfo:
+def _info(key: str, meta: ObjectMeta) -> ObjectInfo:
     etag = meta.get("e_tag")
     modified = meta.get("last_modified")
     return ObjectInfo(key, int(meta["size"]), etag.strip('"') if etag else None,

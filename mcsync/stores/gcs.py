@@ -174,7 +174,8 @@ class GCSStore:
                               f"{type(exc).__name__}") from None
         retry_with = getattr(BaseToken.acquire_access_token, "retry_with", None)  # tenacity
         if retry_with is not None:
-            token.acquire_access_token = types.MethodType(
+            # the decorated method, re-decorated with this run's policy (a plain method now)
+            token.acquire_access_token = types.MethodType(  # type: ignore[assignment]
                 retry_with(**self._retry.gcloud_aio_auth()), token)
         return token
 

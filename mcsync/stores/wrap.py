@@ -309,8 +309,9 @@ class _FileUpload:
                                   lambda: self._inner.write_at(offset, data))
 
     def part_written(self, number: int, size: int) -> PartRef:
-        return self._hooks.call_blocking(Op("part_written", self.key, size),
-                                         lambda: self._inner.part_written(number, size))
+        ref: PartRef = self._hooks.call_blocking(Op("part_written", self.key, size),
+                                                 lambda: self._inner.part_written(number, size))
+        return ref
 
 
 _UPLOAD_MIXINS: tuple[tuple[type, type], ...] = (
