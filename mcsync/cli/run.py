@@ -33,7 +33,7 @@ from .progress import FailureLines, LogProgress, TerminalProgress, cycle_line, s
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
-    from ..watch import Cycle
+    from ..watching import Cycle
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -92,7 +92,7 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
             if watch_interval_s is None:
                 return await run_sync(opened[0], opened[1], options, FanOut(sinks), stop=stop,
                                       manifest_factory=seams.open_manifest)
-            from ..watch import watch  # watchfiles only for a watch
+            from ..watching import watch  # watchfiles only for a watch
 
             return await watch(opened[0], opened[1], options, FanOut(sinks), stop,
                                interval_s=watch_interval_s,
