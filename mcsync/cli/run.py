@@ -15,13 +15,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
 from .. import run_blocking
 from ..config import SyncOptions
-from ..engine import ManifestFactory, close_quietly, run_sync, store_options
+from ..engine import ManifestFactory, close_quietly, run_sync
 from ..errors import MCSyncError, UsageError
 from ..events import EventSink, FanOut
 from ..lock import Locked
@@ -85,9 +85,11 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
     async def go(stop: asyncio.Event) -> SyncReport | Cycle | None:
         opened: list[ReadStore] = []
         try:
-            for url, open_one, role in ((src, seams.open_source, "source"),
-                                        (dst, seams.open_target, "target")):
-                store = open_one(url, store_options(options))
+            sides: tuple[tuple[str, Callable[[str, StoreOptions], ReadStore],
+                               Literal["source", "target"]], ...] = (
+                (src, seams.open_source, "source"), (dst, seams.open_target, "target"))
+            for url, open_one, role in sides:
+                store = open_one(url, options.store_options(role))
                 opened.append(store if metrics is None else metrics.wrap(store, role))
             if watch_interval_s is None:
                 return await run_sync(opened[0], opened[1], options, FanOut(sinks), stop=stop,
