@@ -219,13 +219,13 @@ def _blocking(start: Callable[[asyncio.Event], Coroutine[Any, Any, T]], stop: St
     async def main() -> T:
         ended = stop if isinstance(stop, asyncio.Event) else asyncio.Event()
         ran["loop"], ran["stop"] = asyncio.get_running_loop(), ended
-        relay = (asyncio.create_task(_relay(stop, ended)) if isinstance(stop, threading.Event)
-                 else None)
+        over = threading.Event()
+        if isinstance(stop, threading.Event):
+            _relay(stop, ended, asyncio.get_running_loop(), over)
         try:
             return await start(ended)
         finally:
-            if relay is not None:
-                relay.cancel()
+            over.set()
 
     try:
         asyncio.get_running_loop()
@@ -251,10 +251,18 @@ def _blocking(start: Callable[[asyncio.Event], Coroutine[Any, Any, T]], stop: St
             raise
 
 
-async def _relay(source: threading.Event, target: asyncio.Event) -> None:
-    while not source.is_set():
-        await asyncio.sleep(0.1)  # a stop is seen within 0.1 s, at ten wakes a second
-    target.set()
+def _relay(source: threading.Event, target: asyncio.Event, loop: asyncio.AbstractEventLoop,
+           over: threading.Event) -> None:
+    """Set ``target`` on its loop as soon as ``source`` is set, until ``over``."""
+
+    def wait() -> None:
+        while not over.is_set():
+            if source.wait(0.1):  # returns at once when set; the timeout only looks at over
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(target.set)
+                return
+
+    threading.Thread(target=wait, name="mcsync-stop", daemon=True).start()
 
 
 def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
