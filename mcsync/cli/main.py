@@ -60,7 +60,8 @@ Exit codes:
 class _Parsed(click.ParamType):
     """An option value read by one of mcsync's parsers, its UsageError shown as click's."""
 
-    def __init__(self, name: str, parse: Callable[[str], Any], done: type | None = None) -> None:
+    def __init__(self, name: str, parse: Callable[[str], Any],
+                 done: type[Any] | None = None) -> None:
         self.name = name
         self._parse = parse
         self._done = done  # a default already of this type needs no parsing

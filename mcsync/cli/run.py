@@ -203,7 +203,8 @@ def _metrics_for(addr: tuple[str, int] | None, path: str | None) -> Metrics | in
 
     from ..metrics import Metrics
 
-    disable_created_metrics()  # no *_created series: this process is the command's own
+    # No *_created series: this process is the command's own. (prometheus_client is untyped.)
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     metrics = Metrics()
     if path is not None:
         where = Path(path).parent
