@@ -24,7 +24,7 @@ from . import bases, delta
 from .bases import Base
 from .chunking import Layout
 from .config import SyncOptions
-from .errors import MCSyncError, NotFound, Permanent, PreconditionFailed
+from .errors import ComposeRefused, MCSyncError, NotFound, Permanent, PreconditionFailed
 from .events import DeltaPlanned, Event
 from .limits import Limits
 from .manifest import Manifest, OpenUpload
@@ -92,10 +92,6 @@ class Composed:
     uploaded: Uploaded
     reused: int
     reused_own: int
-
-
-class ComposeRefused(MCSyncError):
-    """The target does not take ranged part copies: send changed objects whole."""
 
 
 @dataclass

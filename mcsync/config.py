@@ -8,14 +8,18 @@ budget allows it.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from .errors import UsageError
+from .retry import RetryPolicy
 from .types import Capabilities, GiB, KiB, MiB
 
-__all__ = ["GiB", "KiB", "MiB", "SyncOptions", "format_size", "parse_duration", "parse_size"]
+__all__ = ["GiB", "KiB", "MiB", "StoreOptions", "SyncOptions", "format_size", "parse_duration",
+           "parse_size"]
 
 DEFAULT_CONCURRENCY = 128
 DEFAULT_PART_CONCURRENCY = 8
@@ -28,6 +32,18 @@ S3_MIN_PART_SIZE = S3_LIMITS.min_part_size
 S3_MAX_PART_SIZE = S3_LIMITS.max_part_size
 CHUNKERS = ("auto", "fixed", "safetensors", "cdc")
 DELTA_SCOPES = ("key", "prefix", "target")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """What a store opened from an address is told: where (an S3 endpoint, an AWS profile:
+    its keys and region), how many connections to pool, and how patiently to retry. A sync
+    builds one per side from its own options, or takes ``SyncOptions.source`` / ``.target``."""
+
+    endpoint_url: str | None = None  # for s3:// (meta:// has its own, see stores.registry)
+    profile: str | None = None  # AWS profile, for s3://
+    max_connections: int | None = None  # None: the run's concurrency (128 for a store alone)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +61,13 @@ class SyncOptions:
     exclude: tuple[str, ...] = ()
     delete: bool = False
     dry_run: bool = False
-    endpoint_url: str | None = None  # for s3:// (meta:// has its own, see stores.registry)
+    # For s3:// addresses on both sides (--endpoint-url, --profile), unless a side has its own:
+    endpoint_url: str | None = None  # (meta:// has its own, see stores.registry)
     profile: str | None = None
+    # One side's store options, for an address the run opens: an s3:// source on AWS and an
+    # s3:// target on another endpoint in one run. A side given them ignores the two above.
+    source: StoreOptions | None = None
+    target: StoreOptions | None = None
     server_side_copy: bool = True
     manifest: str | None = None  # path of the manifest; None: the default for the pair
     use_manifest: bool = True
@@ -74,6 +95,10 @@ class SyncOptions:
     bw_limit: str | None = None
 
     def __post_init__(self) -> None:
+        for side in ("source", "target"):
+            if not isinstance(getattr(self, side), StoreOptions | None):
+                raise TypeError(f"{side} must be mcsync.StoreOptions, got "
+                                f"{type(getattr(self, side)).__name__}")
         if self.concurrency < 1:
             raise UsageError(f"--concurrency must be at least 1, got {self.concurrency}")
         if self.part_concurrency < 1:
@@ -94,6 +119,16 @@ class SyncOptions:
             raise UsageError(
                 f"--memory-limit must be at least 5 MiB, got {format_size(self.memory_limit)}"
             )
+
+    def store_options(self, side: Literal["source", "target"]) -> StoreOptions:
+        """What the store of one side, opened from its address, is told."""
+        given = self.source if side == "source" else self.target
+        if given is None:
+            return StoreOptions(endpoint_url=self.endpoint_url, profile=self.profile,
+                                max_connections=self.concurrency)
+        if given.max_connections is None:
+            return dataclasses.replace(given, max_connections=self.concurrency)
+        return given
 
     def part_size_for(self, size: int, caps: Capabilities = S3_LIMITS) -> int:
         """Part size for an object of ``size`` bytes written to a store with ``caps``: 8 MiB

@@ -525,7 +525,8 @@ class _Run:
         except SourceGone as exc:
             self.sink.emit(ObjectDeferred(action.key, action.size, str(exc)))
         except (MCSyncError, OSError) as exc:
-            self.sink.emit(ObjectFailed(action.key, action.kind, action.size, _describe(exc)))
+            self.sink.emit(ObjectFailed.of(action.key, action.kind, action.size, exc,
+                                           _describe(exc)))
         except Exception as exc:  # a bug must not take the other objects down with it
             log.exception("unexpected error on %s", action.key)
             self.sink.emit(ObjectFailed(action.key, action.kind, action.size,

@@ -5,7 +5,31 @@ Retry decisions are made by type (``Transient``), never by matching message text
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
+
+__all__ = [
+    "AccessDenied",
+    "ComposeRefused",
+    "ConfigError",
+    "CredentialsExpired",
+    "IntegrityError",
+    "Interrupted",
+    "ListingOrderError",
+    "Locked",
+    "MCSyncError",
+    "NoSuchBucket",
+    "NotFound",
+    "Permanent",
+    "PreconditionFailed",
+    "SourceGone",
+    "Throttled",
+    "Transient",
+    "Unreachable",
+    "UnsafeKey",
+    "UsageError",
+    "failure_kind",
+]
 
 
 class MCSyncError(Exception):
@@ -19,6 +43,10 @@ class UsageError(MCSyncError):
 class ConfigError(UsageError):
     """The target or source cannot be used at all: missing bucket, bad credentials, unwritable
     directory. Raised before any byte moves (exit code 2)."""
+
+
+class Locked(MCSyncError):
+    """Another run of this sync pair holds the lock (exit code 3)."""
 
 
 class NotFound(MCSyncError):
@@ -85,6 +113,24 @@ class IntegrityError(MCSyncError):
     """Bytes read or written do not match what was expected."""
 
 
+class ComposeRefused(MCSyncError):
+    """The target does not take ranged part copies: send changed objects whole."""
+
+
+def failure_kind(exc: BaseException) -> tuple[str, bool]:
+    """What a per-object failure reports of its cause: its kind (the name of its class in this
+    module; ``"OSError"`` for a local filesystem error, ``"InternalError"`` for anything else,
+    a bug) and whether the same object may succeed if tried again later. Transient errors may;
+    so may bytes that arrived damaged and an object that changed while it was copied (a later
+    run reads it anew). Refusals, bad keys and a full or read-only disk will not."""
+    if isinstance(exc, MCSyncError):
+        kind = next(c.__name__ for c in type(exc).__mro__ if c.__module__ == __name__)
+        return kind, isinstance(exc, Transient | IntegrityError | PreconditionFailed)
+    if isinstance(exc, OSError):
+        return "OSError", exc.errno in _RETRYABLE_ERRNO
+    return "InternalError", False
+
+
 def as_config_error(exc: MCSyncError, what: str, endpoint: str) -> ConfigError:
     """What ``check`` raises for a failure of its probe: the same cause, as the configuration
     error it is when nothing has moved yet (exit code 2). ``endpoint`` names the server for
@@ -99,6 +145,12 @@ def as_config_error(exc: MCSyncError, what: str, endpoint: str) -> ConfigError:
         cause = str(exc).removeprefix(f"{what}: ")
         return ConfigError(f"{what}: cannot reach {endpoint} ({cause})")
     return ConfigError(str(exc))
+
+
+# Local filesystem errors that pass (an NFS handle gone stale, a busy or interrupted call);
+# the rest (ENOSPC, EACCES, EROFS, EIO, ...) need someone to act first.
+_RETRYABLE_ERRNO = frozenset({errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE,
+                              errno.EBUSY})
 
 
 def first_error(exc: BaseException) -> BaseException:

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from .report import MAX_LISTED_FAILURES, ObjectResult, SyncReport
+from .errors import failure_kind
+from .report import MAX_LISTED_FAILURES, ObjectFailure, ObjectResult, SyncReport
 
 MAX_LISTED_DEFERRED = 1000  # deferred objects named in the report; all are counted
 
@@ -72,6 +73,15 @@ class ObjectFailed:
     action: ActionKind
     size: int
     error: str
+    kind: str | None = None  # see report.ObjectFailure
+    retryable: bool = False
+
+    @classmethod
+    def of(cls, key: str, action: ActionKind, size: int, exc: BaseException,
+           error: str | None = None) -> ObjectFailed:
+        """The failure ``exc`` caused, classified (``errors.failure_kind``); ``error`` the
+        line that describes it (``str(exc)`` unless given)."""
+        return cls(key, action, size, str(exc) if error is None else error, *failure_kind(exc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,10 +175,11 @@ class StatsCollector:
                                        event.bytes_reused, event.reused_own)
             case ObjectDone(result=result):
                 r.record_done(result)
-            case ObjectFailed(key=key, error=error):
+            case ObjectFailed():
                 r.objects_failed += 1
                 if len(r.failures) < MAX_LISTED_FAILURES:
-                    r.failures.append((key, error))
+                    r.failures.append(ObjectFailure(event.key, event.error, event.kind,
+                                                    event.retryable))
                 else:
                     r.failures_not_listed += 1
             case ObjectDeferred(key=key, size=size, reason=reason):

@@ -21,15 +21,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
-from .errors import ConfigError, MCSyncError, NotFound
+from .errors import ConfigError, Locked, MCSyncError, NotFound
 from .stores.base import Store
 from .tasks import cancel_and_wait
 
+__all__ = ["Locked", "read_lock", "run_lock"]  # Locked lives in errors; named here as before
+
 log = logging.getLogger(__name__)
-
-
-class Locked(MCSyncError):
-    """Another run of this sync pair holds the lock (exit code 3)."""
 
 
 def _holder() -> dict[str, object]:

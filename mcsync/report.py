@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -35,6 +36,31 @@ class ObjectResult:
 
 
 _RESULT_FIELDS = tuple(f.name for f in fields(ObjectResult))
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectFailure:
+    """One object the run could not bring to the target; the rest of the run went on."""
+
+    key: str
+    error: str  # what went wrong, one line
+    # The cause's class in mcsync.errors ("AccessDenied", "Throttled", "IntegrityError"...;
+    # "OSError", "InternalError"), see errors.failure_kind. None: no error of its own (a
+    # checkpoint marker held back because other objects failed, a --verify mismatch).
+    kind: str | None = None
+    retryable: bool = False  # whether the same object may succeed on a later run
+
+    # The report's failures were (key, error) pairs before they had a kind: they still
+    # unpack as one, so ``dict(report.failures)`` and ``key, error = failure`` keep working.
+    def __iter__(self) -> Iterator[str]:
+        return iter((self.key, self.error))
+
+    def __getitem__(self, index: int) -> str:
+        return (self.key, self.error)[index]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "error": self.error, "kind": self.kind,
+                "retryable": self.retryable}
 
 
 @dataclass
@@ -78,7 +104,7 @@ class SyncReport:
     parts_in_flight_peak: int = 0
     parts_in_flight_limit_peak: int = 0
     elapsed_s: float = 0.0
-    failures: list[tuple[str, str]] = field(default_factory=list)  # (key, error), capped
+    failures: list[ObjectFailure] = field(default_factory=list)  # the first MAX_LISTED_FAILURES
     deferred: list[tuple[str, str]] = field(default_factory=list)  # (key, why), the first 1000
     objects: list[ObjectResult] = field(default_factory=list)  # the first MAX_LISTED_OBJECTS
     objects_not_listed: int = 0  # changed objects past that cap: counted, not named
@@ -160,7 +186,7 @@ class SyncReport:
         # manifest, and --json). Every value here is immutable but the lists, remade below.
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["objects"] = [r.to_dict() for r in self.objects]
-        d["failures"] = [{"key": k, "error": e} for k, e in self.failures]
+        d["failures"] = [f.to_dict() for f in self.failures]
         d["deferred"] = [{"key": k, "reason": why} for k, why in self.deferred]
         d["bytes_transferred"] = self.bytes_transferred
         d["throughput_bps"] = round(self.throughput_bps, 1)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import json
-import os
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -14,7 +11,7 @@ from typing import Any
 
 import click
 
-from .. import run_blocking
+from .. import run_blocking, tune_process
 from .._version import __version__
 from ..config import (
     CHUNKERS,
@@ -63,7 +60,8 @@ Exit codes:
 class _Parsed(click.ParamType):
     """An option value read by one of mcsync's parsers, its UsageError shown as click's."""
 
-    def __init__(self, name: str, parse: Callable[[str], Any], done: type | None = None) -> None:
+    def __init__(self, name: str, parse: Callable[[str], Any],
+                 done: type[Any] | None = None) -> None:
         self.name = name
         self._parse = parse
         self._done = done  # a default already of this type needs no parsing
@@ -383,49 +381,8 @@ def _seams() -> Seams:
     return found or Seams()
 
 
-def _keep_freed_buffers() -> None:
-    """Let glibc's malloc reuse freed part buffers instead of returning them to the kernel.
-
-    By default a buffer of 8 MiB or more is its own mmap, unmapped when freed, so every part
-    received faults in fresh zeroed pages (on the 2-core benchmark VM, where freed memory goes
-    back to the host, that was ~15% of a 2 GiB download's CPU). Buffers up to 32 MiB now come
-    from malloc's heaps and stay there; memory held stays bounded by ``--memory-limit``. Done
-    for the command only: a library call leaves its host process's allocator alone."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    mallopt(m_mmap_threshold, 32 << 20)
-    mallopt(m_trim_threshold, 1 << 30)
-
-
-def _collect_less() -> None:
-    """Garbage collection for a command that lives minutes, not days. What was imported is
-    frozen (never garbage, never scanned again), and the youngest generation is collected
-    every 50,000 allocations instead of 700: botocore makes thousands of short-lived objects
-    per request, and the collections they set off were ~7% of an upload's client CPU (perf).
-    Reference cycles are still found, a little later. The command only: a library call leaves
-    its host process's collector alone."""
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
-
-
-def _botocore_signs_itself() -> None:
-    """Keep botocore's own SigV4 signer. With ``awscrt`` importable (mcsync's CopyObject
-    client) botocore signs with the CRT's instead, which costs more per request here: 1,000
-    HeadBucket took 0.54-0.62 CPU s with it against 0.51-0.52 with botocore's own (3 runs
-    each). ``BOTO_DISABLE_CRT`` is botocore's switch, read when botocore is imported (later:
-    only a request that needs botocore imports it); a value already set wins. The command
-    only: a library call leaves its host process's botocore as it is."""
-    os.environ.setdefault("BOTO_DISABLE_CRT", "true")
-
-
 def main(seams: Seams | None = None) -> None:
-    _keep_freed_buffers()
-    _collect_less()
-    _botocore_signs_itself()
+    tune_process()  # the command's process is the sync's own
     cli(prog_name="mcsync", obj=seams or Seams())
 
 

@@ -21,7 +21,7 @@ from ..events import (
 from ..report import SyncReport
 
 if TYPE_CHECKING:
-    from ..watch import Cycle
+    from ..watching import Cycle
 
 
 class _Totals:

@@ -15,13 +15,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
 from .. import run_blocking
 from ..config import SyncOptions
-from ..engine import ManifestFactory, close_quietly, run_sync, store_options
+from ..engine import ManifestFactory, close_quietly, run_sync
 from ..errors import MCSyncError, UsageError
 from ..events import EventSink, FanOut
 from ..lock import Locked
@@ -33,7 +33,7 @@ from .progress import FailureLines, LogProgress, TerminalProgress, cycle_line, s
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
-    from ..watch import Cycle
+    from ..watching import Cycle
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -85,14 +85,16 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
     async def go(stop: asyncio.Event) -> SyncReport | Cycle | None:
         opened: list[ReadStore] = []
         try:
-            for url, open_one, role in ((src, seams.open_source, "source"),
-                                        (dst, seams.open_target, "target")):
-                store = open_one(url, store_options(options))
+            sides: tuple[tuple[str, Callable[[str, StoreOptions], ReadStore],
+                               Literal["source", "target"]], ...] = (
+                (src, seams.open_source, "source"), (dst, seams.open_target, "target"))
+            for url, open_one, role in sides:
+                store = open_one(url, options.store_options(role))
                 opened.append(store if metrics is None else metrics.wrap(store, role))
             if watch_interval_s is None:
                 return await run_sync(opened[0], opened[1], options, FanOut(sinks), stop=stop,
                                       manifest_factory=seams.open_manifest)
-            from ..watch import watch  # watchfiles only for a watch
+            from ..watching import watch  # watchfiles only for a watch
 
             return await watch(opened[0], opened[1], options, FanOut(sinks), stop,
                                interval_s=watch_interval_s,
@@ -201,7 +203,8 @@ def _metrics_for(addr: tuple[str, int] | None, path: str | None) -> Metrics | in
 
     from ..metrics import Metrics
 
-    disable_created_metrics()  # no *_created series: this process is the command's own
+    # No *_created series: this process is the command's own. (prometheus_client is untyped.)
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     metrics = Metrics()
     if path is not None:
         where = Path(path).parent

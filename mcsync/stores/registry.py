@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from ..config import DEFAULT_CONCURRENCY, StoreOptions
 from ..errors import UsageError
-from ..retry import RetryPolicy
 from .base import ReadStore
 from .local import LocalStore
 from .s3 import S3Credentials, S3Store
@@ -62,21 +62,16 @@ def parse_url(url: str) -> Location:
     return Location(scheme, bucket, prefix)
 
 
-@dataclass(frozen=True, slots=True)
-class StoreOptions:
-    """What a store opened from a URL is told: where (an S3 endpoint, an AWS profile), how
-    many connections to pool, and how patiently to retry."""
-
-    endpoint_url: str | None = None  # for s3:// (meta:// has its own, see meta_settings)
-    profile: str | None = None  # AWS profile, for s3://
-    max_connections: int = 128
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+__all__ = ["Location", "StoreOptions", "meta_settings", "open_store", "parse_url"]
 
 
 def open_store(url: str, options: StoreOptions | None = None) -> ReadStore:
-    """The store an address names. A ``gs://`` or ``az://`` store is a ``ReadStore`` only;
-    the others are writable ``Store``s."""
+    """The store an address names (``s3://``, ``meta://``, ``gs://``, ``az://``, a path),
+    yours to close (``await store.aclose()``). A ``gs://`` or ``az://`` store is a
+    ``ReadStore`` only; the others are writable ``Store``s. Raises UsageError for an address
+    that names no store; nothing is sent until the store is used."""
     options = options or StoreOptions()
+    connections = options.max_connections or DEFAULT_CONCURRENCY
     loc = parse_url(url)
     if loc.scheme == "file":
         return LocalStore(loc.prefix)
@@ -84,19 +79,19 @@ def open_store(url: str, options: StoreOptions | None = None) -> ReadStore:
         from .gcs import GCSStore  # imported on use: aiohttp and the Google auth libraries
 
         return GCSStore(bucket=loc.bucket, prefix=loc.prefix,
-                        max_connections=options.max_connections, retry=options.retry)
+                        max_connections=connections, retry=options.retry)
     if loc.scheme == "az":
         from .azure import AzureStore
 
         return AzureStore(container=loc.bucket, prefix=loc.prefix,
-                          max_connections=options.max_connections, retry=options.retry)
+                          max_connections=connections, retry=options.retry)
     if loc.scheme == "s3":
         endpoint = (options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
                     or os.environ.get("AWS_ENDPOINT_URL") or None)
         return S3Store(
             scheme="s3", bucket=loc.bucket, prefix=loc.prefix, endpoint_url=endpoint,
             region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
-            profile=options.profile, max_connections=options.max_connections,
+            profile=options.profile, max_connections=connections,
             retry=options.retry, ca_bundle=os.environ.get("AWS_CA_BUNDLE") or None,
         )
     meta = meta_settings()
@@ -107,7 +102,7 @@ def open_store(url: str, options: StoreOptions | None = None) -> ReadStore:
                                   meta.get("session_token")),
         credential_process=meta.get("credential_process"),
         path_style=meta.get("path_style", "true").lower() not in ("0", "false", "no"),
-        max_connections=options.max_connections, retry=options.retry,
+        max_connections=connections, retry=options.retry,
         # botocore reads AWS_CA_BUNDLE whatever the store; meta:// may name its own
         ca_bundle=meta.get("ca_bundle") or os.environ.get("AWS_CA_BUNDLE") or None,
     )

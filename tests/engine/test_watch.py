@@ -14,7 +14,7 @@ from mcsync.errors import Permanent
 from mcsync.lock import Locked
 from mcsync.stores.memory import MemoryEndpoint, MemoryStore
 from mcsync.testing.faults import Faults, Rule, faulty
-from mcsync.watch import Cycle, watch
+from mcsync.watching import Cycle, watch
 
 from .test_engine import contents, seed
 

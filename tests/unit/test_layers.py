@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
      "preflight"),
     ("scan", "compare", "verify"),
     ("upload", "compose", "transfer", "target_copy"),
-    ("engine", "watch"),
+    ("engine", "watching"),
     ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.processes",
      "testing.tls", "testing.servers", "testing.gcs", "testing.azurite", "testing.faults",
      "testing.s3_requests",

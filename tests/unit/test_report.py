@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from mcsync.report import ObjectResult, SyncReport, report_json
+from mcsync.report import ObjectFailure, ObjectResult, SyncReport, report_json
 
 
 def test_to_dict_holds_every_field_as_dataclasses_asdict_would() -> None:
@@ -13,11 +13,12 @@ def test_to_dict_holds_every_field_as_dataclasses_asdict_would() -> None:
     report.record_done(ObjectResult("a", "copy", 100, 100, "ab" * 16, 4096, "e1", 60, 40, 20,
                                     (("old/a", 20), ("old/b", 40))))
     report.record_done(ObjectResult("b", "server_copy", 50, 0))
-    report.failures.append(("c", "AccessDenied"))
+    report.failures.append(ObjectFailure("c", "c: access denied", "AccessDenied", False))
     report.deferred.append(("d", "a checkpoint not complete yet"))
 
     expected = dataclasses.asdict(report)  # the deep conversion, as the oracle
-    expected["failures"] = [{"key": "c", "error": "AccessDenied"}]
+    expected["failures"] = [{"key": "c", "error": "c: access denied", "kind": "AccessDenied",
+                             "retryable": False}]
     expected["deferred"] = [{"key": "d", "reason": "a checkpoint not complete yet"}]
     got = report.to_dict()
     extra = {"bytes_transferred", "throughput_bps", "sent_per_changed", "exit_code"}
@@ -43,7 +44,7 @@ def test_report_json_parses_back_with_a_line_per_field_and_per_entry() -> None:
     report.record_done(ObjectResult("a\n\"b", "copy", 100, 100, "ab" * 16, 4096, "e1", 60, 40,
                                     20, (("old/a", 20),)))
     report.record_done(ObjectResult("c", "copy", 1, 1))
-    report.failures.append(("d", "AccessDenied"))
+    report.failures.append(ObjectFailure("d", "d: access denied", "AccessDenied"))
     doc = report.to_dict()
 
     text = report_json(doc)
@@ -54,3 +55,10 @@ def test_report_json_parses_back_with_a_line_per_field_and_per_entry() -> None:
     assert len(lines) == len(doc) + 2 + (2 + 1) + (1 + 1)
     assert sum(line.startswith('    {"key": ') for line in lines) == 3
     assert report_json({}) == "{}"
+
+
+def test_a_failure_unpacks_as_the_key_and_error_pair_it_was() -> None:
+    failure = ObjectFailure("k", "k: slow down", "Throttled", True)
+    key, error = failure
+    assert (key, error) == ("k", "k: slow down") and failure[1] == "k: slow down"
+    assert dict([failure]) == {"k": "k: slow down"}
