@@ -66,7 +66,7 @@ class Invocation:
 class Context:
     """What the adapters need to know about the run: servers and a place for config files."""
 
-    servers: Mapping[str, object]  # "A"/"B" -> mcsync.testing.servers.S3Endpoint
+    servers: Mapping[str, object]  # "A"/"B" -> testbed.servers.S3Endpoint
     confdir: Path
 
 

@@ -1,5 +1,5 @@
 """What mcsync keeps under faults: one 60-object set synced to SeaweedFS through the fault proxy
-(``mcsync.testing.faultproxy``), once per fault kind, against a fault-free run in the same
+(``testbed.faultproxy``), once per fault kind, against a fault-free run in the same
 process. Prints a table: fault, runs, objects, bytes, objects lost or corrupt (read back and
 compared byte for byte), wall time (median), throughput as a share of the fault-free run,
 and what the report said (throttled, retried, fewest requests in flight).
@@ -15,13 +15,16 @@ import argparse
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # testbed/: not installed
+
 import mcsync
-from mcsync.testing.faultproxy import (
+from testbed.faultproxy import (
     INTERNAL_ERROR,
     SLOW_DOWN,
     TOO_MANY_REQUESTS,
@@ -32,7 +35,7 @@ from mcsync.testing.faultproxy import (
     ShortBody,
     Stall,
 )
-from mcsync.testing.servers import S3Endpoint, seaweedfs
+from testbed.servers import S3Endpoint, seaweedfs
 
 MiB = 1 << 20
 

@@ -7,11 +7,11 @@ Servers (session-scoped, started on first use, stopped at the end of the run):
 * ``seaweed_b`` -- a second, independent SeaweedFS server with other keys, for cross-endpoint
   tests (its keys are refused by ``seaweed`` and the other way round).
 * ``s3``        -- parametrized over ``moto`` and ``seaweed``: a test that takes it runs on both.
-* ``seaweed_proxy``, ``moto_proxy`` -- a ``mcsync.testing.faultproxy.FaultProxy`` (per test, no
+* ``seaweed_proxy``, ``moto_proxy`` -- a ``testbed.faultproxy.FaultProxy`` (per test, no
   rules yet, seed 0) in front of that server; ``proxy.endpoint`` is an ``S3Endpoint`` at the
   proxy with the server's keys, so ``meta_env()``, ``aws_env()`` and ``client()`` go through it.
   Create buckets on the server itself (``bucket_factory(seaweed)``), not through the proxy.
-* ``gcs``       -- the GCS emulator (``mcsync.testing.gcs``); its URL. ``gcs_bucket``: a fresh,
+* ``gcs``       -- the GCS emulator (``testbed.gcs``); its URL. ``gcs_bucket``: a fresh,
   uniquely named bucket in it. (tests/gcs/conftest.py keeps the gs:// tests' own fixtures.)
 
 Buckets: ``bucket_factory(endpoint)`` creates a fresh, uniquely named bucket on an endpoint and
@@ -34,10 +34,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mcsync.testing.azurite import AzuriteEndpoint
-from mcsync.testing.azurite import azurite as run_azurite
-from mcsync.testing.faultproxy import FaultProxy
-from mcsync.testing.servers import S3Endpoint, moto_server, seaweedfs
+from testbed.azurite import AzuriteEndpoint
+from testbed.azurite import azurite as run_azurite
+from testbed.faultproxy import FaultProxy
+from testbed.servers import S3Endpoint, moto_server, seaweedfs
 
 # --------------------------------------------------------------------------------------------
 # Environment isolation
@@ -87,7 +87,7 @@ def seaweed_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
 
 @pytest.fixture(scope="session")
 def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from mcsync.testing.gcs import gcs_emulator
+    from testbed.gcs import gcs_emulator
 
     with gcs_emulator(tmp_path_factory.mktemp("gcs")) as url:
         yield url
@@ -101,7 +101,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteEndpoin
 
 @pytest.fixture
 def gcs_bucket(gcs: str) -> str:
-    from mcsync.testing.gcs import create_bucket
+    from testbed.gcs import create_bucket
 
     name = f"gcs-{uuid.uuid4().hex[:12]}"
     create_bucket(gcs, name)

@@ -33,7 +33,7 @@ from mcsync.errors import AccessDenied, CredentialsExpired
 from mcsync.retry import RetryPolicy, retrying
 from mcsync.stores.registry import StoreOptions, open_store
 from mcsync.stores.s3 import S3Store
-from mcsync.testing.faultproxy import (
+from testbed.faultproxy import (
     EXPIRED_TOKEN,
     INVALID_ACCESS_KEY,
     Exchange,
@@ -41,7 +41,7 @@ from mcsync.testing.faultproxy import (
     Rule,
     expire_key,
 )
-from mcsync.testing.servers import LOOPBACK, S3Endpoint
+from testbed.servers import LOOPBACK, S3Endpoint
 
 from .helpers import payload, read_bucket, write_tree
 

@@ -1,5 +1,5 @@
 """mcsync end to end through the fault-injecting proxy: a local directory of 60 objects synced to
-``meta://`` (SeaweedFS behind ``mcsync.testing.faultproxy``) while the proxy throttles, resets
+``meta://`` (SeaweedFS behind ``testbed.faultproxy``) while the proxy throttles, resets
 and stalls requests.
 
 What mcsync survives today is asserted as it is. What it does not survive is written as the
@@ -30,7 +30,7 @@ import pytest
 
 import mcsync
 from mcsync.report import SyncReport
-from mcsync.testing.faultproxy import (
+from testbed.faultproxy import (
     EXPIRED_TOKEN,
     SLOW_DOWN,
     TOO_MANY_REQUESTS,
@@ -41,7 +41,7 @@ from mcsync.testing.faultproxy import (
     ShortBody,
     Stall,
 )
-from mcsync.testing.servers import S3Endpoint
+from testbed.servers import S3Endpoint
 
 from .helpers import read_bucket, write_tree
 
@@ -249,7 +249,7 @@ print(json.dumps({"Version": 1, "AccessKeyId": f"ROT{n:06d}", "SecretAccessKey":
 @pytest.fixture(scope="module")
 def rotating_seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
     """A SeaweedFS server that admits the keys a rotating credential_process hands out."""
-    from mcsync.testing.servers import seaweedfs
+    from testbed.servers import seaweedfs
 
     with seaweedfs(tmp_path_factory.mktemp("rotating"), extra_keys=ROTATING) as ep:
         yield ep

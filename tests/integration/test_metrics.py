@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mcsync.testing.processes import free_port
+from testbed.processes import free_port
 
 from .helpers import CRASHING_MCSYNC, new_bucket, payload, read_bucket, write_tree
 

@@ -37,7 +37,7 @@ from mcsync.stores.gcs import GCSStore
 from mcsync.stores.local import LocalStore
 from mcsync.stores.memory import MemoryEndpoint, MemoryStore
 from mcsync.stores.s3 import S3Credentials, S3Store
-from mcsync.testing.servers import S3Endpoint
+from testbed.servers import S3Endpoint
 
 # On loopback nothing is worth retrying for long: a server's error answer should show at once.
 _RETRY = RetryPolicy(max_attempts=2, init_backoff_s=0.0, max_backoff_s=0.0, deadline_s=30.0)
@@ -232,7 +232,7 @@ class GCSBackend(Backend):
         return self._store(self.bucket, f"{self.area}{name}/")
 
     def _top(self) -> GCSStore:
-        from mcsync.testing.gcs import create_bucket
+        from testbed.gcs import create_bucket
 
         bucket = f"top-{uuid.uuid4().hex[:12]}"
         create_bucket(self.url, bucket)
@@ -245,7 +245,7 @@ class GCSBackend(Backend):
         return self._store(f"missing-{uuid.uuid4().hex[:12]}", "x/")
 
     async def seed(self, store: GCSStore, key: str, data: bytes) -> None:
-        from mcsync.testing.gcs import upload
+        from testbed.gcs import upload
 
         await asyncio.to_thread(upload, self.url, store.bucket, store.prefix + key, data)
 
@@ -260,7 +260,7 @@ class AzureBackend(Backend):
         self.area = f"t-{uuid.uuid4().hex[:10]}/"
 
     def _store(self, container: str, prefix: str) -> AzureStore:
-        from mcsync.testing.azurite import ACCOUNT, KEY
+        from testbed.azurite import ACCOUNT, KEY
 
         return AzureStore(container=container, prefix=prefix, endpoint=self.endpoint.url,
                           retry=_RETRY, max_connections=16,
@@ -397,7 +397,7 @@ def seaweed_bucket(seaweed: S3Endpoint) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def gcs_session_bucket(gcs: str) -> str:
-    from mcsync.testing.gcs import create_bucket
+    from testbed.gcs import create_bucket
 
     name = f"conformance-{uuid.uuid4().hex[:10]}"
     create_bucket(gcs, name)
