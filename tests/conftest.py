@@ -19,6 +19,11 @@ deletes it (with its contents) after the test. Always use it rather than fixed n
 servers live for the whole session, and SeaweedFS gives each bucket its own volumes, of which
 there is a fixed number.
 
+Async tests: an ``async def`` test runs in a fresh event loop of its own, the one mcsync runs in
+(``mcsync.run_blocking``: uvloop), by ``pytest_pyfunc_call`` below. A fixture value with an
+``aclose_after_test()`` coroutine method is closed in that loop once the test ends (the
+conformance suite's backends close the stores they opened for the test that way).
+
 Environment: every test runs without the developer's ``AWS_*`` / ``MCSYNC_META_*`` variables
 and AWS config files, with ``AWS_EC2_METADATA_DISABLED=true``. A test that wants an endpoint in
 the environment sets it with ``monkeypatch.setenv`` from ``endpoint.aws_env()`` /
@@ -27,6 +32,7 @@ the environment sets it with ``monkeypatch.setenv`` from ``endpoint.aws_env()`` 
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import uuid
@@ -34,10 +40,37 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+import mcsync
 from testbed.azurite import AzuriteEndpoint
 from testbed.azurite import azurite as run_azurite
 from testbed.faultproxy import FaultProxy
 from testbed.servers import S3Endpoint, moto_server, seaweedfs
+
+# --------------------------------------------------------------------------------------------
+# Async tests
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run an ``async def`` test in its own event loop, then close (in that loop) every fixture
+    value that has an ``aclose_after_test`` coroutine method."""
+    func = pyfuncitem.obj
+    if not inspect.iscoroutinefunction(func):
+        return None
+    kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+
+    async def run() -> None:
+        try:
+            await func(**kwargs)
+        finally:
+            for value in pyfuncitem.funcargs.values():
+                close = getattr(value, "aclose_after_test", None)
+                if close is not None and inspect.iscoroutinefunction(close):
+                    await close()
+
+    mcsync.run_blocking(run())
+    return True
+
 
 # --------------------------------------------------------------------------------------------
 # Environment isolation
