@@ -22,7 +22,7 @@ its process, each marked where it is made (:func:`_patch_emulator`):
 3. **Listen backlog** 128 instead of 5: the emulator serves one request at a time, and a client
    opening 128 connections at once would otherwise wait for SYN retries.
 
-What the emulator cannot show, even so (test those against a fake, see ``tests/gcs``):
+What the emulator cannot show, even so (test those against a fake, see ``tests/stores/gcs``):
 it ignores ``maxResults`` and never pages; it answers a suffix range (``bytes=-N``) with the
 whole object; it checks no credentials (``STORAGE_EMULATOR_HOST`` turns them off in every
 client); it makes no composite objects without an MD5; it does no gzip transcoding; it never

@@ -12,7 +12,8 @@ Servers (session-scoped, started on first use, stopped at the end of the run):
   proxy with the server's keys, so ``meta_env()``, ``aws_env()`` and ``client()`` go through it.
   Create buckets on the server itself (``bucket_factory(seaweed)``), not through the proxy.
 * ``gcs``       -- the GCS emulator (``testbed.gcs``); its URL. ``gcs_bucket``: a fresh,
-  uniquely named bucket in it. (tests/gcs/conftest.py keeps the gs:// tests' own fixtures.)
+  uniquely named bucket in it. (tests/stores/gcs/conftest.py keeps the gs:// tests' own
+  fixtures.)
 
 Buckets: ``bucket_factory(endpoint)`` creates a fresh, uniquely named bucket on an endpoint and
 deletes it (with its contents) after the test. Always use it rather than fixed names: the

@@ -262,7 +262,7 @@ def test_faults_and_keys_expiring_every_few_seconds_together(rotating_seaweed, s
     0, byte-identical, nothing left open, and the report shows the throttling."""
     from botocore.credentials import RefreshableCredentials
 
-    from .test_credentials import Issued, PastExpiration
+    from ..stores.s3.test_credentials import Issued, PastExpiration
 
     # botocore renews 15/10 minutes before expiry; keys living 1 s need windows of half a second.
     # (Keys of 3 s rotated only once in a CI run of 3.4 s: the run, not the renewal, was short.)

@@ -13,7 +13,7 @@ import pytest
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 from testbed.azurite import KEY
 
-from .helpers import read_bucket, read_tree, run_cli, sync_stores
+from ...integration.helpers import read_bucket, read_tree, run_cli, sync_stores
 
 MiB = 1 << 20
 
