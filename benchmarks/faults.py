@@ -6,7 +6,8 @@ and what the report said (throttled, retried, fewest requests in flight).
 
     python benchmarks/faults.py [--repeat 2] [--big-mib 200]
 
-Loopback only (127.0.0.1). Figures and their reading: benchmarks/README.md.
+Loopback only (127.0.0.1). What it measures: benchmarks/README.md; figures and their reading:
+benchmarks/results/ (the last run: 2026-12-01.md).
 """
 
 from __future__ import annotations
