@@ -45,7 +45,8 @@ class RetryPolicy:
     def checks_retry_as_requests(self) -> bool:
         """Would a check's client retry as a request's does (the default)? Then a store checks
         with the client its run uses: a second obstore client loads the system's CA roots again
-        (~5-7 ms here) and opens connections of its own (a TLS handshake each, on a WAN)."""
+        and opens connections of its own (a TLS handshake each, on a WAN); what the roots cost:
+        benchmarks/results/2026-12-02-stop-23.md."""
         return self.obstore(preflight=True) == self.obstore()
 
     def botocore(self) -> dict[str, Any]:
