@@ -6,9 +6,12 @@ the GCS store's own loop for it has no SDK), and ``mcsync.resilience`` retries w
 that — throttling until the deadline, other transient errors up to ``max_attempts`` — around
 every request of a run. So a request is tried at most ``sdk_attempts`` x ``max_attempts``
 times, and throttling is met by fewer requests in flight (``limits.AdaptiveLimit``) rather
-than by two retry loops each backing off on its own. Every loop mcsync runs is ``retrying``:
-by error type only, never by message, and never after a cancellation (CancelledError is no
-MCSyncError).
+than by two retry loops each backing off on its own. Every loop mcsync runs is ``retrying``
+but one: a listing that breaks off is listed again from its last key by the retry layer's
+listing hook (``resilience._Hooks.listing``), since a stream resumed where it stopped is not
+one awaitable that ``retrying`` can try again whole. Both decide alike: by error type only,
+never by message, with the policy's backoff, attempts and deadline, and never after a
+cancellation (CancelledError is no MCSyncError).
 """
 
 from __future__ import annotations
