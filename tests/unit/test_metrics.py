@@ -135,12 +135,6 @@ def test_a_dry_run_counts_its_run_and_no_objects() -> None:
     assert value(metrics, "mcsync_objects_total", result="skipped") == 1
 
 
-def test_checkpoints_waiting_is_set_from_outside() -> None:
-    metrics = Metrics()
-    metrics.set_checkpoints_waiting(3)
-    assert value(metrics, "mcsync_checkpoints_waiting") == 3
-
-
 def test_each_metrics_has_a_registry_of_its_own_and_the_global_one_is_untouched() -> None:
     one, two = Metrics(), Metrics()
     one.emit(done("a", "copy", 5, 5))
