@@ -5,8 +5,9 @@ descendant it waited for (``aws`` is one Python process, ``env -u X rclone`` exe
 the same process). Peak RSS is the larger of ``ru_maxrss`` (the largest resident set of any
 *one* process of that tree, exact) and the peak of the whole tree's summed RSS, sampled by the
 launcher every 0.1 s from /proc (which catches several processes at once). The tool is forked
-by a small launcher (``_launcher.py``) rather than by this process, because a child inherits
-its parent's pre-exec RSS high-water mark into ``ru_maxrss`` (see the launcher's docstring).
+by a small launcher (``testbed/rusage.py``) rather than by this process, because a child
+inherits its parent's pre-exec RSS high-water mark into ``ru_maxrss`` (see the launcher's
+docstring).
 The SeaweedFS servers are *not* the client: their CPU is sampled separately with psutil.
 """
 
@@ -18,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -26,12 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.rusage import launcher_argv
+
 try:
     import psutil
 except ImportError:  # psutil is in the bench extra; without it there is no server CPU column
     psutil = None
-
-LAUNCHER = Path(__file__).resolve().parent / "_launcher.py"
 
 # Keys a tool may keep next to the data it wrote (mcsync's manifest copy); not counted.
 IGNORED_PREFIXES = (".mcsync/",)
@@ -77,7 +77,7 @@ def run_measured(
     timed_out = threading.Event()
     report = stdout.with_name(stdout.stem + ".rusage.json")
     report.unlink(missing_ok=True)
-    launcher = [sys.executable, "-I", "-S", str(LAUNCHER), str(report), "--", *argv]
+    launcher = launcher_argv(report, argv)
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
         start = time.perf_counter()
         proc = subprocess.Popen(

@@ -17,7 +17,7 @@ meanwhile; it is idempotent and also registered with ``atexit``. A namespace lef
 run that was killed outright (``mcsb-PID`` whose PID is gone) is removed by the next run.
 
 :func:`seaweedfs_in` starts ``ip netns exec NS weed server ...`` bound to the namespace's
-address. mcsync.testing.servers.seaweedfs() cannot do that (it binds 127.0.0.1 and runs
+address. testbed.servers.seaweedfs() cannot do that (it binds 127.0.0.1 and runs
 ``weed`` itself), so the command is built here, with the same flags; see that module. A hook
 there (``seaweedfs(..., ip=..., argv_prefix=[...])``) would let this module use it instead.
 """
@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcsync.testing.processes import parent_death_signal
-from mcsync.testing.servers import find_weed
+from testbed.processes import parent_death_signal
+from testbed.servers import find_weed
 
 NS_PREFIX = "mcsb-"
 NET = "127.77"  # /30 subnets 127.77.K.0/30 for K = 0 .. 63
@@ -272,7 +272,7 @@ def seaweedfs_in(
     startup_timeout: float = 60.0,
 ) -> Iterator[object]:
     """Run ``weed server`` in ``link``'s namespace, bound to its address; yield the endpoint
-    (an ``endpoint_cls``, i.e. mcsync.testing.servers.S3Endpoint). Flags as servers.py's."""
+    (an ``endpoint_cls``, i.e. testbed.servers.S3Endpoint). Flags as servers.py's."""
     workdir = Path(workdir).resolve()
     (workdir / "data").mkdir(parents=True, exist_ok=True)
     ident = {

@@ -46,10 +46,10 @@ def load_servers():
     if str(REPO) not in sys.path:
         sys.path.append(str(REPO))  # running with a Python that has not installed mcsync
     try:
-        return importlib.import_module("mcsync.testing.servers")
+        return importlib.import_module("testbed.servers")
     except ImportError as exc:
         raise SystemExit(
-            f"error: cannot import mcsync.testing.servers ({exc}); install with "
+            f"error: cannot import testbed.servers ({exc}); install with "
             "pip install -e '.[bench]'"
         ) from exc
 
@@ -58,10 +58,10 @@ def load_gcs():
     if str(REPO) not in sys.path:
         sys.path.append(str(REPO))
     try:
-        return importlib.import_module("mcsync.testing.gcs")
+        return importlib.import_module("testbed.gcs")
     except ImportError as exc:
         raise SystemExit(
-            f"error: cannot import mcsync.testing.gcs ({exc}); gs-to-meta needs "
+            f"error: cannot import testbed.gcs ({exc}); gs-to-meta needs "
             "pip install -e '.[bench]' (gcp-storage-emulator)"
         ) from exc
 
@@ -112,7 +112,7 @@ class Setup:
     def _start_delayed_b(self, stack: contextlib.ExitStack) -> None:
         """R: B through the fault proxy, every answer held back --rtt-ms. The harness's own
         requests (seeding, checking targets) go to B directly."""
-        from mcsync.testing.faultproxy import FaultProxy, Rule, Stall
+        from testbed.faultproxy import FaultProxy, Rule, Stall
 
         delay = Rule(Stall(self.args.rtt_ms / 1000), name="rtt")
         proxy = stack.enter_context(FaultProxy(self.servers["B"], [delay]).running())

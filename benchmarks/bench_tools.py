@@ -1,7 +1,7 @@
 """How each tool is invoked: one adapter per tool turns (source, target) into argv + env.
 
 Every tool runs as a subprocess with a high-throughput configuration that a user who tuned it
-would plausibly pick (see benchmarks/README.md for the reasoning):
+would plausibly pick (see benchmarks/METHOD.md, *How each tool is run*, for the reasoning):
 
 - mcsync: defaults (128 requests in flight), ``--quiet --json``.
 - s5cmd: defaults (256 workers, 5 parts of 50 MiB in flight per file), ``sync``.
@@ -66,7 +66,7 @@ class Invocation:
 class Context:
     """What the adapters need to know about the run: servers and a place for config files."""
 
-    servers: Mapping[str, object]  # "A"/"B" -> mcsync.testing.servers.S3Endpoint
+    servers: Mapping[str, object]  # "A"/"B" -> testbed.servers.S3Endpoint
     confdir: Path
 
 

@@ -1,12 +1,13 @@
 """What mcsync keeps under faults: one 60-object set synced to SeaweedFS through the fault proxy
-(``mcsync.testing.faultproxy``), once per fault kind, against a fault-free run in the same
+(``testbed.faultproxy``), once per fault kind, against a fault-free run in the same
 process. Prints a table: fault, runs, objects, bytes, objects lost or corrupt (read back and
 compared byte for byte), wall time (median), throughput as a share of the fault-free run,
 and what the report said (throttled, retried, fewest requests in flight).
 
     python benchmarks/faults.py [--repeat 2] [--big-mib 200]
 
-Loopback only (127.0.0.1). Figures and their reading: benchmarks/README.md.
+Loopback only (127.0.0.1). What it measures: benchmarks/README.md; figures and their reading:
+benchmarks/results/ (the last run: 2026-12-01.md).
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import argparse
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # testbed/: not installed
+
 import mcsync
-from mcsync.testing.faultproxy import (
+from testbed.faultproxy import (
     INTERNAL_ERROR,
     SLOW_DOWN,
     TOO_MANY_REQUESTS,
@@ -32,7 +36,7 @@ from mcsync.testing.faultproxy import (
     ShortBody,
     Stall,
 )
-from mcsync.testing.servers import S3Endpoint, seaweedfs
+from testbed.servers import S3Endpoint, seaweedfs
 
 MiB = 1 << 20
 

@@ -42,6 +42,8 @@ import time
 import uuid
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # testbed/: not installed
+
 import bench_netns
 from bench_args import (
     DELTA_SETS,

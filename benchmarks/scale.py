@@ -5,7 +5,7 @@ other benchmarks (``bench_measure.run_measured``: wall, the tool's CPU, the peak
 process tree):
 
 * ``plan-s3``:    ``mcsync plan meta://synthetic/ EMPTY`` against a synthetic bucket
-  (``mcsync.testing.synthetic``, a child process of its own, not counted);
+  (``testbed.synthetic``, a child process of its own, not counted);
   ``rclone copy --dry-run SYN:synthetic EMPTY`` against the same server;
 * ``plan-local``: ``mcsync plan TREE EMPTY`` and ``rclone copy --dry-run TREE EMPTY`` of a local
   tree of the same keys (empty files, made once under ``--workdir`` and kept);
@@ -36,10 +36,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # testbed/: not installed
 
 from bench_measure import ProcResult, run_measured
 
-from mcsync.testing.synthetic import SyntheticBucket, synthetic_server
+from testbed.synthetic import SyntheticBucket, synthetic_server
 
 CASES = ("plan-s3", "plan-local", "sync-s3")
 SYNC_MAX_SIZE = 64  # bytes: a sync of a million keys is about files, not bytes

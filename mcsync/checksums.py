@@ -3,12 +3,12 @@ base64 form Google Cloud Storage keeps for every object (``crc32c`` of the objec
 ``x-goog-hash: crc32c=...``: the 4-byte big-endian CRC, base64-encoded).
 
 Pure: no I/O, no state. The CRC itself is computed by the AWS CRT (``awscrt.checksums``,
-aws-checksums' SSE4.2 / ARMv8 code: 8 MiB in 0.14 ms on one core here, with the GIL released),
-which takes any buffer (``obstore.Bytes``, ``bytearray``, ``memoryview``) without a copy. The
-runs that sum CRCs are the ones that upload, and those load the CRT to send their parts anyway;
-the ``crc32c`` package it replaced was 0.28 ms per 8 MiB and cost a run ~13-33 ms more to
-import (it reads its own package metadata through ``importlib.metadata``). ``google-crc32c``
-takes only ``bytes``: every other buffer would cost a full copy first.
+aws-checksums' SSE4.2 / ARMv8 code, with the GIL released), which takes any buffer
+(``obstore.Bytes``, ``bytearray``, ``memoryview``) without a copy. The runs that sum CRCs are
+the ones that upload, and those load the CRT to send their parts anyway; the ``crc32c``
+package it replaced was slower and cost a run more to import (it reads its own package
+metadata through ``importlib.metadata``), and ``google-crc32c`` takes only ``bytes``: every
+other buffer would cost a full copy first (figures: benchmarks/results/figures-from-code.md).
 
 Why ``combine``: a large object moves as parts read in parallel, out of order. Each part's CRC
 is computed as it arrives; ``combine`` joins ``crc(A)`` and ``crc(B)`` into ``crc(A + B)`` from
@@ -21,8 +21,9 @@ read of the source in ``scan``.
 
 Record ``checksums.to_base64(crc)`` beside the xxh3 digest (report / manifest): it is the value
 GCS shows for the object, so a GCS object and its copy can be compared without re-reading
-either. Parts of equal size share one cached operator: one ``combine`` costs about 5 us, so
-10,000 parts add 50 ms to a run, not a second pass over the bytes.
+either. Parts of equal size share one cached operator, so joining even thousands of parts
+costs a run far less than a second pass over the bytes (figures:
+benchmarks/results/figures-from-code.md).
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ _OFF_LOOP = 1 << 20  # buffers of 1 MiB and more are hashed in a worker thread (
 
 @functools.cache
 def _implementation() -> Callable[[Buffer, int], int]:
-    # Imported on first use (~30 ms when nothing has loaded the CRT yet): a run that sums no
-    # CRC (a download, a no-op re-sync) should not pay it at start-up.
+    # Imported on first use: a run that sums no CRC (a download, a no-op re-sync) should not
+    # pay the CRT's import at start-up (figures: benchmarks/results/figures-from-code.md).
     from awscrt.checksums import crc32c as implementation
 
     crc: Callable[[Buffer, int], int] = implementation

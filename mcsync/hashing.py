@@ -16,10 +16,6 @@ from .types import Buffer, ByteRange
 _OFF_LOOP = 1 << 20  # hash buffers of 1 MiB and more in a worker thread (xxhash drops the GIL)
 
 
-def block_digest(data: Buffer) -> bytes:
-    return xxhash.xxh3_128_digest(data)
-
-
 async def block_digest_async(data: Buffer) -> bytes:
     if len(data) >= _OFF_LOOP:
         return await asyncio.to_thread(xxhash.xxh3_128_digest, data)

@@ -118,15 +118,15 @@ class GoodputSlots(_Gate):
     """How many data-bearing requests are on the wire at once, found by measuring.
 
     More parts in flight help until the link, or the server, is full; past that they only
-    hold memory and contend (on SeaweedFS with 2 cores, 8 parts of one 512 MiB upload took
-    3.9 s, 128 took 4.9 s; a real link to a distant region needs dozens). So the limit starts
+    hold memory and contend, while a real link to a distant region needs dozens (figures:
+    benchmarks/results/figures-from-code.md). So the limit starts
     at ``initial`` and climbs: every ``interval_s`` in which requests had to wait for a slot,
     the bytes acknowledged per second are compared with the best rate seen (the first such
     interval, which holds the run's start-up, only sets it). At least 10% more, and the limit
     grows by half (up to ``ceiling``); less above the limit that gave the best rate, and it
     steps back to that limit: a growth that did not pay is taken back, as parts in flight are
-    memory (the 2 GiB mixed set to SeaweedFS peaked at 18-41 parts, 313-471 MiB of RSS, for
-    no more throughput than 12 parts and 278-349 MiB now). At that limit a plateau is held.
+    memory (before, a large upload peaked far above the parts it needed, for no more
+    throughput). At that limit a plateau is held.
     ``throttled()`` (the store said slow down) halves it. ``peak`` is the most ever allowed.
     FIFO, and correct under cancellation, as ByteBudget."""
 
@@ -233,16 +233,16 @@ class AdaptiveLimit(_Gate):
 
 
 class BufferPool:
-    """Buffers for parts, reused from part to part instead of made for each: a fresh 8 MiB
-    buffer is 2,048 page faults when the allocator maps it anew, or, kept in the allocator's
-    heaps, stays behind in whichever worker thread's arena freed it (an upload of 8 x 32 MiB
-    held ~400 MiB of RSS for ~130 MiB of live buffers).
+    """Buffers for parts, reused from part to part instead of made for each: a fresh buffer
+    is a page fault per page when the allocator maps it anew, or, kept in the allocator's
+    heaps, stays behind in whichever worker thread's arena freed it, as RSS far above the live
+    buffers (figures: benchmarks/results/figures-from-code.md).
 
     A free buffer serves any part it can hold (the smallest that can), and no more buffers are
     kept, lent and free together, than were ever lent at once (and never more than ``keep``
     free): a checkpoint's tensor-aligned parts come in many sizes, and a pool kept per size
-    held 148 MiB of free buffers at the end of a 2 GiB upload that never had more than 56 MiB
-    of parts in hand at once. Sizes are rounded up to whole MiB."""
+    ended a large upload holding several times more free buffers than it ever had parts in
+    hand. Sizes are rounded up to whole MiB."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
@@ -290,11 +290,9 @@ class BufferPool:
 
 
 # Data-bearing requests on the wire when a run starts; GoodputSlots grows it while that pays.
-# In the peers' range (rclone 4 transfers x 4 chunks, s5cmd 5 parts a file, aws 10). On the
-# 2-core benchmark machine, where SeaweedFS shares the cores, 4 beat 8 (medians of 3-4, wall):
-# 256 MiB upload 1.68 s / 1.81 s, 2 GiB mixed upload 11.3 / 12.2 s (RSS 221-256 / 273-308 MiB,
-# server CPU 18-19 / 20-21 s), s3 -> meta mixed 1.94 / 2.04 s; level on 8-16 files of 16-32 MiB
-# and 2 GiB downloads. More parts in flight held memory and made the server contend.
+# In the peers' range (rclone 4 transfers x 4 chunks, s5cmd 5 parts a file, aws 10). 4 beat 8
+# on the benchmark machine: more parts in flight held memory and made the server contend
+# (figures: benchmarks/results/figures-from-code.md).
 INITIAL_PARTS_IN_FLIGHT = 4
 
 

@@ -78,9 +78,9 @@ async def prefetched(items: AsyncIterator[T], depth: int = 2000,
                      batch: int = 256) -> AsyncIterator[AsyncIterator[T]]:
     """Run ``items`` ahead in its own task through a bounded queue, so two listings proceed in
     parallel (page requests overlap) while memory stays bounded by ``depth`` items. Items go
-    through the queue in batches of up to ``batch`` (a queue hand-off per key cost ~2 µs, a
-    fifth of planning a key); a batch is handed over at once whenever the consumer is
-    waiting, so batching never delays it."""
+    through the queue in batches of up to ``batch`` (a queue hand-off per key cost a fair
+    share of planning the key: benchmarks/results/figures-from-code.md); a batch is handed over
+    at once whenever the consumer is waiting, so batching never delays it."""
     queue: asyncio.Queue[object] = asyncio.Queue(maxsize=max(1, depth // batch))
 
     async def pump() -> None:

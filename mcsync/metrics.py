@@ -152,9 +152,6 @@ class Metrics:
         """A run that ended without a report (exit 2, 3, or a second signal)."""
         self.runs.labels(result).inc()
 
-    def set_checkpoints_waiting(self, n: int) -> None:
-        self.checkpoints_waiting.set(n)
-
     # -- stores -----------------------------------------------------------------------------------
 
     def wrap(self, store: ReadStore, role: Role) -> ReadStore:

@@ -6,9 +6,12 @@ the GCS store's own loop for it has no SDK), and ``mcsync.resilience`` retries w
 that — throttling until the deadline, other transient errors up to ``max_attempts`` — around
 every request of a run. So a request is tried at most ``sdk_attempts`` x ``max_attempts``
 times, and throttling is met by fewer requests in flight (``limits.AdaptiveLimit``) rather
-than by two retry loops each backing off on its own. Every loop mcsync runs is ``retrying``:
-by error type only, never by message, and never after a cancellation (CancelledError is no
-MCSyncError).
+than by two retry loops each backing off on its own. Every loop mcsync runs is ``retrying``
+but one: a listing that breaks off is listed again from its last key by the retry layer's
+listing hook (``resilience._Hooks.listing``), since a stream resumed where it stopped is not
+one awaitable that ``retrying`` can try again whole. Both decide alike: by error type only,
+never by message, with the policy's backoff, attempts and deadline, and never after a
+cancellation (CancelledError is no MCSyncError).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ class RetryPolicy:
     def checks_retry_as_requests(self) -> bool:
         """Would a check's client retry as a request's does (the default)? Then a store checks
         with the client its run uses: a second obstore client loads the system's CA roots again
-        (~5-7 ms here) and opens connections of its own (a TLS handshake each, on a WAN)."""
+        and opens connections of its own (a TLS handshake each, on a WAN); what the roots cost:
+        benchmarks/results/2026-12-02-stop-23.md."""
         return self.obstore(preflight=True) == self.obstore()
 
     def botocore(self) -> dict[str, Any]:

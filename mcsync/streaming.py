@@ -16,13 +16,12 @@ from .types import Buffer, ByteRange
 
 MiB = 1024 * 1024
 # Bytes per request when a part streams into a file. Fewer, larger GETs cost the client and the
-# server less per byte: a stand-alone version of this loop (1 MiB pieces) downloaded 2 GiB as
-# 8 MiB ranges in 2.35 s, as 32 MiB in 2.14 s, as 64 MiB in 1.96 s (8 in flight, SeaweedFS on
-# 2 cores, medians of 4; s5cmd 1.87 s). The chunks hashed and recorded stay the part size the
-# layout was cut with.
+# server less per byte; 64 MiB did best of the range sizes measured (benchmarks/results/
+# figures-from-code.md, and 2026-12-01.md). The chunks hashed and recorded stay the part size
+# the layout was cut with.
 STREAM_PART_SIZE = 64 * MiB
 # Memory a streamed part is charged against the budget: the piece in hand, the one obstore is
-# filling and its read buffer (64 streams of 64 KiB pieces: ~1.3 MiB of RSS each).
+# filling and its read buffer (the RSS a stream measured: benchmarks/results/figures-from-code.md).
 STREAM_PART_HOLD = 2 * MiB
 
 

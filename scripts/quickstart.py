@@ -9,8 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+# The local SeaweedFS comes from testbed/, which the wheel does not ship: the quickstart runs
+# from a checkout, so it finds it there.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
 from mcsync.chunking import header_length, parse_safetensors
-from mcsync.testing.servers import seaweedfs
+from testbed.servers import seaweedfs
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".quickstart"

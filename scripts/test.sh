@@ -30,7 +30,7 @@ if [[ ! -f "$npm_stamp" || "$(cat "$npm_stamp")" != "$npm_want" ]]; then
 fi
 
 lint_paths=()
-for p in mcsync tests benchmarks scripts; do
+for p in mcsync testbed tests benchmarks scripts; do
     [[ -e "$p" ]] && lint_paths+=("$p")
 done
 "$venv/bin/ruff" check "${lint_paths[@]}"

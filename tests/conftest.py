@@ -7,17 +7,23 @@ Servers (session-scoped, started on first use, stopped at the end of the run):
 * ``seaweed_b`` -- a second, independent SeaweedFS server with other keys, for cross-endpoint
   tests (its keys are refused by ``seaweed`` and the other way round).
 * ``s3``        -- parametrized over ``moto`` and ``seaweed``: a test that takes it runs on both.
-* ``seaweed_proxy``, ``moto_proxy`` -- a ``mcsync.testing.faultproxy.FaultProxy`` (per test, no
+* ``seaweed_proxy``, ``moto_proxy`` -- a ``testbed.faultproxy.FaultProxy`` (per test, no
   rules yet, seed 0) in front of that server; ``proxy.endpoint`` is an ``S3Endpoint`` at the
   proxy with the server's keys, so ``meta_env()``, ``aws_env()`` and ``client()`` go through it.
   Create buckets on the server itself (``bucket_factory(seaweed)``), not through the proxy.
-* ``gcs``       -- the GCS emulator (``mcsync.testing.gcs``); its URL. ``gcs_bucket``: a fresh,
-  uniquely named bucket in it. (tests/gcs/conftest.py keeps the gs:// tests' own fixtures.)
+* ``gcs``       -- the GCS emulator (``testbed.gcs``); its URL. ``gcs_bucket``: a fresh,
+  uniquely named bucket in it. (tests/stores/gcs/conftest.py keeps the gs:// tests' own
+  fixtures.)
 
 Buckets: ``bucket_factory(endpoint)`` creates a fresh, uniquely named bucket on an endpoint and
 deletes it (with its contents) after the test. Always use it rather than fixed names: the
 servers live for the whole session, and SeaweedFS gives each bucket its own volumes, of which
 there is a fixed number.
+
+Async tests: an ``async def`` test runs in a fresh event loop of its own, the one mcsync runs in
+(``mcsync.run_blocking``: uvloop), by ``pytest_pyfunc_call`` below. A fixture value with an
+``aclose_after_test()`` coroutine method is closed in that loop once the test ends (the
+conformance suite's backends close the stores they opened for the test that way).
 
 Environment: every test runs without the developer's ``AWS_*`` / ``MCSYNC_META_*`` variables
 and AWS config files, with ``AWS_EC2_METADATA_DISABLED=true``. A test that wants an endpoint in
@@ -27,6 +33,7 @@ the environment sets it with ``monkeypatch.setenv`` from ``endpoint.aws_env()`` 
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import uuid
@@ -34,10 +41,37 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mcsync.testing.azurite import AzuriteEndpoint
-from mcsync.testing.azurite import azurite as run_azurite
-from mcsync.testing.faultproxy import FaultProxy
-from mcsync.testing.servers import S3Endpoint, moto_server, seaweedfs
+import mcsync
+from testbed.azurite import AzuriteEndpoint
+from testbed.azurite import azurite as run_azurite
+from testbed.faultproxy import FaultProxy
+from testbed.servers import S3Endpoint, moto_server, seaweedfs
+
+# --------------------------------------------------------------------------------------------
+# Async tests
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run an ``async def`` test in its own event loop, then close (in that loop) every fixture
+    value that has an ``aclose_after_test`` coroutine method."""
+    func = pyfuncitem.obj
+    if not inspect.iscoroutinefunction(func):
+        return None
+    kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+
+    async def run() -> None:
+        try:
+            await func(**kwargs)
+        finally:
+            for value in pyfuncitem.funcargs.values():
+                close = getattr(value, "aclose_after_test", None)
+                if close is not None and inspect.iscoroutinefunction(close):
+                    await close()
+
+    mcsync.run_blocking(run())
+    return True
+
 
 # --------------------------------------------------------------------------------------------
 # Environment isolation
@@ -87,7 +121,7 @@ def seaweed_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
 
 @pytest.fixture(scope="session")
 def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from mcsync.testing.gcs import gcs_emulator
+    from testbed.gcs import gcs_emulator
 
     with gcs_emulator(tmp_path_factory.mktemp("gcs")) as url:
         yield url
@@ -101,7 +135,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteEndpoin
 
 @pytest.fixture
 def gcs_bucket(gcs: str) -> str:
-    from mcsync.testing.gcs import create_bucket
+    from testbed.gcs import create_bucket
 
     name = f"gcs-{uuid.uuid4().hex[:12]}"
     create_bucket(gcs, name)

@@ -65,7 +65,9 @@ class TerminalProgress:
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         self._t = _Totals()
-        from tqdm import tqdm  # on a terminal only: ~45 ms of start-up a log run need not pay
+        # On a terminal only: a run that logs lines need not pay tqdm's import at start-up
+        # (figures: benchmarks/results/figures-from-code.md).
+        from tqdm import tqdm
 
         self._bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024,
                          dynamic_ncols=True, file=stream or sys.stderr, leave=True,

@@ -46,12 +46,11 @@ _TMP_NAME = re.compile(r"\..*" + re.escape(TMP_MARK) + r"[0-9a-f]{8}(?:[0-9a-f]{
 NAME_MAX = 255  # bytes in one file name: Linux's limit on every common filesystem
 _LIST_BATCH = 256  # entries handed from the walker thread to the event loop at a time
 # Files up to this size are read and written on the event loop's thread when the root is on a
-# local filesystem: there open + write + rename take tens of microseconds, less than handing
-# the work to a worker thread and back. Measured on the 2-core benchmark VM, 10,000 x 16 KiB
-# downloaded: 10.9 s of CPU with a thread per file, 7.0 s inline (the difference is futex
-# wake-ups, context switches and GIL hand-offs). A network or FUSE mount (a Meta Storage
-# Direct mount among them) can block for milliseconds per call, so there every file goes to
-# a thread.
+# local filesystem: there open + write + rename cost less than handing the work to a worker
+# thread and back, whose futex wake-ups, context switches and GIL hand-offs made a download of
+# many small files use far more CPU (figures: benchmarks/results/figures-from-code.md). A network
+# or FUSE mount (a Meta Storage Direct mount among them) can block for a long time per call,
+# so there every file goes to a thread.
 _INLINE_MAX = 256 * 1024
 _LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs",
                                 "zfs", "bcachefs", "overlay", "ramfs", "jfs", "reiserfs"})
@@ -94,8 +93,9 @@ class LocalStore:
         self._names: dict[str, dict[str, str]] = {}
         self._names_lock = threading.Lock()
         # Directories this store made or found, each checked to resolve inside the root: the
-        # next file there skips the check (three ``realpath`` walks, a ``mkdir``: ~0.15 ms of
-        # a small file's 0.2 ms here). mcsync makes no symlinks, so a checked directory stays
+        # next file there skips the check (three ``realpath`` walks, a ``mkdir``: most of what
+        # a small file cost; benchmarks/results/2026-12-02-stop-24.md). mcsync makes no
+        # symlinks, so a checked directory stays
         # inside; one a delete removed is dropped, one removed behind our back is checked
         # again when a file cannot be created in it.
         self._checked_dirs: set[str] = set()
@@ -310,9 +310,9 @@ class LocalStore:
     def _walk(self, directory: str, prefix: str) -> Iterator[ObjectInfo]:
         """Depth-first walk in UTF-8 byte order of the *keys*: a directory sorts as
         ``name/``, so ``a/b`` comes after ``a-b`` just as S3 lists them. A directory is held
-        as its sorted names only (a million files: ~70 MB, not the ~300 MB of as many
-        ``DirEntry`` objects), so memory is bounded by the largest directory and the depth,
-        never by the number of keys."""
+        as its sorted names only (a fraction of what as many ``DirEntry`` objects hold:
+        benchmarks/results/figures-from-code.md), so memory is bounded by the largest directory
+        and the depth, never by the number of keys."""
         names: list[str] = []
         try:
             with os.scandir(directory) as it:
@@ -346,8 +346,8 @@ class LocalStore:
         if self._inline_max:
             # A local filesystem (``check`` found out): scandir and stat take microseconds,
             # less than handing batches to a thread, which then holds the GIL against the
-            # planner: 1M files planned in 18 s that way, in ~11 s walked right here. The
-            # loop is given back every batch.
+            # planner (a million files planned much slower that way:
+            # benchmarks/results/2026-12-01.md, *Scale*). The loop is given back every batch.
             n = 0
             for info in walker:
                 yield info

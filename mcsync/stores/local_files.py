@@ -26,15 +26,11 @@ from ..types import Buffer, ByteRange, ObjectInfo, PartClaim, PartRef
 TMP_MARK = ".mcsync-tmp-"  # in the name of every hidden file mcsync writes
 
 # Data is written in slices of this size, never a whole part at once. Linux sizes page-cache
-# folios by the length of each write: one 8 MiB write gets 2 MiB folios, taken from the
+# folios by the length of each write: a large write gets large folios, taken from the
 # high-order free blocks that a VM's free page reporting has handed back to its host, so each
-# first touch faults on the host (a 2 GiB download on the 2-core benchmark VM: ~2.6 s of kernel
-# CPU in 8 MiB writes). Too small a slice costs the other way: each os.pwrite drops and retakes
-# the GIL, and 65,536 writes of 32 KiB made ~400,000 futex calls (strace). Measured, 2 GiB
-# safetensors from SeaweedFS to disk, medians of 3 (wall s): 32 KiB 3.10, 128 KiB 2.63,
-# 256 KiB 2.57, 512 KiB 2.55, 1 MiB 3.14, 8 MiB 4.49. A 256 MiB object (medians of 8, each
-# run 3 s after the last one's file was deleted): 128 KiB 0.51 s (0.27 s kernel CPU), 256 KiB
-# 0.74 s (0.47 s); at 2 GiB the two were within noise (3.0-3.6 s either way, 2 runs of 4-5).
+# first touch faults on the host. Too small a slice costs the other way: each os.pwrite drops
+# and retakes the GIL. The sizes measured, and why 128 KiB: benchmarks/results/
+# 2026-12-02-stop-25.md and benchmarks/results/figures-from-code.md.
 WRITE_SLICE = 128 * 1024
 
 
@@ -62,8 +58,8 @@ class LocalUpload:
         self._fd = fd
         # Held by every write and by close. Writes to one file go one at a time: a buffered
         # write holds the file's inode lock anyway (ext4, xfs), and writers queued in the
-        # kernel spin on that lock's owner; queued here they sleep (a 2 GiB download with 8
-        # parts in flight: ~1.3 s less system CPU in the runs that contended). And a writer
+        # kernel spin on that lock's owner; queued here they sleep, for less system CPU where
+        # parts contend (figures: benchmarks/results/figures-from-code.md). And a writer
         # left running by a cancelled part can never write after close, into a reused
         # descriptor.
         self._fd_lock = threading.Lock()
@@ -129,7 +125,8 @@ class LocalUpload:
 
     async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:
         def finish() -> ObjectInfo:
-            # No fsync: it cost more than the whole transfer (a 512 MiB file: ~1 s) and guards
+            # No fsync: it cost more than the whole transfer (figures:
+            # benchmarks/results/figures-from-code.md) and guards
             # only against a crash of the machine, not of mcsync; the rename alone already
             # keeps a half-written file out of sight, as rclone and s5cmd do.
             with self._fd_lock:
@@ -304,7 +301,8 @@ def publish(tmp: Path, fd: int, path: Path, key: str, mtime: float | None) -> Ob
     """Rename the finished temporary file ``tmp`` (open as ``fd``, closed here) into place,
     carrying the source's mtime so the next run's size + mtime comparison sees the file as
     current. The time is set and read back through ``fd``, so without two path lookups per
-    file (a rename changes neither): 1,000 x 16 KiB downloaded in 0.15 system s against 0.17."""
+    file (a rename changes neither), which saves system time on small files
+    (benchmarks/results/2026-12-03-stop-27.md)."""
     try:
         try:
             st = stamp(fd, mtime)

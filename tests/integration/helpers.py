@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 
 import mcsync
 from mcsync.cli.main import cli
-from mcsync.testing.servers import S3Endpoint
+from testbed.servers import S3Endpoint
 
 
 def new_bucket(ep: S3Endpoint, stem: str = "b") -> str:

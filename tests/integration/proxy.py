@@ -1,5 +1,5 @@
 """A proxy in front of a real S3 server that damages request bodies in flight, or refuses a
-header: two rules of ``mcsync.testing.faultproxy.FaultProxy`` under the names the integrity
+header: two rules of ``testbed.faultproxy.FaultProxy`` under the names the integrity
 and delta tests use.
 
 It stands for a bad NIC, a buggy middlebox or a memory error between mcsync and the store: the
@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from mcsync.testing.faultproxy import Corrupt, Exchange, FaultProxy, Reply, Rule
+from testbed.faultproxy import Corrupt, Exchange, FaultProxy, Reply, Rule
 
 REFUSAL = Reply(400, "InvalidRequest", "Checksum Type mismatch occurred, expected checksum "
                 "Type: null, actual checksum Type: crc32c")

@@ -10,8 +10,8 @@ from pathlib import Path
 import mcsync
 from mcsync.stores.s3 import S3Store
 from mcsync.stores.s3_clients import S3Credentials
-from mcsync.testing.faultproxy import FaultProxy
-from mcsync.testing.servers import S3Endpoint
+from testbed.faultproxy import FaultProxy
+from testbed.servers import S3Endpoint
 
 from .helpers import new_bucket, put_objects, read_tree
 

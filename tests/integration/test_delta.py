@@ -308,7 +308,7 @@ def test_a_target_refusing_ranged_part_copies_gets_the_object_whole(seaweed, buc
                                                                      caplog):
     """An S3 implementation without UploadPartCopy ranges (a proxy answers them 400 before
     SeaweedFS sees them): the delta falls back to a full upload, once noted, target exact."""
-    from mcsync.testing.servers import S3Endpoint
+    from testbed.servers import S3Endpoint
 
     from .proxy import CorruptingProxy
 

@@ -1,4 +1,4 @@
-"""The fault-injecting proxy itself (``mcsync.testing.faultproxy``), observed with plain botocore
+"""The fault-injecting proxy itself (``testbed.faultproxy``), observed with plain botocore
 clients with retries off: each fault does what it says, to the requests its rule names and no
 others, and the record says what happened."""
 
@@ -20,7 +20,7 @@ from botocore.exceptions import (
     ResponseStreamingError,
 )
 
-from mcsync.testing.faultproxy import (
+from testbed.faultproxy import (
     EXPIRED_TOKEN,
     INTERNAL_ERROR,
     INVALID_ACCESS_KEY,
@@ -36,7 +36,7 @@ from mcsync.testing.faultproxy import (
     expire_key,
     s3_operation,
 )
-from mcsync.testing.servers import S3Endpoint
+from testbed.servers import S3Endpoint
 
 from .helpers import payload
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import mcsync
-from mcsync.testing.servers import S3Endpoint
+from testbed.servers import S3Endpoint
 
 from .helpers import payload, read_bucket, write_tree
 from .proxy import CorruptingProxy

@@ -16,8 +16,8 @@ import mcsync
 from mcsync import StoreOptions, SyncOptions
 from mcsync.events import Event, ObjectDone
 from mcsync.manifest import last_run_status
-from mcsync.testing.faultproxy import Reply, Rule
-from mcsync.testing.servers import S3Endpoint
+from testbed.faultproxy import Reply, Rule
+from testbed.servers import S3Endpoint
 
 from .helpers import payload, put_objects, read_bucket, read_tree, write_tree
 from .proxy import CorruptingProxy

@@ -1,11 +1,13 @@
 """`--metrics-file` and `--metrics-addr` on real runs: the command as shipped, in a process of
-its own, against SeaweedFS; the figures read back with prometheus_client's parser."""
+its own, against SeaweedFS; the figures read back with prometheus_client's parser. And the
+HTTP exposition itself (``Metrics.serving``) on a port of 127.0.0.1."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +17,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mcsync.testing.processes import free_port
+from mcsync.events import ObjectDone
+from mcsync.metrics import Metrics
+from mcsync.report import ObjectResult
+from testbed.processes import free_port
 
 from .helpers import CRASHING_MCSYNC, new_bucket, payload, read_bucket, write_tree
 
@@ -164,3 +169,19 @@ def test_metrics_are_served_while_the_run_lives(source_tree, seaweed):
     assert parts == sorted(parts) and parts[-1] > 0  # a counter that grows as parts land
     with pytest.raises(urllib.error.URLError):  # the server stopped with the run
         urllib.request.urlopen(url, timeout=2)
+
+
+def test_serving_answers_scrapes_while_it_lives_and_frees_the_port() -> None:
+    metrics = Metrics()
+    metrics.emit(ObjectDone(ObjectResult("a", "copy", 3, 3)))
+    with metrics.serving("127.0.0.1", 0) as (host, port):
+        assert host == "127.0.0.1" and port > 0
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        threads = {t.name for t in threading.enumerate()}
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["mcsync_sent_bytes"].samples[0].value == 3
+    assert "process_cpu_seconds_total" not in text  # the global registry's, not ours
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+    assert {t.name for t in threading.enumerate()} < threads

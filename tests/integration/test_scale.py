@@ -1,8 +1,8 @@
 """Scale: planning many keys costs memory flat in their number.
 
-``mcsync plan`` runs as a child process against a synthetic bucket (``mcsync.testing.synthetic``,
+``mcsync plan`` runs as a child process against a synthetic bucket (``testbed.synthetic``,
 a server process of its own that computes each listing page) or a local tree of empty files; its
-peak RSS is read by ``benchmarks/_launcher.py`` (``ru_maxrss`` of the mcsync process, and the
+peak RSS is read by ``testbed/rusage.py`` (``ru_maxrss`` of the mcsync process, and the
 sampled sum of its process tree) and its counts from ``--json``. The fast cases compare 20k
 with 200k keys: memory per key (rclone's ~1 KB an object) would show as ~180 MB, per-key state
 of a few dozen bytes as ~10 MB. The slow cases plan a million keys under 300 MiB.
@@ -26,10 +26,9 @@ from botocore.config import Config
 
 from mcsync.events import ObjectDone, StatsCollector
 from mcsync.report import MAX_LISTED_OBJECTS, ObjectResult
-from mcsync.testing.synthetic import SyntheticBucket, serve_in_thread, synthetic_server
+from testbed.rusage import launcher_argv
+from testbed.synthetic import SyntheticBucket, serve_in_thread, synthetic_server
 
-ROOT = Path(__file__).resolve().parents[2]
-LAUNCHER = ROOT / "benchmarks" / "_launcher.py"
 MCSYNC = [sys.executable, "-m", "mcsync.cli.main"]
 MiB = 1024 * 1024
 
@@ -37,7 +36,7 @@ MiB = 1024 * 1024
 def measured(argv: list[str], env: dict[str, str], tmp: Path, name: str) -> dict[str, Any]:
     """Run ``argv`` under the launcher: its report (wall, CPU, RSS in KiB) and its stdout."""
     out = tmp / f"{name}.rusage.json"
-    proc = subprocess.run([sys.executable, "-I", "-S", str(LAUNCHER), str(out), "--", *argv],
+    proc = subprocess.run(launcher_argv(out, argv),
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     usage = json.loads(out.read_text())

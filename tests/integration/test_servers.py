@@ -84,7 +84,8 @@ import time
 import pytest
 from botocore.exceptions import ClientError
 
-from mcsync.testing.servers import S3Endpoint
+from testbed.processes import REPO_ROOT
+from testbed.servers import S3Endpoint
 
 MiB = 1024 * 1024
 STALE_ETAG = '"0123456789abcdef0123456789abcdef"'
@@ -535,7 +536,9 @@ def test_wrong_credentials(request, s3, bucket_factory):
 def test_module_main_runs_a_server_until_sigterm(tmp_path):
     env_file = tmp_path / "endpoint.env"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mcsync.testing.servers", "moto", "--env-file", str(env_file)],
+        [sys.executable, "-m", "testbed.servers", "moto", "--env-file", str(env_file)],
+        cwd=REPO_ROOT,  # as a person runs it: from the repository's root (testbed/ is not in the
+        # wheel)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

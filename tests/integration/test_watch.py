@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from mcsync.testing.servers import S3Endpoint
+from testbed.servers import S3Endpoint
 
 from .helpers import new_bucket, payload, put_objects, read_bucket, read_tree
 

@@ -7,8 +7,9 @@ and says what only it can know (which keys it must refuse, which cases its serve
 get wrong). Adding a store to the suite is writing one more ``Backend`` and one more branch of
 the ``backend`` fixture.
 
-Tests are ``async def``: ``pytest_pyfunc_call`` below runs each in a fresh event loop (the one
-mcsync runs in) and closes, in that loop, every store its backend opened.
+Tests are ``async def``: the hook of ``tests/conftest.py`` runs each in a fresh event loop (the
+one mcsync runs in) and then, in that loop, the backend's ``aclose_after_test`` closes every
+store it opened.
 
 Roots: each test gets an area of its own — a unique prefix in a bucket kept for the session
 (S3, GCS), a temporary directory, or a fresh MemoryEndpoint — and every root it asks for is a
@@ -19,7 +20,6 @@ server-side, as two prefixes of one endpoint do).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -28,7 +28,6 @@ from typing import Any
 
 import pytest
 
-import mcsync
 from mcsync.errors import NotFound, Permanent, Transient
 from mcsync.metrics import Metrics
 from mcsync.resilience import Pacing, resilient
@@ -52,31 +51,10 @@ from mcsync.stores.memory import MemoryEndpoint, MemoryStore
 from mcsync.stores.s3 import S3Credentials, S3Store
 from mcsync.stores.wrap import inner_of
 from mcsync.testing.faults import Faults, faulty
-from mcsync.testing.servers import S3Endpoint
+from testbed.servers import S3Endpoint
 
 # On loopback nothing is worth retrying for long: a server's error answer should show at once.
 _RETRY = RetryPolicy(max_attempts=2, init_backoff_s=0.0, max_backoff_s=0.0, deadline_s=30.0)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    """Run an ``async def`` test in its own event loop, then close its backend's stores."""
-    func = pyfuncitem.obj
-    if not inspect.iscoroutinefunction(func):
-        return None
-    names = pyfuncitem._fixtureinfo.argnames
-    kwargs = {name: pyfuncitem.funcargs[name] for name in names}
-
-    async def run() -> None:
-        try:
-            await func(**kwargs)
-        finally:
-            backend = pyfuncitem.funcargs.get("backend")
-            if isinstance(backend, Backend):
-                await backend.aclose()
-
-    mcsync.run_blocking(run())
-    return True
 
 
 # Every optional side and ability of ``stores.base``: a backend declares which of these its
@@ -146,7 +124,8 @@ class Backend:
         store must write and read them back, and list them as they are."""
         return []
 
-    async def aclose(self) -> None:
+    async def aclose_after_test(self) -> None:
+        """Close the stores this test opened, in the test's own loop (see tests/conftest.py)."""
         opened, self._opened = self._opened, []
         for store in opened:
             _MADE_BY.pop(id(store), None)
@@ -270,7 +249,7 @@ class GCSBackend(Backend):
         return self._store(self.bucket, f"{self.area}{name}/")
 
     def _top(self) -> GCSStore:
-        from mcsync.testing.gcs import create_bucket
+        from testbed.gcs import create_bucket
 
         bucket = f"top-{uuid.uuid4().hex[:12]}"
         create_bucket(self.url, bucket)
@@ -283,7 +262,7 @@ class GCSBackend(Backend):
         return self._store(f"missing-{uuid.uuid4().hex[:12]}", "x/")
 
     async def seed(self, store: GCSStore, key: str, data: bytes) -> None:
-        from mcsync.testing.gcs import upload
+        from testbed.gcs import upload
 
         await asyncio.to_thread(upload, self.url, store.bucket, store.prefix + key, data)
 
@@ -299,7 +278,7 @@ class AzureBackend(Backend):
         self.area = f"t-{uuid.uuid4().hex[:10]}/"
 
     def _store(self, container: str, prefix: str) -> AzureStore:
-        from mcsync.testing.azurite import ACCOUNT, KEY
+        from testbed.azurite import ACCOUNT, KEY
 
         return AzureStore(container=container, prefix=prefix, endpoint=self.endpoint.url,
                           retry=_RETRY, max_connections=16,
@@ -484,7 +463,7 @@ def seaweed_bucket(seaweed: S3Endpoint) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def gcs_session_bucket(gcs: str) -> str:
-    from mcsync.testing.gcs import create_bucket
+    from testbed.gcs import create_bucket
 
     name = f"conformance-{uuid.uuid4().hex[:10]}"
     create_bucket(gcs, name)

@@ -1,6 +1,7 @@
 """Data flows one way, and so do imports: no module under mcsync/ imports from a layer above
 its own, and no two modules import each other. The layers are the ones docs/ARCHITECTURE.md
-draws; a new module is given its layer here."""
+draws; a new module is given its layer here. And nothing under mcsync/ imports ``testbed``,
+which the wheel does not ship."""
 
 from __future__ import annotations
 
@@ -26,11 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("scan", "compare", "verify"),
     ("upload", "compose", "transfer", "target_copy"),
     ("engine", "watching"),
-    ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.processes",
-     "testing.tls", "testing.servers", "testing.gcs", "testing.azurite", "testing.faults",
-     "testing.s3_requests",
-     "testing.faultproxy",
-     "testing.synthetic"),
+    ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.faults"),
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
@@ -88,6 +85,18 @@ def test_no_module_imports_from_a_layer_above_its_own(name):
     path = modules()[name]
     above = sorted(m for m in imports_of(name, path) if LAYER[m] > LAYER[name])
     assert above == [], f"{name} (layer {LAYER[name]}) imports {above} from above"
+
+
+def test_the_package_never_imports_the_testbed():
+    """testbed/ (local servers, the fault proxy) is not in the wheel: an import of it would
+    fail for every user."""
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            found += [name for n in names if n.split(".")[0] == "testbed"]
+    assert found == []
 
 
 def test_no_import_cycles():

@@ -1,13 +1,11 @@
 """``mcsync.metrics``: the sink's figures from events, the store wrapper's requests, the
-exposition (textfile, HTTP), each read back through prometheus_client's own parser."""
+exposition (the textfile; the HTTP server is tested in tests/integration/test_metrics.py), each
+read back through prometheus_client's own parser."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
-import urllib.request
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import prometheus_client
@@ -135,12 +133,6 @@ def test_a_dry_run_counts_its_run_and_no_objects() -> None:
     # The next run of the same process (a --watch cycle) is counted again.
     feed(metrics, [RunStarted("s", "d", dry_run=False), ObjectPlanned("b", "skip", 10)])
     assert value(metrics, "mcsync_objects_total", result="skipped") == 1
-
-
-def test_checkpoints_waiting_is_set_from_outside() -> None:
-    metrics = Metrics()
-    metrics.set_checkpoints_waiting(3)
-    assert value(metrics, "mcsync_checkpoints_waiting") == 3
 
 
 def test_each_metrics_has_a_registry_of_its_own_and_the_global_one_is_untouched() -> None:
@@ -292,22 +284,6 @@ def test_the_textfile_is_written_whole_and_a_later_run_keeps_the_last_success(tm
     Metrics().carry_over(tmp_path / "missing.prom")
 
 
-def test_serving_answers_scrapes_while_it_lives_and_frees_the_port() -> None:
-    metrics = Metrics()
-    metrics.emit(done("a", "copy", 3, 3))
-    with metrics.serving("127.0.0.1", 0) as (host, port):
-        assert host == "127.0.0.1" and port > 0
-        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-        threads = {t.name for t in threading.enumerate()}
-    families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert families["mcsync_sent_bytes"].samples[0].value == 3
-    assert "process_cpu_seconds_total" not in text  # the global registry's, not ours
-    with pytest.raises(OSError):
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
-    assert {t.name for t in threading.enumerate()} < threads
-
-
 @pytest.mark.parametrize(("text", "addr"), [
     ("127.0.0.1:9108", ("127.0.0.1", 9108)),
     ("0.0.0.0:9108", ("0.0.0.0", 9108)),
@@ -323,15 +299,3 @@ def test_addresses(text: str, addr: tuple[str, int]) -> None:
 def test_bad_addresses(text: str) -> None:
     with pytest.raises(UsageError):
         parse_addr(text)
-
-
-def test_the_module_imports_nothing_it_should_not(tmp_path: Path) -> None:
-    """The CLI imports prometheus_client only for a run that asks for metrics."""
-    import subprocess
-    import sys
-
-    code = ("import sys, mcsync.cli.main; "
-            "print('prometheus_client' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=tmp_path)
-    assert out.stdout.strip() == "False"

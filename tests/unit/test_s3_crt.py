@@ -1,7 +1,7 @@
 """The CRT's S3 client (CopyObject, the multipart upload requests), its pure pieces: where a
 request goes, how its answers and errors are read, the retry policy it is given. The requests
 themselves are tested against moto and SeaweedFS (tests/stores,
-tests/integration/test_server_copy.py) and over https (test_tls.py)."""
+tests/stores/s3/test_server_copy.py) and over https (tests/stores/s3/test_tls.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The check's page an S3 store keeps for the listing that follows: what a write of mcsync's own
 state does to it (pure logic; the store around it is tested against SeaweedFS in
-tests/integration/test_s3_check.py)."""
+tests/stores/s3/test_check.py)."""
 
 from __future__ import annotations
 

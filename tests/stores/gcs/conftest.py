@@ -1,7 +1,7 @@
 """Fixtures of the gs:// tests.
 
 * ``gcs`` (session) and ``gcs_bucket``: the GCS emulator and a fresh bucket in it, from
-  ``tests/conftest.py`` (the store conformance suite, ``tests/stores``, uses them too).
+  ``tests/conftest.py`` (the store conformance suite, ``tests/stores/``, uses them too).
 * ``gcs_env``: ``STORAGE_EMULATOR_HOST`` set to the emulator (by monkeypatch).
 * ``fake_gcs``: a FakeGCS (``fake.py``) served on 127.0.0.1 for this test, for what the emulator
   cannot show.

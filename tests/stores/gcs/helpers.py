@@ -9,8 +9,8 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from mcsync.cli.main import cli
-from mcsync.testing.gcs import upload
-from mcsync.testing.servers import S3Endpoint
+from testbed.gcs import upload
+from testbed.servers import S3Endpoint
 
 
 def payload(size: int, seed: int = 0) -> bytes:

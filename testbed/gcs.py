@@ -9,7 +9,7 @@
         upload(url, "data", "shard-0.bin", payload)
         os.environ["STORAGE_EMULATOR_HOST"] = url
 
-The child is ``python -m mcsync.testing.gcs serve``: the emulator with three changes made in
+The child is ``python -m testbed.gcs serve``: the emulator with three changes made in
 its process, each marked where it is made (:func:`_patch_emulator`):
 
 1. **Generation preconditions.** GCS answers ``412`` to a read whose ``ifGenerationMatch`` /
@@ -22,7 +22,7 @@ its process, each marked where it is made (:func:`_patch_emulator`):
 3. **Listen backlog** 128 instead of 5: the emulator serves one request at a time, and a client
    opening 128 connections at once would otherwise wait for SYN retries.
 
-What the emulator cannot show, even so (test those against a fake, see ``tests/gcs``):
+What the emulator cannot show, even so (test those against a fake, see ``tests/stores/gcs``):
 it ignores ``maxResults`` and never pages; it answers a suffix range (``bytes=-N``) with the
 whole object; it checks no credentials (``STORAGE_EMULATOR_HOST`` turns them off in every
 client); it makes no composite objects without an MD5; it does no gzip transcoding; it never
@@ -49,7 +49,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from .processes import LOOPBACK, Child, ServerStartError, child_env, free_port, port_clash
+from .processes import (
+    LOOPBACK,
+    Child,
+    ServerStartError,
+    free_port,
+    port_clash,
+    python_child_env,
+)
 
 __all__ = ["create_bucket", "gcs_emulator", "object_resource", "patch_object", "upload"]
 
@@ -72,9 +79,9 @@ def gcs_emulator(
     for attempt in range(1, attempts + 1):
         the_port = port if port is not None else free_port()
         url = f"http://{LOOPBACK}:{the_port}"
-        argv = [sys.executable, "-m", "mcsync.testing.gcs", "serve", "--port", str(the_port)]
+        argv = [sys.executable, "-m", "testbed.gcs", "serve", "--port", str(the_port)]
         child = Child("gcs-emulator", argv, log_path, cwd=workdir,
-                       env=child_env({"PYTHONUNBUFFERED": "1"}))
+                       env=python_child_env({"PYTHONUNBUFFERED": "1"}))
         try:
             try:
                 seconds = _wait_until_ready(child, url, startup_timeout)
@@ -215,7 +222,7 @@ def _patch_emulator() -> None:
 
 
 def _serve(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mcsync.testing.gcs")
+    parser = argparse.ArgumentParser(prog="python -m testbed.gcs")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the patched emulator in memory (foreground)")
     serve.add_argument("--port", type=int, required=True)

@@ -1,19 +1,24 @@
-"""Run a command and write its own wall time and rusage as JSON: ``_launcher.py OUT -- ARGV``.
+"""Run a command and write its own wall time and rusage as JSON: ``rusage.py OUT -- ARGV``.
 
-Why not ``os.wait4`` on the tool straight from run.py: Linux folds the high-water RSS of the
-address space a process had *before* ``exec`` into its ``ru_maxrss``, and a child forked (or
-vforked) from the benchmark's Python process starts with that process's ~50+ MiB. This launcher
-is started with ``python -I -S`` (about 5 MiB), forks the tool from there and reports what
-``os.wait4`` says about it alone, so a tool's peak RSS is floored at ~5 MiB instead.
+The benchmarks (``benchmarks/bench_measure.py``) and the scale tests
+(``tests/integration/test_scale.py``) measure a tool with it; ``launcher_argv`` is the command
+line they run.
+
+Why not ``os.wait4`` on the tool straight from the benchmark's process: Linux folds the
+high-water RSS of the address space a process had *before* ``exec`` into its ``ru_maxrss``, and
+a child forked (or vforked) from the benchmark's Python process starts with that process's ~50+
+MiB. This launcher is started with ``python -I -S`` (about 5 MiB), forks the tool from there and
+reports what ``os.wait4`` says about it alone, so a tool's peak RSS is floored at ~5 MiB
+instead.
 
 ``ru_maxrss`` is the largest RSS of *one* process of the tree (the tool, or a descendant it
 waited for), not the sum of processes running at the same time. So while the tool runs, the
 launcher also samples the tree every ``SAMPLE_S`` seconds from ``/proc``: the tool and every
-process descended from it or in its session (this launcher leads the session run.py gives it;
-the launcher itself is not counted; the process list is refreshed every ``RESCAN`` samples),
-summing their RSS. The report has the peak of that sum
-(``tree_rss_peak_kib``) and the most processes seen at once (``tree_procs_max``). The wait
-wakes on the tool's exit at once (a pidfd), so sampling adds nothing to the wall time.
+process descended from it or in its session (the benchmarks start this launcher in a session of
+its own; the launcher itself is not counted; the process list is refreshed every ``RESCAN``
+samples), summing their RSS. The report has the peak of that sum (``tree_rss_peak_kib``) and
+the most processes seen at once (``tree_procs_max``). The wait wakes on the tool's exit at once
+(a pidfd), so sampling adds nothing to the wall time.
 Only built-in modules are used (``os``, ``sys``, ``time``, ``select``), to keep this process
 small.
 """
@@ -73,10 +78,16 @@ def tree_rss(pids: set[int]) -> tuple[int, int]:
     return total * PAGE_KIB, n
 
 
+def launcher_argv(report: object, argv: list[str]) -> list[str]:
+    """The command line that runs ``argv`` under this launcher, which writes its JSON report to
+    ``report`` (a path). Started with ``python -I -S``, so the launcher stays ~5 MiB."""
+    return [sys.executable, "-I", "-S", os.path.abspath(__file__), str(report), "--", *argv]
+
+
 def main() -> int:
     out, sep, *argv = sys.argv[1:]
     if sep != "--" or not argv:
-        print("usage: _launcher.py OUT -- ARGV...", file=sys.stderr)
+        print("usage: rusage.py OUT -- ARGV...", file=sys.stderr)
         return 2
     me = os.getpid()
     start = time.perf_counter()

@@ -14,10 +14,10 @@ service, SFTP, WebDAV, MQ) disabled.
 A server started from the main thread is killed by the kernel (SIGKILL) when this process
 dies, even by ``kill -9``, so a crashed test run leaves no server behind.
 
-Run one in the foreground (the quickstart does)::
+Run one in the foreground, from the repository's root::
 
-    python -m mcsync.testing.servers seaweedfs --dir /tmp/sw --port 8333 [--env-file F] [--json]
-    python -m mcsync.testing.servers moto --port 5000
+    python -m testbed.servers seaweedfs --dir /tmp/sw --port 8333 [--env-file F] [--json]
+    python -m testbed.servers moto --port 5000
 
 It prints ``export AWS_...=...`` lines (or one JSON object with ``--json``) once the server
 answers, then runs until SIGINT / SIGTERM.
@@ -459,7 +459,7 @@ def moto_server(
     """Run ``python -m moto.server`` on 127.0.0.1 (random port if None); stopped on exit.
 
     moto checks no signature: any keys are accepted. Its output goes to ``log_path`` (a
-    temporary file if None). With ``tls`` (``testing.tls.make_certificates``) it serves https
+    temporary file if None). With ``tls`` (``testbed.tls.make_certificates``) it serves https
     with that certificate, and the endpoint's ``ca_bundle`` names the CA.
     """
     with _moto_child(port=port, log_path=log_path, startup_timeout=startup_timeout, tls=tls) as (
@@ -470,7 +470,7 @@ def moto_server(
 
 
 # --------------------------------------------------------------------------------------------
-# python -m mcsync.testing.servers
+# python -m testbed.servers
 
 
 def _env_lines(endpoint: S3Endpoint) -> str:
@@ -480,7 +480,7 @@ def _env_lines(endpoint: S3Endpoint) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mcsync.testing.servers",
+        prog="python -m testbed.servers",
         description="Run a local S3-compatible server in the foreground (127.0.0.1 only).",
     )
     sub = parser.add_subparsers(dest="server", required=True)

@@ -24,7 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .processes import LOOPBACK, Child, ServerStartError, child_env, free_port, port_clash
+from .processes import (
+    LOOPBACK,
+    REPO_ROOT,
+    Child,
+    ServerStartError,
+    child_env,
+    free_port,
+    port_clash,
+)
 
 __all__ = ["ACCOUNT", "AzuriteEndpoint", "azurite", "azurite_binary"]
 
@@ -33,11 +41,10 @@ log = logging.getLogger(__name__)
 # Azurite's one built-in account: a published development key, no secret of anyone's.
 ACCOUNT = "devstoreaccount1"
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-_REPO = Path(__file__).resolve().parents[2]
 
 
 def azurite_binary() -> str | None:
-    local = _REPO / "node_modules" / ".bin" / "azurite-blob"
+    local = REPO_ROOT / "node_modules" / ".bin" / "azurite-blob"
     return str(local) if local.exists() else shutil.which("azurite-blob")
 
 

@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
-from mcsync.testing.azurite import KEY
 from mcsync.testing.faults import Call, Faults, Rule, faulty
+from testbed.azurite import KEY
 
-from .helpers import read_bucket, read_tree, run_cli, sync_stores
+from ...integration.helpers import read_bucket, read_tree, run_cli, sync_stores
 
 MiB = 1 << 20
 
@@ -91,7 +91,7 @@ def test_an_unknown_container_is_a_one_line_configuration_error(azurite, tmp_pat
 def test_a_sas_token_never_reaches_an_error(tmp_path):
     """obstore names each failed request's URL, where a SAS token travels; mcsync's errors cut
     query strings. Nothing listens on the endpoint: the error is of the connection."""
-    from mcsync.testing.processes import free_port
+    from testbed.processes import free_port
 
     env = {"AZURE_STORAGE_ACCOUNT_NAME": "devstoreaccount1",
            "AZURE_STORAGE_SAS_TOKEN": "sv=2024-01-01&sp=rl&sig=SECRETSIGNATURE",

@@ -12,7 +12,7 @@ import pytest
 from mcsync import checksums
 from mcsync.errors import PreconditionFailed
 from mcsync.stores.gcs import GCSStore
-from mcsync.testing.gcs import patch_object, upload
+from testbed.gcs import patch_object, upload
 
 from .helpers import error_lines, open_uploads, payload, read_bucket, read_tree, run_cli, seed
 
@@ -75,7 +75,7 @@ def target(request, tmp_path) -> Target:
 @pytest.fixture(scope="module")
 def seeded(gcs) -> tuple[str, dict[str, bytes]]:
     """One bucket with sample() under ``data/``, shared by the tests that only read it."""
-    from mcsync.testing.gcs import create_bucket
+    from testbed.gcs import create_bucket
 
     bucket = "seeded-sample"
     create_bucket(gcs, bucket)

@@ -20,10 +20,10 @@ from mcsync.retry import RetryPolicy
 from mcsync.stores import s3
 from mcsync.stores.s3 import S3Store
 from mcsync.stores.s3_clients import S3Credentials
-from mcsync.testing.faultproxy import INTERNAL_ERROR, FaultProxy, Rule
-from mcsync.testing.servers import S3Endpoint
+from testbed.faultproxy import INTERNAL_ERROR, FaultProxy, Rule
+from testbed.servers import S3Endpoint
 
-from .helpers import new_bucket, put_objects, read_bucket, write_tree
+from ...integration.helpers import new_bucket, put_objects, read_bucket, write_tree
 
 
 async def _check_then_list(store: S3Store) -> tuple[BaseException | None, BaseException | None]:

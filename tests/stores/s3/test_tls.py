@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from mcsync.testing.servers import S3Endpoint, moto_server
-from mcsync.testing.tls import make_certificates
+from testbed.servers import S3Endpoint, moto_server
+from testbed.tls import make_certificates
 
-from .helpers import new_bucket, payload, read_bucket, read_tree, run_cli, write_tree
+from ...integration.helpers import new_bucket, payload, read_bucket, read_tree, run_cli, write_tree
 
 MiB = 1024 * 1024
 # One object in parts (botocore's UploadPart), the others each one obstore PUT.

@@ -19,10 +19,10 @@ import pytest
 from mcsync.errors import AccessDenied, NotFound, PreconditionFailed
 from mcsync.stores.s3 import S3Store
 from mcsync.stores.s3_clients import S3Credentials
-from mcsync.testing.faultproxy import INTERNAL_ERROR, SLOW_DOWN, FaultProxy, Rule, Stall
-from mcsync.testing.servers import S3Endpoint
+from testbed.faultproxy import INTERNAL_ERROR, SLOW_DOWN, FaultProxy, Rule, Stall
+from testbed.servers import S3Endpoint
 
-from .helpers import new_bucket, payload, put_objects, read_bucket, sync_stores
+from ...integration.helpers import new_bucket, payload, put_objects, read_bucket, sync_stores
 
 MiB = 1 << 20
 OBJECTS = {f"model-0000{i}-of-00003.safetensors": payload(3 * MiB, i) for i in range(1, 4)} | {

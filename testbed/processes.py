@@ -63,6 +63,22 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# The directory that holds this package. ``testbed`` is not installed (it is not part of the
+# wheel), so a Python child started as ``python -m testbed.…`` is told where it is.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def python_child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """``child_env`` for a Python child that runs a module of this package (``-m testbed.…``):
+    the repository's root is added to ``PYTHONPATH``, after anything already there."""
+    env = child_env(extra)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_ROOT) not in paths:
+        paths.append(str(REPO_ROOT))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
 def parent_death_signal() -> Callable[[], None] | None:
     """A preexec_fn that makes the child get SIGKILL when this process dies (Linux only).
 

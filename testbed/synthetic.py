@@ -16,7 +16,7 @@ What it answers (path-style, no signature checked, any keys accepted):
 Run it in a thread (``serve_in_thread``), as a child process (``synthetic_server``, for
 measuring a client without the server in its process tree), or in the foreground::
 
-    python -m mcsync.testing.synthetic --keys 1000000 --port 9100 [--json]
+    python -m testbed.synthetic --keys 1000000 --port 9100 [--json]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 from xml.sax.saxutils import escape
 
-from .processes import LOOPBACK, Child, child_env, free_port
+from .processes import LOOPBACK, Child, free_port, python_child_env
 
 __all__ = ["SyntheticBucket", "SyntheticEndpoint", "serve_in_thread", "synthetic_server"]
 
@@ -358,14 +358,14 @@ def synthetic_server(keys: int, *, per_dir: int = 1000, max_size: int = 64 * 102
                      log_path: Path | None = None,
                      startup_timeout: float = 30.0) -> Iterator[SyntheticEndpoint]:
     """Serve a synthetic bucket of ``keys`` keys from a child process (``python -m
-    mcsync.testing.synthetic``) until the block ends."""
+    testbed.synthetic``) until the block ends."""
     port = free_port()
-    argv = [sys.executable, "-m", "mcsync.testing.synthetic", "--keys", str(keys),
+    argv = [sys.executable, "-m", "testbed.synthetic", "--keys", str(keys),
             "--per-dir", str(per_dir), "--max-size", str(max_size), "--port", str(port)]
     with contextlib.ExitStack() as stack:
         if log_path is None:
             log_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "syn.log"
-        child = Child("synthetic-s3", argv, log_path, cwd=None, env=child_env())
+        child = Child("synthetic-s3", argv, log_path, cwd=None, env=python_child_env())
         stack.callback(child.stop)
         endpoint = SyntheticEndpoint(f"http://{LOOPBACK}:{port}", BUCKET, keys)
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -384,7 +384,7 @@ def synthetic_server(keys: int, *, per_dir: int = 1000, max_size: int = 64 * 102
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mcsync.testing.synthetic",
+    parser = argparse.ArgumentParser(prog="python -m testbed.synthetic",
                                      description="Serve a synthetic S3 bucket on 127.0.0.1.")
     parser.add_argument("--keys", type=int, required=True)
     parser.add_argument("--per-dir", type=int, default=1000)

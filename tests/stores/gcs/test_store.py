@@ -13,8 +13,8 @@ from mcsync import checksums
 from mcsync.errors import ConfigError, IntegrityError, NotFound, PreconditionFailed
 from mcsync.stores.base import ReadStore, Store
 from mcsync.stores.gcs import GCSStore
-from mcsync.testing.gcs import patch_object, upload
 from mcsync.types import ByteRange, ObjectInfo
+from testbed.gcs import patch_object, upload
 
 from .helpers import payload
 

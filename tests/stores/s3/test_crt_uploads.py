@@ -19,9 +19,9 @@ import pytest
 
 from mcsync.stores.s3 import S3Store
 from mcsync.stores.s3_clients import S3Credentials
-from mcsync.testing.servers import S3Endpoint
+from testbed.servers import S3Endpoint
 
-from .helpers import new_bucket, payload, read_bucket, write_tree
+from ...integration.helpers import new_bucket, payload, read_bucket, write_tree
 from .test_server_copy import RUN_AND_REPORT_IMPORTS
 
 MiB = 1 << 20

@@ -33,7 +33,7 @@ from mcsync.errors import AccessDenied, CredentialsExpired
 from mcsync.retry import RetryPolicy, retrying
 from mcsync.stores.registry import StoreOptions, open_store
 from mcsync.stores.s3 import S3Store
-from mcsync.testing.faultproxy import (
+from testbed.faultproxy import (
     EXPIRED_TOKEN,
     INVALID_ACCESS_KEY,
     Exchange,
@@ -41,9 +41,9 @@ from mcsync.testing.faultproxy import (
     Rule,
     expire_key,
 )
-from mcsync.testing.servers import LOOPBACK, S3Endpoint
+from testbed.servers import LOOPBACK, S3Endpoint
 
-from .helpers import payload, read_bucket, write_tree
+from ...integration.helpers import payload, read_bucket, write_tree
 
 MiB = 1 << 20
 SECRET = "s3cr3t-MARK"  # in every secret and token handed out: must appear in no output
@@ -630,7 +630,7 @@ def test_verbose_cli_output_holds_no_credentials(moto, bucket_factory, tmp_path)
     result = subprocess.run(
         [sys.executable, "-m", "mcsync.cli.main", "sync", str(root), f"meta://{bucket}/v/",
          "--part-size", "5MiB", "-v", "--json"], env=env, capture_output=True, text=True,
-        check=False, cwd=Path(__file__).parents[2])
+        check=False, cwd=Path(__file__).parents[3])
     assert result.returncode == 0, result.stderr[-2000:]
     assert read_bucket(moto, bucket, "v/") == objects
     for text in (result.stdout, result.stderr):

@@ -21,7 +21,7 @@ import jwt
 from aiohttp import web
 
 from mcsync import checksums
-from mcsync.testing.servers import LOOPBACK, free_port
+from testbed.servers import LOOPBACK, free_port
 
 
 @dataclass
