@@ -69,7 +69,7 @@ from .s3_clients import (
 )
 from .s3_crt import CrtClient
 from .s3_errors import translate
-from .s3_listing import CheckPage, own_state, tree_walk
+from .s3_listing import tree_walk
 from .s3_upload import BodyChecksums, S3Upload, botocore_body, unquote_etag
 
 __all__ = ["S3CopySource", "S3Credentials", "S3Store", "S3Upload"]
@@ -80,9 +80,6 @@ T = TypeVar("T")
 # What obstore raises for a key it cannot spell (a path it would normalise): plain S3 API then.
 _UNSPELLABLE = (ValueError, obstore_exc.InvalidPathError)
 CHECK_PAGE = 1000  # keys a check lists at most: one page
-# How long a check's page stands as the start of the listing after it: a run lists right
-# after its checks; a store checked and then left (a library caller) lists afresh.
-CHECKED_FRESH_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +147,6 @@ class S3Store:
         # which body checksum it takes (see ``s3_upload``).
         self._tree_listing = False
         self.body_checksums = BodyChecksums(endpoint_url or "S3")
-        # The check's page (see ``check``): the start of the first listing that follows it,
-        # unless this store wrote data in between (its own state is entered into the page).
-        self._checked: CheckPage | None = None
 
     # -- clients ------------------------------------------------------------------------------
 
@@ -281,8 +275,7 @@ class S3Store:
     async def check(self, *, mode: CheckMode) -> None:
         """One listing request, tried only ``preflight_attempts`` times: a wrong address, key
         or bucket is a one-line error in seconds. Its page also shows whether the endpoint
-        lists in byte order (see ``list``), and is the start of the listing that follows: a
-        prefix of fewer than 1,000 keys is listed whole by the check alone."""
+        lists in byte order (see ``list``)."""
         try:
             fast = await self._fast()
             probe = (fast if self._retry.checks_retry_as_requests
@@ -305,9 +298,6 @@ class S3Store:
             raise as_config_error(exc, self.url, self.endpoint_url or "S3") from exc
         if any(a["Key"] >= b["Key"] for a, b in itertools.pairwise(entries)):
             self._tree_listing = True
-        else:
-            full = len(entries) >= CHECK_PAGE
-            self._checked = CheckPage(entries, entries[-1]["Key"] if full else None)
 
     async def _answers_as_s3(self, probe: Any) -> None:
         """An empty listing is also what obstore makes of a web page answered with 200. S3
@@ -332,11 +322,8 @@ class S3Store:
         is listed directory by directory (``s3_listing.tree_walk``), ordered by construction.
         Which one an endpoint needs is found out by ``check`` and, failing that, by the first
         out-of-order key (the engine then starts again)."""
-        checked, self._checked = self._checked, None
         if self._tree_listing:
             walk = tree_walk(self._level_pages, self.prefix)
-        elif checked is not None and checked.fresh(CHECKED_FRESH_S):
-            walk = self._after_check(checked)
         else:
             walk = self._flat(self.prefix, await self._fast())
         cut = len(self.prefix)
@@ -354,20 +341,8 @@ class S3Store:
             yield ObjectInfo(key, c["Size"], unquote_etag(c.get("ETag")),
                              c["LastModified"].timestamp())
 
-    def _changes_listing(self) -> None:
-        """A write through this store: a check's page no longer starts the listing."""
-        self._checked = None
-
     def _use_tree_listing(self) -> None:
         self._tree_listing = True
-
-    async def _after_check(self, page: CheckPage) -> AsyncIterator[dict[str, Any]]:
-        """The check's page, then, if it was full, the rest of the listing after its last key."""
-        for c in page.entries:
-            yield c
-        if page.rest_after is not None:
-            async for c in self._flat(self.prefix, await self._fast(), after=page.rest_after):
-                yield c
 
     async def _flat(self, prefix: str, fast: Any, *,
                     after: str = "") -> AsyncIterator[dict[str, Any]]:
@@ -484,34 +459,15 @@ class S3Store:
                 client.put_object, data, Bucket=self.bucket, Key=self.full_key(key)))
             return r.get("ETag")
 
-        async with self._writing(key) as page:
-            etag = unquote_etag(await self._either(key, fast, slow))
-            if page is not None and page is self._checked:  # not taken by a listing since
-                page.wrote(self.full_key(key), len(data), etag)
+        etag = unquote_etag(await self._either(key, fast, slow))
         return ObjectInfo(key, len(data), etag, None)
 
     async def delete(self, key: str) -> None:
         async def slow(client: Any) -> None:
             await client.delete_object(Bucket=self.bucket, Key=self.full_key(key))
 
-        async with self._writing(key) as page:
-            await self._either(key, lambda fast: obstore.delete_async(fast, self.full_key(key)),
-                               slow)
-            if page is not None and page is self._checked:
-                page.deleted(self.full_key(key))
-
-    @contextlib.asynccontextmanager
-    async def _writing(self, key: str) -> AsyncIterator[CheckPage | None]:
-        """Around a write of ``key``: the check's page to enter it into (mcsync's own state),
-        or None, the page dropped (data, or a write that failed: it may have landed)."""
-        page = self._checked if own_state(key) else None
-        if page is None:
-            self._changes_listing()
-        try:
-            yield page
-        except BaseException:
-            self._changes_listing()
-            raise
+        await self._either(key, lambda fast: obstore.delete_async(fast, self.full_key(key)),
+                           slow)
 
     async def crt_client(self, *, body: bool = False) -> CrtClient | None:
         """The CRT's client for this store's requests (with a ``body``: requests that send
@@ -529,7 +485,6 @@ class S3Store:
         return self._crt if self._crt_sends_bodies or not body else None
 
     async def copy_object(self, source: S3CopySource, key: str) -> ObjectInfo:
-        self._changes_listing()
         crt = await self.crt_client()
         if crt is not None:
             with self.translating(key):
@@ -548,7 +503,6 @@ class S3Store:
         return ObjectInfo(key, -1, unquote_etag(r.get("CopyObjectResult", {}).get("ETag")), None)
 
     async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> S3Upload:
-        self._changes_listing()
         return await S3Upload.create(self, key, size)
 
     def validate_key(self, key: str) -> None:
@@ -564,7 +518,6 @@ class S3Store:
     async def resume_upload(
         self, key: str, upload_id: str, size: int, *, mtime: float | None = None
     ) -> S3Upload | None:
-        self._changes_listing()
         upload = S3Upload(self, key, upload_id, size)
         try:
             await upload.list_parts()
@@ -578,7 +531,6 @@ class S3Store:
     async def clear(self, prefix: str) -> None:
         """Abort every open upload and delete every object under ``prefix`` (mcsync's own
         scratch space, e.g. the staging objects a killed delta left)."""
-        self._changes_listing()
         client = await self.botocore()
         full = self.full_key(prefix)
         uploads = client.get_paginator("list_multipart_uploads")
