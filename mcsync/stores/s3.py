@@ -21,7 +21,7 @@ refreshable keys, a refusal of a key that a renewal then replaces) raises
 expiry). The store never tries a request again itself: retries live in one layer above it.
 
 Every body sent carries a checksum the target verifies on receipt: UploadPart (and the S3 API
-PUT) an ``x-amz-checksum-crc32c`` (``s3_upload``); obstore's PUT an ``x-amz-checksum-sha256``
+PUT) an ``x-amz-checksum-crc32c`` (``s3_body``); obstore's PUT an ``x-amz-checksum-sha256``
 (the digest it computes anyway to sign the payload, so it costs no extra pass). The signed
 ``x-amz-content-sha256`` alone is not enough: SeaweedFS does not check it against the body
 (tests/integration/test_servers.py).
@@ -36,7 +36,6 @@ import logging
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import obstore
@@ -56,6 +55,7 @@ from ..retry import RetryPolicy
 from ..types import Buffer, ByteRange, Capabilities, ObjectInfo
 from .base import CheckMode, ReadStore
 from .obstore_body import fill, pieces, whole
+from .s3_body import BodyChecksums, S3CopySource, botocore_body, unquote_etag
 from .s3_clients import (
     ClientSettings,
     Keys,
@@ -68,9 +68,9 @@ from .s3_clients import (
     uses_tls,
 )
 from .s3_crt import CrtClient
-from .s3_errors import translate
+from .s3_errors import checksum_header_refusal, translate
 from .s3_listing import tree_walk
-from .s3_upload import BodyChecksums, S3Upload, botocore_body, unquote_etag
+from .s3_upload import S3Upload
 
 __all__ = ["S3CopySource", "S3Credentials", "S3Store", "S3Upload"]
 
@@ -80,13 +80,6 @@ T = TypeVar("T")
 # What obstore raises for a key it cannot spell (a path it would normalise): plain S3 API then.
 _UNSPELLABLE = (ValueError, obstore_exc.InvalidPathError)
 CHECK_PAGE = 1000  # keys a check lists at most: one page
-
-
-@dataclass(frozen=True, slots=True)
-class S3CopySource:
-    bucket: str
-    key: str
-    etag: str | None
 
 
 class S3Store:
@@ -144,9 +137,9 @@ class S3Store:
         self._keys: Keys | None = None  # once resolved: what every client signs with
         self._renewals = Renewals(self.url, bucket)  # of the keys, after refusals
         # Found out per store: whether the endpoint lists in byte order (see ``list``), and
-        # which body checksum it takes (see ``s3_upload``).
+        # which body checksum it takes (see ``s3_body``).
         self._tree_listing = False
-        self.body_checksums = BodyChecksums(endpoint_url or "S3")
+        self.body_checksums = BodyChecksums(endpoint_url or "S3", checksum_header_refusal)
 
     # -- clients ------------------------------------------------------------------------------
 

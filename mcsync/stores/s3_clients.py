@@ -339,7 +339,7 @@ async def open_botocore(settings: ClientSettings, keys: Keys | None,
         # aws-chunked trailers, which some S3-compatibles reject).
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
-        # Bodies are s3_upload.Body (no copy of a part), a type botocore's validation does not
+        # Bodies are s3_body.Body (no copy of a part), a type botocore's validation does not
         # know; the parameters are ours, built in this package, never a user's.
         parameter_validation=False,
     )

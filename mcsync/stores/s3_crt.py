@@ -34,9 +34,9 @@ from urllib.parse import quote, urlsplit
 from ..errors import Transient
 from ..retry import RetryPolicy
 from ..types import Buffer
+from .s3_body import Body
 from .s3_clients import ClientSettings, Keys, S3Credentials
 from .s3_errors import S3Answered, crt_answer, crt_error
-from .s3_upload import Body
 
 # botocore's read_timeout: a CopyObject answers when the copy is done, so this bounds a copy
 # as it does botocore's (which fails a read that waits longer, and tries again). A request with

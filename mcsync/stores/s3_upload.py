@@ -1,85 +1,24 @@
-"""Multipart uploads to an S3-compatible target, and the checksum every body carries.
+"""Multipart uploads to an S3-compatible target.
 
 Their requests go through the AWS CRT's client where the store has one for them
 (``S3Store.crt_client``: an explicit endpoint, keys, and no payload that must be signed), else
 through botocore. Both send the same S3 API, so an upload opened by one is resumed by the
-other.
-
-Every UploadPart (and the S3 API PUT) carries an ``x-amz-checksum-crc32c`` computed here, off
-the event loop, so the target refuses a body damaged on the way (400 BadDigest) and nothing of
-it is stored. An endpoint that refuses that header (some want the algorithm declared at
-CreateMultipartUpload) gets ``Content-MD5`` instead, found out by its first refusal, logged
-once and remembered by the store for that operation.
+other. Every part carries a checksum the target verifies (``s3_body.BodyChecksums``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import contextlib
-import hashlib
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from .. import checksums
 from ..errors import NotFound, PreconditionFailed
 from ..types import Buffer, ByteRange, ObjectInfo, PartClaim, PartRef
-from .s3_errors import Answer, answer_of
+from .s3_body import S3CopySource, botocore_body, unquote_etag
+from .s3_errors import answer_of
 
 if TYPE_CHECKING:
-    from .s3 import S3CopySource, S3Store
-
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-CRC32C_HEADER = "x-amz-checksum-crc32c"
-MD5_HEADER = "Content-MD5"
-# The same headers as botocore's parameters.
-_BOTOCORE_PARAM = {CRC32C_HEADER: "ChecksumCRC32C", MD5_HEADER: "ContentMD5"}
-
-
-@dataclass
-class BodyChecksums:
-    """Per operation (``upload_part``, ``put_object``), the body checksum an endpoint takes:
-    "crc32c" once one was accepted, "md5" once it refused x-amz-checksum-crc32c (AWS may take
-    it on PutObject but not on UploadPart). One per store: an endpoint's answer."""
-
-    endpoint: str
-    _taken: dict[str, str] = field(default_factory=dict)
-
-    async def send(self, operation: str, data: Buffer,
-                   call: Callable[[str, str], Awaitable[T]]) -> T:
-        """``call(header, value)`` sends ``data`` with a checksum the target verifies: the
-        header (``CRC32C_HEADER`` or ``MD5_HEADER``) and its value. Errors are the client's
-        (botocore's or the CRT's): the caller translates them."""
-        if self._taken.get(operation) != "md5":
-            crc = checksums.to_base64(await checksums.crc32c_async(data))
-            try:
-                r = await call(CRC32C_HEADER, crc)
-            except Exception as exc:
-                answer = answer_of(exc)
-                if self._taken.get(operation) == "crc32c" or not _refuses_header(answer):
-                    raise
-                if operation not in self._taken:
-                    self._taken[operation] = "md5"
-                    log.warning("%s refuses x-amz-checksum-crc32c on %s (%s); sending "
-                                "Content-MD5 instead", self.endpoint, operation,
-                                answer.code if answer is not None else None)
-            else:
-                self._taken.setdefault(operation, "crc32c")
-                return r
-        md5 = await asyncio.to_thread(lambda: hashlib.md5(data, usedforsecurity=False).digest())
-        return await call(MD5_HEADER, base64.b64encode(md5).decode("ascii"))
-
-
-def botocore_body(call: Callable[..., Awaitable[dict[str, Any]]], data: Buffer,
-                  **kwargs: Any) -> Callable[[str, str], Awaitable[dict[str, Any]]]:
-    """``BodyChecksums.send``'s ``call`` for a botocore operation that takes ``data``."""
-    return lambda header, value: call(Body=Body(data), **{_BOTOCORE_PARAM[header]: value},
-                                      **kwargs)
+    from .s3 import S3Store
 
 
 class S3Upload:
@@ -224,75 +163,3 @@ class S3Upload:
             else:
                 await (await s.botocore()).abort_multipart_upload(**self._ids())
         self._finished = self._finished or "aborted"
-
-
-def _refuses_header(answer: Answer | None) -> bool:
-    """Could this be an endpoint refusing x-amz-checksum-crc32c itself? (AWS answers
-    InvalidRequest "Checksum Type mismatch" when an upload was created without the algorithm;
-    others may not implement the header.) A wrong checksum is BadDigest, never this."""
-    return answer is not None and answer.code in {"InvalidRequest", "InvalidArgument",
-                                                  "NotImplemented"}
-
-
-class Body:
-    """A body for botocore and aiohttp that copies nothing: the buffer handed out in slices.
-
-    Given ``bytes``, botocore wraps them in a BytesIO, whose buffer aiohttp then takes with
-    ``getbuffer()`` — a copy of every part (tracemalloc: 96 MiB of copies with 12 parts in
-    flight); other buffers (obstore's, memoryviews) botocore refuses unless copied to bytes.
-    Slices reach the socket as they fit, so a part waits in the transport a slice at a time.
-    ``len`` gives botocore the Content-Length; ``seek(0)`` is botocore's rewind before a retry
-    (each iteration starts from the first slice anyway). Needs the client's parameter
-    validation off (``s3_clients``): botocore knows no such type.
-
-    ``read``/``readinto`` are for the CRT: its S3 client (``s3_crt``) reads a part's body with
-    ``readinto`` from its threads (``seek(0)`` before its own retries), and so does botocore's
-    other signer: with ``awscrt`` importable (``boto3[crt]`` installs it, and so does mcsync)
-    botocore signs with the CRT's, which wraps the body in a stream (a body with no ``read``
-    failed every UploadPart: "I/O stream type expected") and reads it where the payload is
-    signed. The command keeps botocore's own signer (``cli.main``); a library call gets
-    whichever its process has."""
-
-    SLICE = 1 << 20
-
-    def __init__(self, data: Buffer) -> None:
-        self._view = memoryview(data).cast("B")
-        self._pos = 0  # of read/readinto only: the async iteration always starts at 0
-
-    def __len__(self) -> int:
-        return self._view.nbytes
-
-    def __aiter__(self) -> AsyncIterator[memoryview]:
-        return self._slices()
-
-    async def _slices(self) -> AsyncIterator[memoryview]:
-        view = self._view
-        for start in range(0, len(view), self.SLICE):
-            yield view[start:start + self.SLICE]
-
-    def readinto(self, buffer: Buffer) -> int:
-        out = memoryview(buffer).cast("B")
-        n = min(len(out), len(self._view) - self._pos)
-        out[:n] = self._view[self._pos:self._pos + n]
-        self._pos += n
-        return n
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self._view) if size < 0 else min(len(self._view), self._pos + size)
-        data = self._view[self._pos:end].tobytes()
-        self._pos = end
-        return data
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if (offset, whence) != (0, 0):
-            raise OSError(f"a part body rewinds to its start only, not to {offset}")
-        self._pos = 0
-        return 0
-
-    def tell(self) -> int:
-        return self._pos
-
-
-def unquote_etag(value: str | None) -> str | None:
-    """An ETag as S3 sends it (quoted) → as mcsync records it."""
-    return value.strip('"') if value else None
