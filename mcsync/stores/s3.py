@@ -59,6 +59,7 @@ from .s3_body import BodyChecksums, S3CopySource, botocore_body, unquote_etag
 from .s3_clients import (
     ClientSettings,
     Keys,
+    KeySource,
     Renewals,
     S3Credentials,
     make_obstore,
@@ -114,9 +115,8 @@ class S3Store:
         self.url = f"{scheme}://{bucket}/{prefix}"
         self.endpoint_url = endpoint_url
         self._region = region
-        self._credentials = credentials or S3Credentials()
-        self._credential_process = credential_process
         self._profile = profile
+        self._source = KeySource.of(credentials, credential_process, profile, os.environ)
         if path_style is None:
             path_style = endpoint_url is not None  # custom endpoints rarely do virtual hosts
         self._path_style = path_style
@@ -175,21 +175,13 @@ class S3Store:
         return self._obstore
 
     async def _given_keys(self) -> Keys | None:
-        """Keys known without botocore's chain (None: the chain's): a meta:// credential
-        process, explicit keys, else the environment's (the chain's first step) when no
-        profile is named, since a named profile skips that step. Called under the client
-        lock, so a credential process runs once."""
+        """Keys known without botocore's chain (None: the chain's; see ``KeySource``). Called
+        under the client lock, so a credential process runs once."""
         if self._keys is None:
-            env = os.environ
-            if self._credential_process:
-                self._keys = await process_keys(self._credential_process)
-            elif self._credentials.access_key_id:
-                self._keys = Keys(self._credentials)
-            elif (not self._profile and not env.get("AWS_PROFILE")
-                  and env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY")):
-                self._keys = Keys(S3Credentials(env["AWS_ACCESS_KEY_ID"],
-                                                env["AWS_SECRET_ACCESS_KEY"],
-                                                env.get("AWS_SESSION_TOKEN")))
+            if self._source.process:
+                self._keys = await process_keys(self._source.process)
+            elif self._source.fixed is not None:
+                self._keys = Keys(self._source.fixed)
         return self._keys
 
     # -- expired keys ---------------------------------------------------------------------------
@@ -246,15 +238,14 @@ class S3Store:
 
     # -- identity for server-side copy ----------------------------------------------------------
 
-    def endpoint_identity(self) -> tuple[str | None, str | None]:
-        """Two stores with the same endpoint and access key can copy server-side. Known once
-        a client exists (``check`` creates one)."""
+    def endpoint_identity(self) -> tuple[str | None, str]:
+        """The endpoint and who signs (``s3_clients.KeySource``), known from construction:
+        two stores with the same can copy server-side."""
         return (self.endpoint_url.rstrip("/") if self.endpoint_url else None,
-                self._keys.identity if self._keys is not None else None)
+                self._source.identity)
 
     def can_copy_from(self, other: ReadStore) -> bool:
-        return (isinstance(other, S3Store) and self._obstore is not None
-                and other._obstore is not None
+        return (isinstance(other, S3Store)
                 and other.endpoint_identity() == self.endpoint_identity())
 
     def copy_source(self, key: str, etag: str | None) -> S3CopySource:

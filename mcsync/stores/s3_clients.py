@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,28 +49,58 @@ class S3Credentials:
         return "S3Credentials(***)"
 
 
+@dataclass(frozen=True, slots=True, repr=False)
+class KeySource:
+    """Where a store's keys come from, decided when the store is made: a ``credential_process``
+    command, fixed keys (given, or the environment's), or else botocore's standard chain.
+    ``identity`` names who signs, for server-side copy between stores (same endpoint, same
+    identity). For the chain it names the chain and its profile, not the key the chain will
+    resolve to (known only after a request): two stores on the chain of one process resolve the
+    same keys, while a chain store and a store given that very key are taken for different
+    signers (a copy then passes through this client instead of the server)."""
+
+    identity: str
+    process: str | None = None
+    fixed: S3Credentials | None = None
+
+    def __repr__(self) -> str:  # a command line may carry a secret of its own
+        return "KeySource(***)"
+
+    @classmethod
+    def of(cls, credentials: S3Credentials | None, credential_process: str | None,
+           profile: str | None, environ: Mapping[str, str]) -> KeySource:
+        """The source for what a store is given. The environment's keys are the chain's first
+        step, taken without botocore when no profile is named (a named profile skips that
+        step)."""
+        if credential_process:
+            return cls(f"process:{credential_process}", process=credential_process)
+        if credentials is not None and credentials.access_key_id:
+            return cls(credentials.access_key_id, fixed=credentials)
+        key, secret = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
+        if not profile and not environ.get("AWS_PROFILE") and key and secret:
+            return cls(key, fixed=S3Credentials(key, secret, environ.get("AWS_SESSION_TOKEN")))
+        return cls(f"chain:{profile or environ.get('AWS_PROFILE') or ''}")
+
+
 class Keys:
     """A store's keys: fixed ``S3Credentials``, or botocore's refreshable credentials object
     (then botocore's refresh machinery renews them, before expiry and when forced). The same
     object signs botocore's requests and feeds obstore's credential provider."""
 
-    def __init__(self, fixed: S3Credentials | None = None, *, refreshable: Any = None,
-                 identity: str | None = None) -> None:
+    def __init__(self, fixed: S3Credentials | None = None, *, refreshable: Any = None) -> None:
         self.fixed = fixed or S3Credentials()
         self.refreshable = refreshable  # botocore RefreshableCredentials, or None
-        # Who signs, for server-side copy between stores (a refreshable source's keys change).
-        self.identity = identity if refreshable is not None else self.fixed.access_key_id
 
     def __repr__(self) -> str:  # keys never reach a log through repr()
         return f"Keys({'refreshable' if self.refreshable is not None else 'fixed'}, ***)"
 
     @classmethod
-    async def from_botocore(cls, creds: Any, identity: str) -> Keys:
+    async def from_botocore(cls, creds: Any) -> Keys:
         """What botocore's chain resolved: kept as is when it can refresh, else frozen."""
         from botocore.credentials import RefreshableCredentials
 
         if isinstance(creds, RefreshableCredentials):
-            return cls(refreshable=creds, identity=identity)
+            return cls(refreshable=creds)
         frozen = await creds.get_frozen_credentials()
         return cls(S3Credentials(frozen.access_key, frozen.secret_key, frozen.token))
 
@@ -200,7 +231,7 @@ async def process_keys(command: str) -> Keys:
         # The command line is not shown: it may carry a secret of its own.
         raise AccessDenied(f"credential_process failed: {type(exc).__name__}: "
                            f"{_first_line(exc)[:200]}") from None
-    return await Keys.from_botocore(creds, identity=f"process:{command}")
+    return await Keys.from_botocore(creds)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -373,8 +404,7 @@ async def open_botocore(settings: ClientSettings, keys: Keys | None,
     client = await cm.__aenter__()
     if keys is None:  # the standard chain: env, profile, assume-role, SSO, IMDS...
         chain = await session.get_credentials()  # the object the client signs with
-        keys = (await Keys.from_botocore(chain, identity=f"chain:{profile or ''}")
-                if chain is not None else Keys())
+        keys = await Keys.from_botocore(chain) if chain is not None else Keys()
     region = client.meta.region_name
     return cm, client, keys, "us-east-1" if region in (None, "aws-global") else region
 
