@@ -171,7 +171,7 @@ def test_stores_copy_server_side_on_one_endpoint_as_one_signer_before_any_reques
 def store_with(keys: Keys) -> S3Store:
     store = S3Store(scheme="meta", bucket="b", prefix="", endpoint_url="http://127.0.0.1:1",
                     region="us-east-1")
-    store._keys = keys
+    store._clients._keys = keys
     return store
 
 
@@ -191,11 +191,11 @@ def test_many_refusals_of_one_expiry_ask_for_one_renewal():
                               CredentialsExpired)
         # one more request, out while the renewal runs and refused after it: no new renewal
         with pytest.raises(CredentialsExpired), store.translating("k"):
-            await store._renew()
+            await store._clients._renew()
             raise client_error("ExpiredToken", 403)
-        assert store._renewals.wanted is False
-        await store._renew()
-        assert source.calls == 2 and store._renewals.generation == 1
+        assert store._clients._renewals.wanted is False
+        await store._clients._renew()
+        assert source.calls == 2 and store._clients._renewals.generation == 1
 
     asyncio.run(go())
 
@@ -205,7 +205,7 @@ def test_unclear_refusals_allow_one_renewal_then_deny():
         source = Source()
         store = store_with(Keys(refreshable=source.credentials()))
         assert isinstance(refuse(store, obstore_error(None)), CredentialsExpired)
-        await store._renew()
+        await store._clients._renew()
         error = refuse(store, obstore_error("InvalidAccessKeyId"))
         assert type(error) is AccessDenied
         assert source.calls == 2
@@ -218,7 +218,7 @@ def test_fixed_keys_refused_as_expired_are_denied():
     error = refuse(store, client_error("ExpiredToken", 403))
     assert type(error) is AccessDenied and "cannot be renewed" in str(error)
     assert type(refuse(store, client_error("InvalidAccessKeyId", 403))) is AccessDenied
-    assert store._renewals.wanted is False
+    assert store._clients._renewals.wanted is False
 
 
 # -- meta:// settings ---------------------------------------------------------------------------
