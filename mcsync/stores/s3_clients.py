@@ -270,8 +270,8 @@ class ClientSettings:
         can change them on the way: over TLS, or to this machine (loopback). Each body still
         carries a CRC32C (or MD5) header the target checks, and that header is signed, as
         rclone sends UNSIGNED-PAYLOAD with Content-MD5. Elsewhere (plain HTTP across a
-        network) the payload is signed. Hashing every byte with SHA-256 cost ~0.9 s of CPU per
-        GiB here (~1.1 GiB/s), a fifth of an upload's client CPU."""
+        network) the payload is signed: hashing every byte with SHA-256 is a large part of an
+        upload's client CPU (figures: benchmarks/README.md)."""
         url = self.endpoint_url or "https://s3.amazonaws.com"
         parts = urlsplit(url)
         if parts.scheme == "https":
@@ -349,14 +349,14 @@ async def open_botocore(settings: ClientSettings, keys: Keys | None,
                         profile: str | None) -> tuple[Any, Any, Keys, str]:
     """botocore's client: (its context manager, the client, its keys, its region); ``keys``
     None: the standard chain's (kept refreshable where the source can refresh). Imported
-    and started only when a request needs it (~0.2 s)."""
+    and started only when a request needs it: its start is a cost a run may never need."""
     from aiobotocore.config import AioConfig
     from aiobotocore.session import AioSession, get_session
     from botocore.exceptions import ProfileNotFound
 
     config = AioConfig(
         # A fixed User-Agent: botocore otherwise rebuilds its own from a dozen components
-        # twice per request (~10% of the client CPU of a small-object server-side copy).
+        # twice per request, a visible share of the client CPU of small requests.
         user_agent=f"mcsync/{__version__}",
         max_pool_connections=settings.max_connections,
         retries=settings.retry.botocore(),
@@ -398,7 +398,7 @@ async def open_botocore(settings: ClientSettings, keys: Keys | None,
         aws_session_token=explicit.session_token,
         config=config,
         # Plain HTTP has no certificate to check: without this, every client still loads the
-        # CA bundle into an SSL context (~40 ms of CPU) it will never use.
+        # CA bundle into an SSL context it will never use.
         verify=(settings.ca_bundle or None) if settings.tls else False,
     )
     client = await cm.__aenter__()
@@ -411,9 +411,9 @@ async def open_botocore(settings: ClientSettings, keys: Keys | None,
 
 def parse_timestamp(value: Any) -> datetime:
     """Timestamps of S3 responses: ISO 8601 in XML bodies, RFC 1123 in headers. botocore's
-    default parser (dateutil) takes ~0.15 ms a value, a tenth of the client CPU of a small
-    CopyObject; the standard library parses both forms in microseconds. Anything else goes to
-    botocore's parser. Naive times are UTC, as botocore has them."""
+    default parser (dateutil) is a large share of the client CPU of a small CopyObject; the
+    standard library parses both forms far quicker. Anything else goes to botocore's parser.
+    Naive times are UTC, as botocore has them."""
     import email.utils  # with botocore only, which has imported it already
 
     parsed: datetime | None = None

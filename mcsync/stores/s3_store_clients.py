@@ -1,8 +1,9 @@
 """The clients of one S3 store, and the rule of which client sends which request, in one place.
 
 - obstore (Rust) sends listing pages, whole-object PUTs, every GET, HEAD and DELETE: the least
-  client CPU per request. It refuses keys it cannot spell ("a//b", "x/../y"): those requests,
-  and a listing from the page that holds one, go by botocore.
+  client CPU per request (the CRT's GETs and PUTs were slower). It refuses keys it cannot
+  spell ("a//b", "x/../y"): those requests, and a listing from the page that holds one, go by
+  botocore.
 - the AWS CRT sends CopyObject and the multipart upload requests to an explicit endpoint with
   keys (``crt_client``): a run that uploads, copies or composes a delta never starts botocore.
   A body that must be SHA-256-signed (plain HTTP across a network) stays with botocore: the
@@ -95,8 +96,8 @@ class S3Clients:
         self._path_style = path_style
         self._max_connections = max_connections
         self._ca_bundle = ca_bundle
-        # Plain HTTP checks no certificate: a bundle is not read for it (this machine's
-        # AWS_CA_BUNDLE is the system's own, 220 KB).
+        # Plain HTTP checks no certificate: a bundle is not read for it (AWS_CA_BUNDLE may
+        # be the system's whole bundle).
         self._ca_pem = (read_ca_bundle(ca_bundle) if ca_bundle and uses_tls(endpoint_url)
                         else None)
         self._use_crt = crt
