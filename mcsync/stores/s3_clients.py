@@ -25,13 +25,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 from .._version import __version__
 from ..errors import AccessDenied, ConfigError, CredentialsExpired, MCSyncError, Transient
 from ..retry import RetryPolicy
 from .s3_errors import answer_of, translate, unclear_refusal
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 # The profile name under which a meta:// credential_process is handed to botocore's provider.
 _PROCESS_PROFILE = "mcsync-meta"
@@ -307,7 +310,7 @@ def make_obstore(settings: ClientSettings, keys: Keys, *, preflight: bool = Fals
     else:
         config["aws_skip_signature"] = True  # anonymous access to a public bucket
     endpoint = settings.endpoint_url or ""
-    client_options = {
+    client_options: ClientConfig = {
         "allow_http": endpoint.startswith("http:"),
         "pool_max_idle_per_host": str(settings.max_connections),
         "timeout": "300s",
@@ -320,9 +323,11 @@ def make_obstore(settings: ClientSettings, keys: Keys, *, preflight: bool = Fals
         client_options["root_certificate"] = settings.ca_pem
     return ObStore(
         settings.bucket,
-        config=config,
+        # The aws_-prefixed names are aliases obstore accepts but its stubs do not list; they
+        # are the ones its environment variables map to (see the module's docstring).
+        config=cast("S3Config", config),
         client_options=client_options,
-        retry_config=settings.retry.obstore(preflight=preflight),
+        retry_config=cast("RetryConfig", settings.retry.obstore(preflight=preflight)),
         **kwargs,
     )
 
