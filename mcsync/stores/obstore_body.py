@@ -12,9 +12,8 @@ from ..errors import Transient
 from ..types import Buffer
 
 # A streamed range comes in pieces of at least this size: obstore joins the socket's reads up
-# to it. Small pieces are written while still in the CPU's cache: 64 x 32 MiB downloaded at
-# once took 4.0 s in 1 MiB pieces, 3.1 s in 256 KiB, 2.8 s in 64 KiB (2 GiB checkpoint: 2.46,
-# 2.59, 2.52 s; medians of 5), with no more CPU in Python.
+# to it. Small pieces are written while still in the CPU's cache, with no more CPU in Python
+# (figures: benchmarks/README.md).
 PIECE = 64 * 1024
 
 
@@ -23,7 +22,7 @@ async def whole(resp: Any, length: int | None, what: str,
     """The body of ``resp`` as one zero-copy buffer (obstore's ``Bytes``): ``length`` bytes,
     or the object's size when None; Transient if it came back short."""
     with translating():
-        data = await resp.bytes_async()
+        data: Buffer = await resp.bytes_async()
     expected = length if length is not None else resp.meta["size"]
     if len(data) != expected:
         raise Transient(f"{what}: short read ({len(data)} of {expected} bytes)")

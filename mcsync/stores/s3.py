@@ -1,27 +1,17 @@
 """S3 and S3-compatible object stores (Amazon S3, Meta Storage, SeaweedFS, MinIO...).
 
-Three clients, each where it is strongest (measured against SeaweedFS on loopback, 16 KiB objects,
-64 in flight: aiobotocore spends ~1.2 ms of client CPU per PUT and ~1.7 ms per GET, obstore's
-Rust client ~0.2 ms): obstore carries listing pages, whole-object PUTs, every GET (whole or
-ranged), HEAD and DELETE; the AWS CRT, to an explicit endpoint, CopyObject and the multipart
-upload requests with their ids, UploadPartCopy included (``s3_crt``, ``s3_upload``);
-aiobotocore the rest: listings of open uploads, and what the CRT may not send
-(``crt_client``). So a run that uploads, copies or composes a delta never starts botocore
-(~0.2 s). obstore refuses keys it cannot spell ("a//b", "x/../y"): those go by botocore.
+The store says what to send; its clients (``s3_store_clients.S3Clients``) say which client
+sends it: obstore for listing pages, whole-object PUTs, GETs, HEAD and DELETE; the AWS CRT for
+CopyObject and the multipart upload requests to an explicit endpoint (``s3_transport``,
+``s3_upload``); botocore for the rest and for keys obstore cannot spell. Why each, and the
+keys they share: ``s3_store_clients``; figures: benchmarks/README.md.
 
 SDK errors are translated into ``mcsync.errors`` by one table (``s3_errors``); only ``check``
 makes a configuration error of one. Retries of single requests are the SDKs' (configured once,
 in ``mcsync.retry``); the engine never loops.
 
-Keys that expire mid-run: every client shares one ``Keys`` (``s3_clients``), renewed by
-botocore before they expire. A request refused for expired keys (ExpiredToken; or, with
-refreshable keys, a refusal of a key that a renewal then replaces) raises
-``CredentialsExpired`` and asks for a forced renewal, made before this store's next request
-(a fresh obstore client with it, since obstore keeps a credential until near its stated
-expiry). The store never tries a request again itself: retries live in one layer above it.
-
 Every body sent carries a checksum the target verifies on receipt: UploadPart (and the S3 API
-PUT) an ``x-amz-checksum-crc32c`` (``s3_upload``); obstore's PUT an ``x-amz-checksum-sha256``
+PUT) an ``x-amz-checksum-crc32c`` (``s3_body``); obstore's PUT an ``x-amz-checksum-sha256``
 (the digest it computes anyway to sign the payload, so it costs no extra pass). The signed
 ``x-amz-content-sha256`` alone is not enough: SeaweedFS does not check it against the body
 (tests/integration/test_servers.py).
@@ -32,15 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
-import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
 
 import obstore
-import obstore.exceptions as obstore_exc
 
 from ..errors import (
     ConfigError,
@@ -56,40 +42,19 @@ from ..retry import RetryPolicy
 from ..types import REMOTE, Buffer, ByteRange, Capabilities, ObjectInfo
 from .base import CheckMode, ReadStore
 from .obstore_body import fill, pieces, whole
-from .s3_clients import (
-    ClientSettings,
-    Keys,
-    Renewals,
-    S3Credentials,
-    make_obstore,
-    open_botocore,
-    process_keys,
-    read_ca_bundle,
-    uses_tls,
-)
-from .s3_crt import CrtClient
-from .s3_errors import translate
-from .s3_listing import CheckPage, own_state, tree_walk
-from .s3_upload import BodyChecksums, S3Upload, botocore_body, unquote_etag
+from .s3_body import S3CopySource, botocore_body, unquote_etag
+from .s3_clients import S3Credentials
+from .s3_listing import tree_walk
+from .s3_store_clients import S3Clients
+from .s3_transport import UploadIds
+from .s3_upload import S3Upload
+
+if TYPE_CHECKING:
+    from obstore import GetOptions
 
 __all__ = ["S3CopySource", "S3Credentials", "S3Store", "S3Upload"]
 
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-# What obstore raises for a key it cannot spell (a path it would normalise): plain S3 API then.
-_UNSPELLABLE = (ValueError, obstore_exc.InvalidPathError)
 CHECK_PAGE = 1000  # keys a check lists at most: one page
-# How long a check's page stands as the start of the listing after it: a run lists right
-# after its checks; a store checked and then left (a library caller) lists afresh.
-CHECKED_FRESH_S = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class S3CopySource:
-    bucket: str
-    key: str
-    etag: str | None
 
 
 class S3Store:
@@ -124,151 +89,40 @@ class S3Store:
         self.prefix = prefix  # "" or ends with "/"
         self.url = f"{scheme}://{bucket}/{prefix}"
         self.endpoint_url = endpoint_url
-        self._region = region
-        self._credentials = credentials or S3Credentials()
-        self._credential_process = credential_process
-        self._profile = profile
         if path_style is None:
             path_style = endpoint_url is not None  # custom endpoints rarely do virtual hosts
-        self._path_style = path_style
-        self._retry = retry or RetryPolicy()
-        self._max_connections = max_connections
-        self._ca_bundle = ca_bundle
-        # Plain HTTP checks no certificate: a bundle is not read for it (this machine's
-        # AWS_CA_BUNDLE is the system's own, 220 KB).
-        self._ca_pem = (read_ca_bundle(ca_bundle) if ca_bundle and uses_tls(endpoint_url)
-                        else None)
-        self._client_lock = asyncio.Lock()
-        self._botocore_cm: Any = None
-        self._botocore: Any = None
-        self._obstore: Any = None
-        self._use_crt = crt
-        self._crt: CrtClient | None = None
-        self._crt_sends_bodies = False  # no payload to sign (see crt_client)
-        self._keys: Keys | None = None  # once resolved: what every client signs with
-        self._renewals = Renewals(self.url, bucket)  # of the keys, after refusals
-        # Found out per store: whether the endpoint lists in byte order (see ``list``), and
-        # which body checksum it takes (see ``s3_upload``).
+        self._clients = S3Clients(
+            url=self.url, bucket=bucket, endpoint_url=endpoint_url, region=region,
+            credentials=credentials, credential_process=credential_process, profile=profile,
+            path_style=path_style, max_connections=max_connections,
+            retry=retry or RetryPolicy(), ca_bundle=ca_bundle, crt=crt)
+        # Found out per store, by ``check`` or the first out-of-order key: whether the
+        # endpoint lists in byte order (see ``list``).
         self._tree_listing = False
-        self.body_checksums = BodyChecksums(endpoint_url or "S3")
-        # The check's page (see ``check``): the start of the first listing that follows it,
-        # unless this store wrote data in between (its own state is entered into the page).
-        self._checked: CheckPage | None = None
-
-    # -- clients ------------------------------------------------------------------------------
-
-    async def botocore(self) -> Any:
-        """The botocore client (multipart uploads, copies), opened on first use."""
-        if self._renewals.wanted:
-            await self._renew()
-        if self._botocore is None:
-            async with self._client_lock:
-                if self._botocore is None:
-                    cm, client, keys, region = await open_botocore(
-                        self._settings(self._region or ""), await self._given_keys(),
-                        self._profile)
-                    self._keys = keys
-                    if self._obstore is None:
-                        self._region = region
-                        self._obstore = self._make_obstore()
-                    self._botocore_cm, self._botocore = cm, client
-        return self._botocore
-
-    async def _fast(self) -> Any:
-        """The obstore client. Built without botocore when the keys and the region are given
-        (meta://, or AWS keys in the environment): importing and starting botocore costs
-        ~0.2 s, most of what a no-op scheduled run would otherwise take."""
-        if self._renewals.wanted:
-            await self._renew()
-        if self._obstore is None:
-            async with self._client_lock:
-                if self._obstore is None and self._region and await self._given_keys():
-                    self._obstore = self._make_obstore()
-            if self._obstore is None:
-                await self.botocore()
-        return self._obstore
-
-    async def _given_keys(self) -> Keys | None:
-        """Keys known without botocore's chain (None: the chain's): a meta:// credential
-        process, explicit keys, else the environment's (the chain's first step) when no
-        profile is named, since a named profile skips that step. Called under the client
-        lock, so a credential process runs once."""
-        if self._keys is None:
-            env = os.environ
-            if self._credential_process:
-                self._keys = await process_keys(self._credential_process)
-            elif self._credentials.access_key_id:
-                self._keys = Keys(self._credentials)
-            elif (not self._profile and not env.get("AWS_PROFILE")
-                  and env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY")):
-                self._keys = Keys(S3Credentials(env["AWS_ACCESS_KEY_ID"],
-                                                env["AWS_SECRET_ACCESS_KEY"],
-                                                env.get("AWS_SESSION_TOKEN")))
-        return self._keys
-
-    # -- expired keys ---------------------------------------------------------------------------
-
-    async def _renew(self) -> None:
-        """The renewal a refusal asked for, and a new obstore client (a new credential cache)
-        for the requests after it."""
-        if await self._renewals.renew(self._keys):
-            self._obstore = self._make_obstore()
-            log.debug("%s: keys renewed after a refusal", self.url)
-
-    def _settings(self, region: str) -> ClientSettings:
-        return ClientSettings(self.bucket, self.endpoint_url, region, self._path_style,
-                              self._max_connections, self._retry, self._ca_bundle,
-                              self._ca_pem)
-
-    def _make_obstore(self, *, preflight: bool = False) -> Any:
-        return make_obstore(self._settings(self._region or "us-east-1"), self._keys or Keys(),
-                            preflight=preflight)
 
     async def aclose(self) -> None:
-        if self._crt is not None:
-            self._crt.close()
-        if self._botocore_cm is not None:
-            cm, self._botocore_cm, self._botocore = self._botocore_cm, None, None
-            await cm.__aexit__(None, None, None)
+        await self._clients.aclose()
 
     def full_key(self, key: str) -> str:
         return self.prefix + key
 
-    @contextlib.contextmanager
-    def translating(self, key: str | None) -> Iterator[None]:
-        """SDK errors raised inside become mcsync errors about ``key`` (None: the store)."""
-        generation = self._renewals.generation  # the keys the requests inside are sent with
-        try:
-            yield
-        except Exception as exc:
-            what = f"{self.url}{key}" if key is not None else self.url
-            translated = translate(exc, what, self.bucket)
-            if translated is None or translated is exc:
-                raise
-            raise self._renewals.refused(self._keys, translated, exc, generation) from exc
+    def _what(self, key: str) -> str:
+        """``key`` as errors name it."""
+        return f"{self.url}{key}"
 
-    async def _either(self, key: str, fast: Callable[[Any], Awaitable[T]],
-                      slow: Callable[[Any], Awaitable[T]]) -> T:
-        """``fast(obstore client)``, or ``slow(botocore client)`` for a key obstore cannot
-        spell; errors translated."""
-        client = await self._fast()
-        with self.translating(key):
-            try:
-                return await fast(client)
-            except _UNSPELLABLE:
-                return await slow(await self.botocore())
+    def translating(self, key: str | None) -> contextlib.AbstractContextManager[None]:
+        """SDK errors raised inside become mcsync errors about ``key`` (None: the store)."""
+        return self._clients.translating(self._what(key) if key is not None else self.url)
 
     # -- identity for server-side copy ----------------------------------------------------------
 
-    def endpoint_identity(self) -> tuple[str | None, str | None]:
-        """Two stores with the same endpoint and access key can copy server-side. Known once
-        a client exists (``check`` creates one)."""
-        return (self.endpoint_url.rstrip("/") if self.endpoint_url else None,
-                self._keys.identity if self._keys is not None else None)
+    def endpoint_identity(self) -> tuple[str | None, str]:
+        """The endpoint and who signs (``s3_clients.KeySource``), known from construction:
+        two stores with the same can copy server-side."""
+        return self._clients.identity
 
     def can_copy_from(self, other: ReadStore) -> bool:
-        return (isinstance(other, S3Store) and self._obstore is not None
-                and other._obstore is not None
+        return (isinstance(other, S3Store)
                 and other.endpoint_identity() == self.endpoint_identity())
 
     def copy_source(self, key: str, etag: str | None) -> S3CopySource:
@@ -282,20 +136,17 @@ class S3Store:
     async def check(self, *, mode: CheckMode) -> None:
         """One listing request, tried only ``preflight_attempts`` times: a wrong address, key
         or bucket is a one-line error in seconds. Its page also shows whether the endpoint
-        lists in byte order (see ``list``), and is the start of the listing that follows: a
-        prefix of fewer than 1,000 keys is listed whole by the check alone."""
+        lists in byte order (see ``list``)."""
+        clients = self._clients
         try:
-            fast = await self._fast()
-            probe = (fast if self._retry.checks_retry_as_requests
-                     else self._make_obstore(preflight=True))
             entries: list[dict[str, Any]] = []
-            async with contextlib.aclosing(self._flat(self.prefix, probe)) as page:
+            async with contextlib.aclosing(clients.list_flat(self.prefix, check=True)) as page:
                 async for c in page:
                     entries.append(c)
                     if len(entries) >= CHECK_PAGE:
                         break
             if not entries:
-                await self._answers_as_s3(probe)
+                await self._answers_as_s3()
         except Unreachable as exc:  # no answer at all: a wrong address, most likely
             raise as_config_error(exc, self.url, self.endpoint_url or "S3") from exc
         except Transient:
@@ -306,19 +157,23 @@ class S3Store:
             raise as_config_error(exc, self.url, self.endpoint_url or "S3") from exc
         if any(a["Key"] >= b["Key"] for a, b in itertools.pairwise(entries)):
             self._tree_listing = True
-        else:
-            full = len(entries) >= CHECK_PAGE
-            self._checked = CheckPage(entries, entries[-1]["Key"] if full else None)
 
-    async def _answers_as_s3(self, probe: Any) -> None:
+    async def _answers_as_s3(self) -> None:
         """An empty listing is also what obstore makes of a web page answered with 200. S3
         answers a GET of a key that does not exist with 404; anything that hands over a body
         instead is not S3 (a proxy's login page, a wrong port): ConfigError, before a run
         could take the empty listing for an empty bucket and, with --delete, act on it."""
         key = f".mcsync/probe-{secrets.token_hex(8)}"  # under mcsync's own prefix
+
+        async def slow(client: Any) -> None:
+            r = await client.get_object(Bucket=self.bucket, Key=self.full_key(key))
+            async with r["Body"]:
+                pass
+
         try:
-            with self.translating(key):
-                await obstore.get_async(probe, self.full_key(key))
+            await self._clients.either(
+                self._what(key), lambda fast: obstore.get_async(fast, self.full_key(key)), slow,
+                check=True)
         except NotFound:
             return
         raise ConfigError(f"{self.url}: {self.endpoint_url or 'the endpoint'} does not answer "
@@ -333,13 +188,10 @@ class S3Store:
         is listed directory by directory (``s3_listing.tree_walk``), ordered by construction.
         Which one an endpoint needs is found out by ``check`` and, failing that, by the first
         out-of-order key (the engine then starts again)."""
-        checked, self._checked = self._checked, None
         if self._tree_listing:
-            walk = tree_walk(self._level_pages, self.prefix)
-        elif checked is not None and checked.fresh(CHECKED_FRESH_S):
-            walk = self._after_check(checked)
+            walk = tree_walk(self._clients.level_pages, self.prefix)
         else:
-            walk = self._flat(self.prefix, await self._fast())
+            walk = self._clients.list_flat(self.prefix)
         cut = len(self.prefix)
         last = ""
         async for c in walk:
@@ -355,55 +207,8 @@ class S3Store:
             yield ObjectInfo(key, c["Size"], unquote_etag(c.get("ETag")),
                              c["LastModified"].timestamp())
 
-    def _changes_listing(self) -> None:
-        """A write through this store: a check's page no longer starts the listing."""
-        self._checked = None
-
     def _use_tree_listing(self) -> None:
         self._tree_listing = True
-
-    async def _after_check(self, page: CheckPage) -> AsyncIterator[dict[str, Any]]:
-        """The check's page, then, if it was full, the rest of the listing after its last key."""
-        for c in page.entries:
-            yield c
-        if page.rest_after is not None:
-            async for c in self._flat(self.prefix, await self._fast(), after=page.rest_after):
-                yield c
-
-    async def _flat(self, prefix: str, fast: Any, *,
-                    after: str = "") -> AsyncIterator[dict[str, Any]]:
-        """Pages through obstore (parsing 1,000 entries in Rust costs ~1 ms; botocore's XML
-        and dateutil parsing ~100 ms), from the first key after ``after`` (a full key; "":
-        from the start). obstore refuses a whole page that holds a key it cannot represent
-        ("a//b", "x/../y"): the listing then goes on through botocore, after the last key
-        already yielded, so no key is lost or repeated."""
-        last = after
-        with self.translating(None):
-            try:
-                # obstore's prefix is a path prefix: "run" lists run/..., as our "run/" does
-                stream = obstore.list(fast, prefix.rstrip("/") or None, offset=after or None,
-                                      chunk_size=1000)
-                async for chunk in stream:
-                    for meta in chunk:
-                        last = meta["path"]
-                        yield {"Key": last, "Size": meta["size"], "ETag": meta["e_tag"],
-                               "LastModified": meta["last_modified"]}
-                return
-            except obstore_exc.InvalidPathError:
-                log.debug("%s: a key obstore cannot represent; listing on with the S3 API",
-                          self.url)
-            paginator = (await self.botocore()).get_paginator("list_objects_v2")
-            async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix,
-                                                 StartAfter=last or prefix):
-                for c in page.get("Contents", ()):
-                    yield c
-
-    async def _level_pages(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
-        paginator = (await self.botocore()).get_paginator("list_objects_v2")
-        with self.translating(None):
-            async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix,
-                                                 Delimiter="/"):
-                yield page
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -418,7 +223,7 @@ class S3Store:
             return ObjectInfo(key, r["ContentLength"], unquote_etag(r.get("ETag")),
                               r["LastModified"].timestamp())
 
-        return await self._either(key, fast, slow)
+        return await self._clients.either(self._what(key), fast, slow)
 
     async def get(
         self, key: str, rng: ByteRange | None = None, *, expect: ObjectInfo | None = None
@@ -426,7 +231,7 @@ class S3Store:
         resp = await self._request(key, rng, expect)
         if isinstance(resp, bytes):
             return resp
-        return await whole(resp, rng.length if rng is not None else None, f"{self.url}{key}",
+        return await whole(resp, rng.length if rng is not None else None, self._what(key),
                            lambda: self.translating(key))
 
     async def open_range(
@@ -435,13 +240,13 @@ class S3Store:
         resp = await self._request(key, rng, expect)
         if isinstance(resp, bytes):
             return iter((resp,))
-        return pieces(resp, rng.length, f"{self.url}{key}", lambda: self.translating(key))
+        return pieces(resp, rng.length, self._what(key), lambda: self.translating(key))
 
     async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
                         expect: ObjectInfo | None = None) -> memoryview:
         """Bytes ``rng`` of ``key`` into ``buf`` (pinned as ``get``), a piece at a time: a
-        part read whole is a new buffer of obstore's, fresh pages each (48% of the page-fault
-        samples of an S3-to-S3 copy through the client), where the run's buffers are reused."""
+        part read whole is a new buffer of obstore's, fresh pages each, where the run's
+        buffers are reused (figures: benchmarks/README.md)."""
         body = await self.open_range(key, rng, expect=expect)
         return await asyncio.to_thread(fill, body, buf)
 
@@ -450,7 +255,7 @@ class S3Store:
         """A GET, answered up to its headers (obstore's result, body unread), or the whole
         body as bytes for a key obstore cannot spell."""
         if_match = expect.etag if expect is not None else None
-        options: dict[str, Any] = {}
+        options: GetOptions = {}
         if rng is not None:
             options["range"] = (rng.start, rng.end)
         if if_match:
@@ -466,12 +271,13 @@ class S3Store:
             async with resp["Body"] as body:
                 data: bytes = await body.read()
             if len(data) != resp["ContentLength"]:
-                raise Transient(f"{self.url}{key}: short read ({len(data)} of "
+                raise Transient(f"{self._what(key)}: short read ({len(data)} of "
                                 f"{resp['ContentLength']} bytes)")
             return data
 
-        return await self._either(
-            key, lambda fast: obstore.get_async(fast, self.full_key(key), options=options), slow)
+        return await self._clients.either(
+            self._what(key),
+            lambda fast: obstore.get_async(fast, self.full_key(key), options=options), slow)
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -481,76 +287,32 @@ class S3Store:
             return r.get("e_tag")
 
         async def slow(client: Any) -> str | None:
-            r = await self.body_checksums.send("put_object", data, botocore_body(
+            r = await self._clients.body_checksums.send("put_object", data, botocore_body(
                 client.put_object, data, Bucket=self.bucket, Key=self.full_key(key)))
             return r.get("ETag")
 
-        async with self._writing(key) as page:
-            etag = unquote_etag(await self._either(key, fast, slow))
-            if page is not None and page is self._checked:  # not taken by a listing since
-                page.wrote(self.full_key(key), len(data), etag)
+        etag = unquote_etag(await self._clients.either(self._what(key), fast, slow))
         return ObjectInfo(key, len(data), etag, None)
 
     async def delete(self, key: str) -> None:
         async def slow(client: Any) -> None:
             await client.delete_object(Bucket=self.bucket, Key=self.full_key(key))
 
-        async with self._writing(key) as page:
-            await self._either(key, lambda fast: obstore.delete_async(fast, self.full_key(key)),
-                               slow)
-            if page is not None and page is self._checked:
-                page.deleted(self.full_key(key))
-
-    @contextlib.asynccontextmanager
-    async def _writing(self, key: str) -> AsyncIterator[CheckPage | None]:
-        """Around a write of ``key``: the check's page to enter it into (mcsync's own state),
-        or None, the page dropped (data, or a write that failed: it may have landed)."""
-        page = self._checked if own_state(key) else None
-        if page is None:
-            self._changes_listing()
-        try:
-            yield page
-        except BaseException:
-            self._changes_listing()
-            raise
-
-    async def crt_client(self, *, body: bool = False) -> CrtClient | None:
-        """The CRT's client for this store's requests (with a ``body``: requests that send
-        one), or None where they go through botocore: no endpoint given (AWS's endpoint rules
-        are botocore's), anonymous access, or, for a body, a payload that must be SHA-256-
-        signed (plain HTTP across a network: the CRT's S3 signer sends UNSIGNED-PAYLOAD)."""
-        await self._fast()  # the keys known (and a renewal a refusal asked for, made)
-        if not (self._use_crt and self.endpoint_url and self._keys
-                and not self._keys.anonymous):
-            return None
-        if self._crt is None:
-            settings = self._settings(self._region or "us-east-1")
-            self._crt = CrtClient(settings, self._keys)
-            self._crt_sends_bodies = not settings.sign_payload
-        return self._crt if self._crt_sends_bodies or not body else None
+        await self._clients.either(
+            self._what(key), lambda fast: obstore.delete_async(fast, self.full_key(key)), slow)
 
     async def copy_object(self, source: S3CopySource, key: str) -> ObjectInfo:
-        self._changes_listing()
-        crt = await self.crt_client()
-        if crt is not None:
-            with self.translating(key):
-                etag = await crt.copy_object(source.bucket, source.key, source.etag,
-                                             self.bucket, self.full_key(key), f"{self.url}{key}")
-            return ObjectInfo(key, -1, unquote_etag(etag), None)
-        client = await self.botocore()
-        kwargs: dict[str, Any] = {
-            "Bucket": self.bucket, "Key": self.full_key(key),
-            "CopySource": {"Bucket": source.bucket, "Key": source.key},
-        }
-        if source.etag:
-            kwargs["CopySourceIfMatch"] = f'"{source.etag}"'
-        with self.translating(key):
-            r = await client.copy_object(**kwargs)
-        return ObjectInfo(key, -1, unquote_etag(r.get("CopyObjectResult", {}).get("ETag")), None)
+        etag = await self._clients.multipart().copy_object(
+            source, self.bucket, self.full_key(key), self._what(key))
+        return ObjectInfo(key, -1, etag, None)
 
     async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> S3Upload:
-        self._changes_listing()
-        return await S3Upload.create(self, key, size)
+        return await S3Upload.create(self._clients.multipart(), key, self.bucket,
+                                     self.full_key(key), self._what(key), size)
+
+    def _upload(self, key: str, upload_id: str, size: int) -> S3Upload:
+        ids = UploadIds(self.bucket, self.full_key(key), upload_id, self._what(key))
+        return S3Upload(self._clients.multipart(), key, ids, size)
 
     def validate_key(self, key: str) -> None:
         if not key:  # it would name the prefix itself: a "directory marker" listings hide
@@ -565,8 +327,7 @@ class S3Store:
     async def resume_upload(
         self, key: str, upload_id: str, size: int, *, mtime: float | None = None
     ) -> S3Upload | None:
-        self._changes_listing()
-        upload = S3Upload(self, key, upload_id, size)
+        upload = self._upload(key, upload_id, size)
         try:
             await upload.list_parts()
         except NotFound:  # completed or aborted since
@@ -574,13 +335,12 @@ class S3Store:
         return upload
 
     async def abort_upload(self, key: str, upload_id: str) -> None:
-        await S3Upload(self, key, upload_id, 0).abort()
+        await self._upload(key, upload_id, 0).abort()
 
     async def clear(self, prefix: str) -> None:
         """Abort every open upload and delete every object under ``prefix`` (mcsync's own
         scratch space, e.g. the staging objects a killed delta left)."""
-        self._changes_listing()
-        client = await self.botocore()
+        client = await self._clients.botocore()  # the only one that lists open uploads
         full = self.full_key(prefix)
         uploads = client.get_paginator("list_multipart_uploads")
         objects = client.get_paginator("list_objects_v2")
@@ -588,10 +348,10 @@ class S3Store:
             async for page in uploads.paginate(Bucket=self.bucket, Prefix=full):
                 for u in page.get("Uploads", ()):
                     # completed or aborted meanwhile (a per-key clear running alongside)
-                    with contextlib.suppress(NotFound), self.translating(u["Key"]):
+                    with contextlib.suppress(NotFound), self._clients.translating(
+                            f"{self.url}{u['Key']}"):
                         await client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"],
                                                             UploadId=u["UploadId"])
             async for page in objects.paginate(Bucket=self.bucket, Prefix=full):
                 for obj in page.get("Contents", ()):
                     await client.delete_object(Bucket=self.bucket, Key=obj["Key"])
-

@@ -21,16 +21,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 from .._version import __version__
 from ..errors import AccessDenied, ConfigError, CredentialsExpired, MCSyncError, Transient
 from ..retry import RetryPolicy
 from .s3_errors import answer_of, translate, unclear_refusal
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 # The profile name under which a meta:// credential_process is handed to botocore's provider.
 _PROCESS_PROFILE = "mcsync-meta"
@@ -48,28 +52,58 @@ class S3Credentials:
         return "S3Credentials(***)"
 
 
+@dataclass(frozen=True, slots=True, repr=False)
+class KeySource:
+    """Where a store's keys come from, decided when the store is made: a ``credential_process``
+    command, fixed keys (given, or the environment's), or else botocore's standard chain.
+    ``identity`` names who signs, for server-side copy between stores (same endpoint, same
+    identity). For the chain it names the chain and its profile, not the key the chain will
+    resolve to (known only after a request): two stores on the chain of one process resolve the
+    same keys, while a chain store and a store given that very key are taken for different
+    signers (a copy then passes through this client instead of the server)."""
+
+    identity: str
+    process: str | None = None
+    fixed: S3Credentials | None = None
+
+    def __repr__(self) -> str:  # a command line may carry a secret of its own
+        return "KeySource(***)"
+
+    @classmethod
+    def of(cls, credentials: S3Credentials | None, credential_process: str | None,
+           profile: str | None, environ: Mapping[str, str]) -> KeySource:
+        """The source for what a store is given. The environment's keys are the chain's first
+        step, taken without botocore when no profile is named (a named profile skips that
+        step)."""
+        if credential_process:
+            return cls(f"process:{credential_process}", process=credential_process)
+        if credentials is not None and credentials.access_key_id:
+            return cls(credentials.access_key_id, fixed=credentials)
+        key, secret = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
+        if not profile and not environ.get("AWS_PROFILE") and key and secret:
+            return cls(key, fixed=S3Credentials(key, secret, environ.get("AWS_SESSION_TOKEN")))
+        return cls(f"chain:{profile or environ.get('AWS_PROFILE') or ''}")
+
+
 class Keys:
     """A store's keys: fixed ``S3Credentials``, or botocore's refreshable credentials object
     (then botocore's refresh machinery renews them, before expiry and when forced). The same
     object signs botocore's requests and feeds obstore's credential provider."""
 
-    def __init__(self, fixed: S3Credentials | None = None, *, refreshable: Any = None,
-                 identity: str | None = None) -> None:
+    def __init__(self, fixed: S3Credentials | None = None, *, refreshable: Any = None) -> None:
         self.fixed = fixed or S3Credentials()
         self.refreshable = refreshable  # botocore RefreshableCredentials, or None
-        # Who signs, for server-side copy between stores (a refreshable source's keys change).
-        self.identity = identity if refreshable is not None else self.fixed.access_key_id
 
     def __repr__(self) -> str:  # keys never reach a log through repr()
         return f"Keys({'refreshable' if self.refreshable is not None else 'fixed'}, ***)"
 
     @classmethod
-    async def from_botocore(cls, creds: Any, identity: str) -> Keys:
+    async def from_botocore(cls, creds: Any) -> Keys:
         """What botocore's chain resolved: kept as is when it can refresh, else frozen."""
         from botocore.credentials import RefreshableCredentials
 
         if isinstance(creds, RefreshableCredentials):
-            return cls(refreshable=creds, identity=identity)
+            return cls(refreshable=creds)
         frozen = await creds.get_frozen_credentials()
         return cls(S3Credentials(frozen.access_key, frozen.secret_key, frozen.token))
 
@@ -200,7 +234,7 @@ async def process_keys(command: str) -> Keys:
         # The command line is not shown: it may carry a secret of its own.
         raise AccessDenied(f"credential_process failed: {type(exc).__name__}: "
                            f"{_first_line(exc)[:200]}") from None
-    return await Keys.from_botocore(creds, identity=f"process:{command}")
+    return await Keys.from_botocore(creds)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -239,8 +273,8 @@ class ClientSettings:
         can change them on the way: over TLS, or to this machine (loopback). Each body still
         carries a CRC32C (or MD5) header the target checks, and that header is signed, as
         rclone sends UNSIGNED-PAYLOAD with Content-MD5. Elsewhere (plain HTTP across a
-        network) the payload is signed. Hashing every byte with SHA-256 cost ~0.9 s of CPU per
-        GiB here (~1.1 GiB/s), a fifth of an upload's client CPU."""
+        network) the payload is signed: hashing every byte with SHA-256 is a large part of an
+        upload's client CPU (figures: benchmarks/README.md)."""
         url = self.endpoint_url or "https://s3.amazonaws.com"
         parts = urlsplit(url)
         if parts.scheme == "https":
@@ -276,7 +310,7 @@ def make_obstore(settings: ClientSettings, keys: Keys, *, preflight: bool = Fals
     else:
         config["aws_skip_signature"] = True  # anonymous access to a public bucket
     endpoint = settings.endpoint_url or ""
-    client_options = {
+    client_options: ClientConfig = {
         "allow_http": endpoint.startswith("http:"),
         "pool_max_idle_per_host": str(settings.max_connections),
         "timeout": "300s",
@@ -289,9 +323,11 @@ def make_obstore(settings: ClientSettings, keys: Keys, *, preflight: bool = Fals
         client_options["root_certificate"] = settings.ca_pem
     return ObStore(
         settings.bucket,
-        config=config,
+        # The aws_-prefixed names are aliases obstore accepts but its stubs do not list; they
+        # are the ones its environment variables map to (see the module's docstring).
+        config=cast("S3Config", config),
         client_options=client_options,
-        retry_config=settings.retry.obstore(preflight=preflight),
+        retry_config=cast("RetryConfig", settings.retry.obstore(preflight=preflight)),
         **kwargs,
     )
 
@@ -318,14 +354,14 @@ async def open_botocore(settings: ClientSettings, keys: Keys | None,
                         profile: str | None) -> tuple[Any, Any, Keys, str]:
     """botocore's client: (its context manager, the client, its keys, its region); ``keys``
     None: the standard chain's (kept refreshable where the source can refresh). Imported
-    and started only when a request needs it (~0.2 s)."""
+    and started only when a request needs it: its start is a cost a run may never need."""
     from aiobotocore.config import AioConfig
     from aiobotocore.session import AioSession, get_session
     from botocore.exceptions import ProfileNotFound
 
     config = AioConfig(
         # A fixed User-Agent: botocore otherwise rebuilds its own from a dozen components
-        # twice per request (~10% of the client CPU of a small-object server-side copy).
+        # twice per request, a visible share of the client CPU of small requests.
         user_agent=f"mcsync/{__version__}",
         max_pool_connections=settings.max_connections,
         retries=settings.retry.botocore(),
@@ -339,7 +375,7 @@ async def open_botocore(settings: ClientSettings, keys: Keys | None,
         # aws-chunked trailers, which some S3-compatibles reject).
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
-        # Bodies are s3_upload.Body (no copy of a part), a type botocore's validation does not
+        # Bodies are s3_body.Body (no copy of a part), a type botocore's validation does not
         # know; the parameters are ours, built in this package, never a user's.
         parameter_validation=False,
     )
@@ -367,23 +403,22 @@ async def open_botocore(settings: ClientSettings, keys: Keys | None,
         aws_session_token=explicit.session_token,
         config=config,
         # Plain HTTP has no certificate to check: without this, every client still loads the
-        # CA bundle into an SSL context (~40 ms of CPU) it will never use.
+        # CA bundle into an SSL context it will never use.
         verify=(settings.ca_bundle or None) if settings.tls else False,
     )
     client = await cm.__aenter__()
     if keys is None:  # the standard chain: env, profile, assume-role, SSO, IMDS...
         chain = await session.get_credentials()  # the object the client signs with
-        keys = (await Keys.from_botocore(chain, identity=f"chain:{profile or ''}")
-                if chain is not None else Keys())
+        keys = await Keys.from_botocore(chain) if chain is not None else Keys()
     region = client.meta.region_name
     return cm, client, keys, "us-east-1" if region in (None, "aws-global") else region
 
 
 def parse_timestamp(value: Any) -> datetime:
     """Timestamps of S3 responses: ISO 8601 in XML bodies, RFC 1123 in headers. botocore's
-    default parser (dateutil) takes ~0.15 ms a value, a tenth of the client CPU of a small
-    CopyObject; the standard library parses both forms in microseconds. Anything else goes to
-    botocore's parser. Naive times are UTC, as botocore has them."""
+    default parser (dateutil) is a large share of the client CPU of a small CopyObject; the
+    standard library parses both forms far quicker. Anything else goes to botocore's parser.
+    Naive times are UTC, as botocore has them."""
     import email.utils  # with botocore only, which has imported it already
 
     parsed: datetime | None = None

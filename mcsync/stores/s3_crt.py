@@ -2,24 +2,15 @@
 CopyObject and the multipart upload API (create, UploadPart, UploadPartCopy, ListParts,
 complete, abort).
 
-These requests cost the client little but the start of what sends them and its per-request
-CPU. Through aiobotocore that start was ~0.2 s of every run that copies or uploads in parts
-(importing aiohttp 0.10 s, botocore 0.08 s, the client 0.05 s), and each request ~0.8 ms of
-CPU; the CRT is C, ~0.04 s to import. Measured with the command, SeaweedFS on loopback, 3 runs
-each: 1,000 x 16 KiB copied in 1.07-1.22 s and 0.72-0.87 CPU s (botocore 1.35-1.62 s and
-1.2-1.3; rclone 1.23-1.31 s and 0.7). A stand-alone multipart upload of 256 MiB in 8 MiB
-parts, 8 in flight, whole process: 1.66-1.74 s and 0.24-0.27 user CPU s through the CRT,
-2.04-2.13 s and 0.55-0.64 through aiobotocore, s5cmd 1.80-1.85 s and 0.60-0.67; of 1 GiB
-6.47-6.73 s / 0.51-0.65 against 6.91-7.37 s / 1.13-1.21 and s5cmd's 7.14-8.36 s / 2.4.
+What these requests cost the client is the start of what sends them and its CPU per request:
+the CRT is C, quick to import and light per request, where aiobotocore imports aiohttp and
+botocore and builds a client first (figures: benchmarks/README.md). Which requests come here
+is the store's clients' rule (``s3_store_clients``).
 
-GETs and whole-object PUTs stay with obstore (the CRT's were slower here); botocore keeps
-what needs AWS's endpoint rules (no endpoint given), anonymous stores, listings of open
-uploads, and bodies that must be SHA-256-signed (plain HTTP across a network:
-``ClientSettings.sign_payload``; the CRT's S3 signer sends UNSIGNED-PAYLOAD). Requests are
-signed by the CRT (SigV4 with S3's rules) with the store's current keys; its retries are
-configured from the one ``RetryPolicy``, as the other SDKs' are. Answers are reduced to
-``s3_errors.Answer`` (status and XML code) and translated by the same table, as are the CRT's
-own errors (no connection, a refused handshake, SlowDown: ``s3_errors.crt_error``).
+Requests are signed by the CRT (SigV4 with S3's rules) with the store's current keys; its
+retries are configured from the one ``RetryPolicy``, as the other SDKs' are. Answers are
+reduced to ``s3_errors.Answer`` (status and XML code) and translated by the same table, as are
+the CRT's own errors (no connection, a refused handshake, SlowDown: ``s3_errors.crt_error``).
 """
 
 from __future__ import annotations
@@ -34,9 +25,9 @@ from urllib.parse import quote, urlsplit
 from ..errors import Transient
 from ..retry import RetryPolicy
 from ..types import Buffer
+from .s3_body import Body
 from .s3_clients import ClientSettings, Keys, S3Credentials
 from .s3_errors import S3Answered, crt_answer, crt_error
-from .s3_upload import Body
 
 # botocore's read_timeout: a CopyObject answers when the copy is done, so this bounds a copy
 # as it does botocore's (which fails a read that waits longer, and tries again). A request with
@@ -91,7 +82,7 @@ class Response:
 def xml_fields(body: bytes, *names: str) -> dict[str, list[str]]:
     """The texts of the elements named ``names`` anywhere in an S3 XML answer (namespaces
     dropped), each in document order; empty lists for an answer that is no XML."""
-    import xml.etree.ElementTree as ET  # ~2.5 ms: paid by the runs that need it, not every run
+    import xml.etree.ElementTree as ET  # paid by the runs that need it, not every run
 
     found: dict[str, list[str]] = {name: [] for name in names}
     try:

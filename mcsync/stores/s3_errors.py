@@ -202,6 +202,18 @@ def unclear_refusal(answer: Answer | None) -> bool:
     return answer.status == 403 and (answer.code is None or answer.code.isdigit())
 
 
+def checksum_header_refusal(exc: BaseException) -> str | None:
+    """The code of an answer that may be an endpoint refusing x-amz-checksum-crc32c itself
+    (AWS answers InvalidRequest "Checksum Type mismatch" when an upload was created without the
+    algorithm; others may not implement the header), else None. A wrong checksum is
+    BadDigest, never this."""
+    answer = answer_of(exc)
+    if answer is not None and answer.code in {"InvalidRequest", "InvalidArgument",
+                                              "NotImplemented"}:
+        return answer.code
+    return None
+
+
 def translate(exc: BaseException, what: str, bucket: str) -> MCSyncError | None:
     """The mcsync error for an exception either SDK raised (None for anything else)."""
     if isinstance(exc, MCSyncError):

@@ -1,66 +1,11 @@
-"""Parts of an S3 store's listing that send no request themselves: the page its check listed,
-kept as the start of the listing that follows, and the directory-by-directory walk for an
-endpoint that does not list in byte order.
-
-A run checks its stores, takes its lock, then lists: without the kept page every run would
-list the first page of each S3 store twice. The page stands for the start of the listing
-once, while fresh, and only while it is exact for what this client wrote: a write of data
-drops it, while a write of mcsync's own state (``.mcsync/``, never data: the lock, written
-between a run's check and its listing) is entered into it, so the lock costs the run no second
-listing.
+"""The directory-by-directory listing of an S3 store, for an endpoint that does not list in
+byte order; it sends no request itself (its pages come from the caller).
 """
 
 from __future__ import annotations
 
-import bisect
-import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
-
-from ..types import RESERVED_PREFIX
-
-
-@dataclass
-class CheckPage:
-    """The first keys under a prefix (full keys, in byte order, as ``list_objects_v2``'s
-    ``Contents``). ``rest_after``: the page was full, so the listing goes on after this key
-    (None: the page is the whole listing)."""
-
-    entries: list[dict[str, Any]]
-    rest_after: str | None
-    taken_at: float = field(default_factory=time.monotonic)
-
-    def fresh(self, within_s: float) -> bool:
-        return time.monotonic() - self.taken_at < within_s
-
-    def _covers(self, full_key: str) -> bool:
-        return self.rest_after is None or full_key <= self.rest_after
-
-    def _index(self, full_key: str) -> int:
-        return bisect.bisect_left(self.entries, full_key, key=lambda c: c["Key"])
-
-    def wrote(self, full_key: str, size: int, etag: str | None) -> None:
-        """An object this client just wrote: in the page, as a listing would now show it."""
-        if not self._covers(full_key):
-            return  # beyond the page: the rest of the listing, asked later, holds it
-        i = self._index(full_key)
-        entry = {"Key": full_key, "Size": size, "ETag": etag, "LastModified": datetime.now(UTC)}
-        if i < len(self.entries) and self.entries[i]["Key"] == full_key:
-            self.entries[i] = entry
-        else:
-            self.entries.insert(i, entry)
-
-    def deleted(self, full_key: str) -> None:
-        i = self._index(full_key)
-        if i < len(self.entries) and self.entries[i]["Key"] == full_key:
-            del self.entries[i]
-
-
-def own_state(key: str) -> bool:
-    """A key of mcsync's own state at a target: a write of it leaves a check's page standing."""
-    return key.startswith(RESERVED_PREFIX)
 
 
 async def tree_walk(level_pages: Callable[[str], AsyncIterator[dict[str, Any]]],

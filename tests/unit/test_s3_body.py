@@ -1,4 +1,4 @@
-"""A part body (``s3_upload.Body``) read as a stream: botocore signs with the CRT's signer
+"""A part body (``s3_body.Body``) read as a stream: botocore signs with the CRT's signer
 when ``awscrt`` is importable, and that signer wraps the body in a stream and reads it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-from mcsync.stores.s3_upload import Body
+from mcsync.stores.s3_body import Body
 
 
 def test_a_part_body_reads_as_a_stream_for_the_crt_signer() -> None:

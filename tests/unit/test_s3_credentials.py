@@ -24,7 +24,7 @@ from mcsync.errors import (
 )
 from mcsync.stores.registry import meta_settings
 from mcsync.stores.s3 import S3Store
-from mcsync.stores.s3_clients import Keys, S3Credentials
+from mcsync.stores.s3_clients import Keys, KeySource, S3Credentials
 from mcsync.stores.s3_errors import Answer, answer_of, translate, unclear_refusal
 
 SECRET = "s3cr3t-MARK"
@@ -105,7 +105,7 @@ def test_fixed_keys_give_obstore_keys_that_never_expire():
     keys = Keys(S3Credentials("AKIDX", SECRET, "tok"))
     assert keys.obstore_provider()() == {"access_key_id": "AKIDX", "secret_access_key": SECRET,
                                          "token": "tok", "expires_at": None}
-    assert keys.identity == "AKIDX" and not keys.anonymous
+    assert not keys.anonymous
     assert Keys().anonymous
     assert SECRET not in repr(keys) and "AKIDX" not in repr(keys)
 
@@ -113,7 +113,7 @@ def test_fixed_keys_give_obstore_keys_that_never_expire():
 def test_refreshable_keys_give_obstore_their_expiry_and_are_renewed_when_forced():
     async def go() -> None:
         source = Source()
-        keys = Keys(refreshable=source.credentials(), identity="process:x")
+        keys = Keys(refreshable=source.credentials())
         got = await keys.obstore_provider()()
         assert got["access_key_id"] == "AKID1" and got["token"] == "tok1"
         expires = got["expires_at"]
@@ -122,7 +122,6 @@ def test_refreshable_keys_give_obstore_their_expiry_and_are_renewed_when_forced(
         assert await keys.force_refresh() is True
         assert (await keys.current())[0].access_key_id == "AKID2"
         assert source.calls == 2
-        assert keys.identity == "process:x"
         assert SECRET not in repr(keys)
 
     asyncio.run(go())
@@ -130,10 +129,40 @@ def test_refreshable_keys_give_obstore_their_expiry_and_are_renewed_when_forced(
 
 def test_a_renewal_that_keeps_the_key_says_so():
     async def go() -> None:
-        keys = Keys(refreshable=Source(same=True).credentials(), identity="i")
+        keys = Keys(refreshable=Source(same=True).credentials())
         assert await keys.force_refresh() is False
 
     asyncio.run(go())
+
+
+# -- who signs, for server-side copy ------------------------------------------------------------
+
+
+def test_who_signs_is_known_from_what_a_store_is_given() -> None:
+    given = S3Credentials("AKIDX", SECRET)
+    env = {"AWS_ACCESS_KEY_ID": "AKENV", "AWS_SECRET_ACCESS_KEY": SECRET}
+    assert KeySource.of(given, None, None, env).identity == "AKIDX"
+    assert KeySource.of(None, "get-keys --secret s", None, env).identity == (
+        "process:get-keys --secret s")
+    # the environment's keys when no profile is named (the chain's first step)...
+    assert KeySource.of(None, None, None, env).fixed == S3Credentials("AKENV", SECRET)
+    assert KeySource.of(S3Credentials(), None, None, env).identity == "AKENV"
+    # ...else the chain, named by its profile: the key it resolves to is known only later
+    assert KeySource.of(None, None, "ml", env).identity == "chain:ml"
+    assert KeySource.of(None, None, None, {**env, "AWS_PROFILE": "p"}).identity == "chain:p"
+    assert KeySource.of(None, None, None, {}).identity == "chain:"
+    assert "get-keys" not in repr(KeySource.of(None, "get-keys --secret s", None, {}))
+
+
+def test_stores_copy_server_side_on_one_endpoint_as_one_signer_before_any_request() -> None:
+    def store(url: str, key: str, bucket: str = "b") -> S3Store:
+        return S3Store(scheme="s3", bucket=bucket, prefix="", endpoint_url=url,
+                       region="us-east-1", credentials=S3Credentials(key, SECRET))
+
+    a = store("http://127.0.0.1:1", "AK")
+    assert a.can_copy_from(store("http://127.0.0.1:1/", "AK", "other"))
+    assert not a.can_copy_from(store("http://127.0.0.1:2", "AK"))
+    assert not a.can_copy_from(store("http://127.0.0.1:1", "AK2"))
 
 
 # -- the store's bookkeeping --------------------------------------------------------------------
@@ -142,7 +171,7 @@ def test_a_renewal_that_keeps_the_key_says_so():
 def store_with(keys: Keys) -> S3Store:
     store = S3Store(scheme="meta", bucket="b", prefix="", endpoint_url="http://127.0.0.1:1",
                     region="us-east-1")
-    store._keys = keys
+    store._clients._keys = keys
     return store
 
 
@@ -156,17 +185,17 @@ def refuse(store: S3Store, exc: Exception) -> Exception:
 def test_many_refusals_of_one_expiry_ask_for_one_renewal():
     async def go() -> None:
         source = Source()
-        store = store_with(Keys(refreshable=source.credentials(), identity="i"))
+        store = store_with(Keys(refreshable=source.credentials()))
         for _ in range(5):
             assert isinstance(refuse(store, client_error("ExpiredToken", 403)),
                               CredentialsExpired)
         # one more request, out while the renewal runs and refused after it: no new renewal
         with pytest.raises(CredentialsExpired), store.translating("k"):
-            await store._renew()
+            await store._clients._renew()
             raise client_error("ExpiredToken", 403)
-        assert store._renewals.wanted is False
-        await store._renew()
-        assert source.calls == 2 and store._renewals.generation == 1
+        assert store._clients._renewals.wanted is False
+        await store._clients._renew()
+        assert source.calls == 2 and store._clients._renewals.generation == 1
 
     asyncio.run(go())
 
@@ -174,9 +203,9 @@ def test_many_refusals_of_one_expiry_ask_for_one_renewal():
 def test_unclear_refusals_allow_one_renewal_then_deny():
     async def go() -> None:
         source = Source()
-        store = store_with(Keys(refreshable=source.credentials(), identity="i"))
+        store = store_with(Keys(refreshable=source.credentials()))
         assert isinstance(refuse(store, obstore_error(None)), CredentialsExpired)
-        await store._renew()
+        await store._clients._renew()
         error = refuse(store, obstore_error("InvalidAccessKeyId"))
         assert type(error) is AccessDenied
         assert source.calls == 2
@@ -189,7 +218,7 @@ def test_fixed_keys_refused_as_expired_are_denied():
     error = refuse(store, client_error("ExpiredToken", 403))
     assert type(error) is AccessDenied and "cannot be renewed" in str(error)
     assert type(refuse(store, client_error("InvalidAccessKeyId", 403))) is AccessDenied
-    assert store._renewals.wanted is False
+    assert store._clients._renewals.wanted is False
 
 
 # -- meta:// settings ---------------------------------------------------------------------------

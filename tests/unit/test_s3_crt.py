@@ -146,21 +146,22 @@ def test_the_retry_policy_of_the_sdks_is_the_crt_s_too() -> None:
     ("http://meta.example:9000", False),  # plain HTTP across a network: the payload is signed
 ])
 def test_bodies_that_must_be_signed_stay_with_botocore(url: str, crt_sends_bodies: bool) -> None:
-    """``crt_client`` only builds clients (no request is sent): the CRT sends the requests
-    without a body to any explicit endpoint, and bodies only where the payload needs no
-    SHA-256 (the CRT's S3 signer sends UNSIGNED-PAYLOAD)."""
+    """The store's clients hand out transports (no request is sent): the CRT sends the
+    requests without a body to any explicit endpoint, and bodies only where the payload needs
+    no SHA-256 (the CRT's S3 signer sends UNSIGNED-PAYLOAD); botocore sends the others."""
     from mcsync.stores.s3 import S3Store
     from mcsync.stores.s3_clients import S3Credentials
+    from mcsync.stores.s3_transport import BotocoreTransport, CrtTransport
 
-    async def clients() -> tuple[object, object]:
+    async def senders() -> tuple[object, object]:
         store = S3Store(scheme="meta", bucket="b", prefix="", endpoint_url=url,
                         region="us-east-1", credentials=S3Credentials("AK", "SK"))
         try:
-            return await store.crt_client(), await store.crt_client(body=True)
+            clients = store._clients
+            return await clients.sender(), await clients.sender(body=True)
         finally:
             await store.aclose()
 
-    plain, with_body = asyncio.run(clients())
-    assert plain is not None
-    assert (with_body is plain) is crt_sends_bodies
-    assert with_body is plain or with_body is None
+    plain, with_body = asyncio.run(senders())
+    assert type(plain) is CrtTransport
+    assert type(with_body) is (CrtTransport if crt_sends_bodies else BotocoreTransport)

@@ -2,8 +2,8 @@
 listing as often as the retry policy lets a check (``preflight_attempts``), and the run's own
 requests are still tried as often as a request may (``sdk_attempts``), whether the check had
 a client of its own (the two differ) or asked with the run's (they are equal, the default).
-A check that saw every key stands in for the listing that follows it, once, while fresh, and
-stays exact through the writes of mcsync's own state (the lock) between check and listing."""
+A check only checks: the listing after it asks the server again, whatever was written between
+(its page once stood in for that listing; one request of a run was not worth the state)."""
 
 from __future__ import annotations
 
@@ -83,26 +83,21 @@ async def _check_and_list(store: S3Store, listings: int) -> list[list[tuple[str,
     return seen
 
 
-@pytest.mark.parametrize(("page", "fresh_s", "after"), [
-    (1000, 10.0, []),  # the check saw every key: only the second listing asks
-    (3, 10.0, ["p/k2"]),  # its page was full: the first listing goes on after its last key
-    (1000, 0.0, [""]),  # stale by the time of the listing: the first listing asks afresh
-])
-def test_a_check_s_page_starts_the_next_listing_once(
+@pytest.mark.parametrize("page", [1000, 3])
+def test_a_check_only_checks_and_every_listing_asks_the_server(
         seaweed: S3Endpoint, seaweed_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch,
-        page: int, fresh_s: float, after: list[str]) -> None:
+        page: int) -> None:
     bucket = new_bucket(seaweed)
     put_objects(seaweed, bucket, KEYS, prefix="p/")
     monkeypatch.setattr(s3, "CHECK_PAGE", page)
-    monkeypatch.setattr(s3, "CHECKED_FRESH_S", fresh_s)
 
     seen = asyncio.run(_check_and_list(_store(seaweed, seaweed_proxy, bucket), listings=2))
 
     want = sorted((k, len(v)) for k, v in KEYS.items())
     assert seen == [want, want]
-    # (the check's, the first listing's if any, the second listing's): where each started
+    # the check's, then each listing's, each from the start
     asked = [_start_after(e.target) for e in seaweed_proxy.exchanges("ListObjectsV2")]
-    assert asked == ["", *after, ""]
+    assert asked == ["", "", ""]
 
 
 def _start_after(target: str) -> str:
@@ -127,68 +122,7 @@ def test_a_write_through_the_store_after_its_check_is_in_the_next_listing(
     assert len(seaweed_proxy.exchanges("ListObjectsV2")) == 2
 
 
-def _fast_failing(ep: S3Endpoint, proxy: FaultProxy, bucket: str) -> S3Store:
-    return S3Store(scheme="s3", bucket=bucket, prefix="p/", endpoint_url=proxy.url,
-                   region=ep.region, credentials=S3Credentials(ep.access_key, ep.secret_key),
-                   retry=RetryPolicy(sdk_attempts=1, preflight_attempts=1,
-                                     init_backoff_s=0.01, max_backoff_s=0.02))
-
-
-@pytest.mark.parametrize(("page", "lists"), [
-    (1000, 1),  # the check saw every key: its page, with the write entered, is the listing
-    (2, 2),  # a full page ending before ".mcsync/": the write is in the rest, listed after it
-])
-def test_writes_of_mcsync_s_own_state_after_the_check_keep_its_page_exact(
-        seaweed: S3Endpoint, seaweed_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch,
-        page: int, lists: int) -> None:
-    # A run writes its lock between its check and its listing: the lock is no data, so the
-    # page stands, and lists what the server now holds.
-    bucket = new_bucket(seaweed)
-    put_objects(seaweed, bucket, {"-a": b"1", "-b": b"22", ".mcsync/old": b"3", "k": b"4444"},
-                prefix="p/")
-    monkeypatch.setattr(s3, "CHECK_PAGE", page)
-    store = _store(seaweed, seaweed_proxy, bucket)
-
-    async def check_write_list() -> list[tuple[str, int]]:
-        await store.check(mode="write")
-        await store.put(".mcsync/lock", b"held")
-        await store.delete(".mcsync/old")
-        async with contextlib.aclosing(store.list()) as listing:
-            keys = [(o.key, o.size) async for o in listing]
-        await store.aclose()
-        return keys
-
-    assert asyncio.run(check_write_list()) == [("-a", 1), ("-b", 2), (".mcsync/lock", 4),
-                                               ("k", 4)]
-    assert len(seaweed_proxy.exchanges("ListObjectsV2")) == lists
-
-
-def test_a_failed_write_of_mcsync_s_own_state_drops_the_check_s_page(
-        seaweed: S3Endpoint, seaweed_proxy: FaultProxy) -> None:
-    bucket = new_bucket(seaweed)
-    put_objects(seaweed, bucket, {"k": b"1"}, prefix="p/")
-    seaweed_proxy.add(Rule(INTERNAL_ERROR, op="PutObject"))
-    store = _fast_failing(seaweed, seaweed_proxy, bucket)
-
-    async def check_fail_list() -> tuple[BaseException | None, list[str]]:
-        await store.check(mode="read")
-        failed = None
-        try:
-            await store.put(".mcsync/lock", b"held")
-        except Exception as exc:
-            failed = exc
-        async with contextlib.aclosing(store.list()) as listing:
-            keys = [o.key async for o in listing]
-        await store.aclose()
-        return failed, keys
-
-    failed, keys = asyncio.run(check_fail_list())
-    assert isinstance(failed, Transient)
-    assert keys == ["k"]
-    assert len(seaweed_proxy.exchanges("ListObjectsV2")) == 2  # asked again: it may have landed
-
-
-def test_a_run_to_an_s3_target_lists_it_once_though_it_writes_its_lock_first(
+def test_a_run_to_an_s3_target_checks_it_then_lists_it(
         seaweed: S3Endpoint, seaweed_proxy: FaultProxy, tmp_path: Path) -> None:
     files = {"a.bin": b"a" * 100, "d/b.bin": b"b" * 3000, "d/e/c.json": b"{}"}
     write_tree(tmp_path / "src", files)
@@ -201,26 +135,4 @@ def test_a_run_to_an_s3_target_lists_it_once_though_it_writes_its_lock_first(
     lock_puts = seaweed_proxy.exchanges("PutObject", key="p/.mcsync/lock-*")
     assert len(lock_puts) == 1
     listings = seaweed_proxy.exchanges("ListObjectsV2")
-    assert len(listings) == 1, [e.target for e in listings]
-
-
-def test_a_write_that_ends_while_a_listing_reads_the_page_leaves_that_listing_alone(
-        seaweed: S3Endpoint, seaweed_proxy: FaultProxy) -> None:
-    # The lock's PUT went out before the listing took the page and came back while the
-    # listing was going through it: the listing goes on as the page was, in order.
-    bucket = new_bucket(seaweed)
-    put_objects(seaweed, bucket, {"a": b"1", "b": b"22"}, prefix="p/")
-    store = _store(seaweed, seaweed_proxy, bucket)
-
-    async def write_during_listing() -> list[str]:
-        await store.check(mode="write")
-        writing = asyncio.create_task(store.put(".mcsync/lock", b"held"))
-        await asyncio.sleep(0)  # the PUT is on its way
-        async with contextlib.aclosing(store.list()) as listing:
-            keys = [(await anext(listing)).key]
-            await writing
-            keys += [o.key async for o in listing]
-        await store.aclose()
-        return keys
-
-    assert asyncio.run(write_during_listing()) == ["a", "b"]
+    assert len(listings) == 2, [e.target for e in listings]  # the check's page, the listing
