@@ -28,6 +28,7 @@ from ..limits import Limits
 from ..manifest import Manifest, last_run_status, manifest_dir, pair_of
 from ..stores.registry import StoreOptions, open_store
 from ..types import RESERVED_PREFIX
+from .progress import counted
 from .run import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -288,7 +289,8 @@ def verify(dst: str, manifests: tuple[str, ...], endpoint_url: str | None, profi
             {"key": k, "problem": p} for k, p in problems]}, indent=2) + "\n")
     for key, problem in problems:
         click.echo(f"mismatch: {key}: {problem}", err=True)
-    click.echo(f"verified {checked} objects: {len(problems)} problems", err=True)
+    click.echo(f"verified {counted(checked, 'object')}: {counted(len(problems), 'problem')}",
+               err=True)
     sys.exit(EXIT_FAILED if problems else EXIT_OK)
 
 
@@ -342,7 +344,7 @@ def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: boo
     code = guarded(lambda: run_blocking(go()))
     if isinstance(code, tuple):
         if not as_json:
-            click.echo(f"{code[0]} objects, {format_size(code[1])}", err=True)
+            click.echo(f"{counted(code[0], 'object')}, {format_size(code[1])}", err=True)
         sys.exit(EXIT_OK)
     sys.exit(code)
 
