@@ -199,7 +199,10 @@ def cli() -> None:
 @click.option("--interval", type=DURATION, default=None, metavar="DURATION",
               help="With --watch: time from one cycle's start to the next (default 60s).")
 def sync(src: str, dst: str, dry_run: bool, **kw: Any) -> None:
-    """Make DST hold what SRC holds (new and changed objects are copied)."""
+    """Make DST hold what SRC holds (new and changed objects are copied).
+
+    SRC may be one file or object: a DST ending in / receives it under its own name, any
+    other DST names the object itself (as `aws s3 cp`)."""
     sys.exit(_run(src, dst, dry_run=dry_run, show_plan=dry_run, long=True, **kw))
 
 

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("streaming", "stores.s3_errors", "stores.s3_clients", "stores.s3_upload", "stores.s3_crt",
      "stores.obstore_body", "stores.s3_listing", "stores.s3",
      "stores.local_files", "stores.local", "stores.gcs", "stores.azure", "stores.memory",
-     "stores.registry",
+     "stores.registry", "stores.single",
      "metrics", "resilience"),
     ("index", "manifest", "listing", "checkpoints", "plan", "spool", "lock", "bases",
      "preflight"),
