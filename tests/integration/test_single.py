@@ -135,3 +135,21 @@ def test_a_file_to_s3_on_moto(moto, bucket_factory, tmp_path):
     assert first["objects_copied"] == 1
     assert read_bucket(moto, bucket, "m/") == {"model.bin": model(4)}
     assert sync(str(src), f"s3://{bucket}/m/", env=moto.aws_env())["bytes_sent"] == 0
+
+
+def test_a_blob_by_a_connection_string_to_a_local_file(azurite, tmp_path):
+    import uuid
+
+    from mcsync.testing.azurite import ACCOUNT, KEY
+
+    container = f"az-{uuid.uuid4().hex[:12]}"
+    azurite.create_container(container)
+    azurite.upload(container, "run/model.bin", model(5))
+    azurite.upload(container, "run/other.bin", b"o")
+    env = {"AZURE_STORAGE_CONNECTION_STRING":
+           f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+           f"BlobEndpoint={azurite.url};"}
+    target = tmp_path / "out" / "weights.bin"
+    assert sync(f"az://{container}/run/model.bin", str(target), env=env)["objects_copied"] == 1
+    assert target.read_bytes() == model(5)
+    assert read_tree(tmp_path / "out") == {"weights.bin": model(5)}
