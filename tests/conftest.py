@@ -42,7 +42,7 @@ from mcsync.testing.servers import S3Endpoint, moto_server, seaweedfs
 # --------------------------------------------------------------------------------------------
 # Environment isolation
 
-_SCRUBBED_PREFIXES = ("AWS_", "MCSYNC_META_")
+_SCRUBBED_PREFIXES = ("AWS_", "MCSYNC_META_", "AZURE_")  # AZURE_: a connection string wins
 
 
 @pytest.fixture(autouse=True)
