@@ -194,14 +194,25 @@ def _sink(on_event: OnEvent) -> EventSink | None:
 @contextlib.asynccontextmanager
 async def _opened(src: str | ReadStore, dst: str | ReadStore,
                   options: SyncOptions) -> AsyncIterator[tuple[ReadStore, ReadStore]]:
-    """The two stores: an address opened with its side's options (and closed at the end),
-    a store object as given."""
+    """The two stores: an address opened with its side's options (and closed at the end;
+    two addresses through ``open_pair``, where a source may be one file or object), a store
+    object as given."""
     from .engine import close_quietly
     from .stores.registry import open_store
 
     sides: tuple[tuple[str | ReadStore, Literal["source", "target"]], ...] = (
         (src, "source"), (dst, "target"))
     async with contextlib.AsyncExitStack() as opened:
+        if isinstance(src, str) and isinstance(dst, str):  # SRC may be one file or object
+            from .stores.single import open_pair
+
+            pair = await open_pair(src, dst, open_store, open_store,
+                                   options.store_options("source"),
+                                   options.store_options("target"), delete=options.delete)
+            for store in pair:
+                opened.push_async_callback(close_quietly, store)
+            yield pair
+            return
         stores: list[ReadStore] = []
         for where, side in sides:
             if isinstance(where, str):

@@ -76,7 +76,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 # --------------------------------------------------------------------------------------------
 # Environment isolation
 
-_SCRUBBED_PREFIXES = ("AWS_", "MCSYNC_META_")
+_SCRUBBED_PREFIXES = ("AWS_", "MCSYNC_META_", "AZURE_")  # AZURE_: a connection string wins
 
 
 @pytest.fixture(autouse=True)

@@ -28,6 +28,7 @@ from ..limits import Limits
 from ..manifest import Manifest, last_run_status, manifest_dir, pair_of
 from ..stores.registry import StoreOptions, open_store
 from ..types import RESERVED_PREFIX
+from .progress import counted
 from .run import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -198,7 +199,10 @@ def cli() -> None:
 @click.option("--interval", type=DURATION, default=None, metavar="DURATION",
               help="With --watch: time from one cycle's start to the next (default 60s).")
 def sync(src: str, dst: str, dry_run: bool, **kw: Any) -> None:
-    """Make DST hold what SRC holds (new and changed objects are copied)."""
+    """Make DST hold what SRC holds (new and changed objects are copied).
+
+    SRC may be one file or object: a DST ending in / receives it under its own name, any
+    other DST names the object itself (as `aws s3 cp`)."""
     sys.exit(_run(src, dst, dry_run=dry_run, show_plan=dry_run, long=True, **kw))
 
 
@@ -288,7 +292,8 @@ def verify(dst: str, manifests: tuple[str, ...], endpoint_url: str | None, profi
             {"key": k, "problem": p} for k, p in problems]}, indent=2) + "\n")
     for key, problem in problems:
         click.echo(f"mismatch: {key}: {problem}", err=True)
-    click.echo(f"verified {checked} objects: {len(problems)} problems", err=True)
+    click.echo(f"verified {counted(checked, 'object')}: {counted(len(problems), 'problem')}",
+               err=True)
     sys.exit(EXIT_FAILED if problems else EXIT_OK)
 
 
@@ -342,7 +347,7 @@ def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: boo
     code = guarded(lambda: run_blocking(go()))
     if isinstance(code, tuple):
         if not as_json:
-            click.echo(f"{code[0]} objects, {format_size(code[1])}", err=True)
+            click.echo(f"{counted(code[0], 'object')}, {format_size(code[1])}", err=True)
         sys.exit(EXIT_OK)
     sys.exit(code)
 

@@ -10,6 +10,7 @@ import click
 
 from ..config import format_size
 from ..events import DeltaPlanned, Event, ObjectDeferred, ObjectPlanned
+from .progress import counted
 
 SHOWN = 50  # rows of any one table: a plan of a million keys stays a screenful
 
@@ -34,7 +35,7 @@ class PlanLines:
 def delta_line(e: DeltaPlanned) -> str:
     line = (f"{'  delta':<12} {format_size(e.size):>10}  {e.key}: "
             f"{format_size(e.bytes_changed)} changed, {format_size(e.bytes_to_send)} to send, "
-            f"{format_size(e.bytes_reused)} composed at the target ({e.parts} parts)")
+            f"{format_size(e.bytes_reused)} composed at the target ({counted(e.parts, 'part')})")
     if e.changed_tensors:
         names = ", ".join(e.changed_tensors[:8])
         more = len(e.changed_tensors) - 8
@@ -111,11 +112,11 @@ class PlanSummary:
                 click.echo(f"{top[:28]:<28} {n:>10} {format_size(size):>14} {skipped:>9}")
         if self.deltas:
             click.echo("")
-            click.echo(f"block delta for {self.delta_count} changed objects:")
+            click.echo(f"block delta for {counted(self.delta_count, 'changed object')}:")
             for d in sorted(self.deltas, key=lambda d: d.key)[:SHOWN]:
                 click.echo(delta_line(d))
         if self.waiting:
             click.echo("")
             click.echo("waiting (not copied until complete; a later run takes them):")
             for why, (n, size) in sorted(self.waiting.items()):
-                click.echo(f"  {n:>6} objects {format_size(size):>10}  {why}")
+                click.echo(f"  {counted(n, 'object'):>14} {format_size(size):>10}  {why}")

@@ -24,6 +24,12 @@ if TYPE_CHECKING:
     from ..watching import Cycle
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 object``, ``2 objects``, ``0 objects``: a count with its noun agreeing, for every
+    line the command prints (``plural`` where adding an s is wrong)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 class _Totals:
     def __init__(self) -> None:
         self.objects_total = 0
@@ -121,7 +127,7 @@ class LogProgress:
         eta = ""
         if t.listing_done and rate > 0:
             eta = f", eta {max(t.bytes_total - t.bytes_done, 0) / rate:.0f}s"
-        print(f"progress: {t.objects_done}/{t.objects_total} objects, "
+        print(f"progress: {t.objects_done}/{counted(t.objects_total, 'object')}, "
               f"{format_size(t.bytes_done)}/{total}, {format_size(rate)}/s{eta}"
               f"{t.throttling()}",
               file=self._out, flush=True)
@@ -147,7 +153,8 @@ class FailureLines:
 def summary(report: SyncReport) -> str:
     verb = "would copy" if report.dry_run else "copied"
     parts = [
-        f"{verb} {report.objects_copied} objects ({format_size(report.bytes_copied)})",
+        f"{verb} {counted(report.objects_copied, 'object')} "
+        f"({format_size(report.bytes_copied)})",
         f"server-side {report.objects_server_copied} ({format_size(report.bytes_server_copied)})",
         f"skipped {report.objects_skipped}",
         f"deleted {report.objects_deleted}",

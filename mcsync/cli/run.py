@@ -29,6 +29,7 @@ from ..manifest import Manifest
 from ..report import SyncReport, report_json
 from ..stores.base import ReadStore
 from ..stores.registry import StoreOptions, open_store
+from ..stores.single import open_pair
 from .progress import FailureLines, LogProgress, TerminalProgress, cycle_line, summary
 
 if TYPE_CHECKING:
@@ -85,11 +86,11 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
     async def go(stop: asyncio.Event) -> SyncReport | Cycle | None:
         opened: list[ReadStore] = []
         try:
-            sides: tuple[tuple[str, Callable[[str, StoreOptions], ReadStore],
-                               Literal["source", "target"]], ...] = (
-                (src, seams.open_source, "source"), (dst, seams.open_target, "target"))
-            for url, open_one, role in sides:
-                store = open_one(url, options.store_options(role))
+            pair = await open_pair(src, dst, seams.open_source, seams.open_target,
+                                   options.store_options("source"),
+                                   options.store_options("target"), delete=options.delete)
+            roles: tuple[Literal["source", "target"], ...] = ("source", "target")
+            for store, role in zip(pair, roles, strict=True):
                 opened.append(store if metrics is None else metrics.wrap(store, role))
             if watch_interval_s is None:
                 return await run_sync(opened[0], opened[1], options, FanOut(sinks), stop=stop,

@@ -6,9 +6,10 @@ credentials and the endpoint come from the environment variables obstore (object
 reads: ``AZURE_STORAGE_ACCOUNT_NAME`` and one of ``AZURE_STORAGE_ACCOUNT_KEY``,
 ``AZURE_STORAGE_SAS_TOKEN``, a service principal, workload identity, managed identity or
 ``AZURE_USE_AZURE_CLI``; ``AZURE_STORAGE_ENDPOINT`` for another endpoint (Azurite, sovereign
-clouds). Errors are translated by the one table in ``s3_errors`` (obstore's errors carry the
-service's XML ``<Code>`` for either cloud), with any URL's query string cut from the text: a
-SAS token travels in it.
+clouds). Or ``AZURE_STORAGE_CONNECTION_STRING``, read first as the Azure CLI reads it
+(``Connection``). Errors are translated by the one table in ``s3_errors`` (obstore's errors
+carry the service's XML ``<Code>`` for either cloud), with any URL's query string cut from
+the text: a SAS token travels in it.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import asyncio
 import contextlib
 import os
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
+from urllib.parse import urlsplit
 
 import obstore
 
@@ -28,6 +31,7 @@ from ..errors import (
     MCSyncError,
     NoSuchBucket,
     Permanent,
+    UsageError,
     as_config_error,
 )
 from ..retry import RetryPolicy
@@ -37,9 +41,102 @@ from .s3_errors import translate
 
 if TYPE_CHECKING:
     from obstore import GetOptions, ObjectMeta
-    from obstore.store import AzureConfig, RetryConfig
+    from obstore.store import AzureConfig, AzureCredential, RetryConfig
 
 _QUERY = re.compile(r"\?[^\s\"'<>]*")  # a URL's query string: where a SAS token travels
+
+CONNECTION_STRING = "AZURE_STORAGE_CONNECTION_STRING"
+# Azurite's one account and its published development key: what UseDevelopmentStorage=true
+# means to Azure's SDKs (no secret of anyone's).
+_DEV_ACCOUNT = "devstoreaccount1"
+_DEV_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+            "KBHBeksoGMGw==")
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """What ``AZURE_STORAGE_CONNECTION_STRING`` says: the account, its blob endpoint and one
+    credential (an account key or a SAS). The credential never appears in a repr."""
+
+    account: str
+    endpoint: str  # the blob service's URL, no trailing slash
+    account_key: str | None = field(default=None, repr=False)
+    sas: str | None = field(default=None, repr=False)
+
+    def credential(self) -> AzureCredential:
+        """For obstore's ``credential_provider``: it outranks every other setting, so a key in
+        ``AZURE_STORAGE_ACCOUNT_KEY`` cannot win over the string's SAS."""
+        if self.account_key is not None:
+            return {"access_key": self.account_key, "expires_at": None}
+        assert self.sas is not None
+        return {"sas_token": self.sas, "expires_at": None}
+
+
+def connection_from_env(environ: Mapping[str, str] | None = None) -> Connection | None:
+    """``AZURE_STORAGE_CONNECTION_STRING`` read as Azure's SDKs read it, or None when unset.
+
+    ``Name=value`` pairs separated by ``;`` (names in any case): ``AccountName`` and
+    ``AccountKey``, or ``SharedAccessSignature``; the endpoint is ``BlobEndpoint`` when
+    given, else ``{DefaultEndpointsProtocol}://{AccountName}.blob.{EndpointSuffix}``
+    (``https`` and ``core.windows.net`` by default); ``UseDevelopmentStorage=true`` is
+    Azurite on 127.0.0.1:10000. As in the Azure CLI, the string wins over
+    ``AZURE_STORAGE_ACCOUNT_NAME`` / ``_KEY`` / ``AZURE_STORAGE_SAS_TOKEN``, which fill only
+    what it lacks (the account's name; a credential when it holds neither key nor SAS), and
+    its endpoint over ``AZURE_STORAGE_ENDPOINT``. Raises UsageError naming the variable and
+    what is wrong, never its value."""
+    env = os.environ if environ is None else environ
+    text = env.get(CONNECTION_STRING, "").strip()
+    if not text:
+        return None
+
+    def bad(why: str) -> UsageError:
+        return UsageError(f"{CONNECTION_STRING} is malformed: {why} (its value is not shown)")
+
+    settings: dict[str, str] = {}
+    for n, pair in enumerate(text.rstrip(";").split(";"), 1):
+        name, eq, value = pair.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise bad(f"part {n} is not Name=value")
+        settings[name.lower()] = value.strip()
+    if settings.get("usedevelopmentstorage", "").lower() == "true":
+        return Connection(_DEV_ACCOUNT, f"http://127.0.0.1:10000/{_DEV_ACCOUNT}", _DEV_KEY)
+    account = settings.get("accountname") or env.get("AZURE_STORAGE_ACCOUNT_NAME") or ""
+    endpoint = settings.get("blobendpoint", "").rstrip("/")
+    if endpoint:
+        where = urlsplit(endpoint)
+        if where.scheme not in ("http", "https") or not where.netloc:
+            raise bad("BlobEndpoint is not an http(s) URL")
+        if not account:  # a SAS string may name no account: its endpoint does
+            host = where.hostname or ""
+            account = (host.split(".blob.")[0] if ".blob." in host
+                       else where.path.strip("/").split("/")[0])  # Azurite's path style
+    elif account:
+        protocol = settings.get("defaultendpointsprotocol", "https").lower()
+        if protocol not in ("http", "https"):
+            raise bad("DefaultEndpointsProtocol is neither http nor https")
+        suffix = settings.get("endpointsuffix") or "core.windows.net"
+        endpoint = f"{protocol}://{account}.blob.{suffix}"
+    if not account:
+        raise bad("it names neither AccountName nor BlobEndpoint")
+    key = settings.get("accountkey") or None
+    sas = (settings.get("sharedaccesssignature") or "").lstrip("?") or None
+    if key is None and sas is None:  # as the Azure CLI: the variables fill a credential in
+        key = env.get("AZURE_STORAGE_ACCOUNT_KEY") or None
+        sas = (env.get("AZURE_STORAGE_SAS_TOKEN") or "").lstrip("?") or None
+    if key is not None and sas is not None:
+        sas = None  # Azure's SDKs sign with the key when both are given
+    if key is None and sas is None:
+        raise bad("it holds neither AccountKey nor SharedAccessSignature")
+    if key is not None:
+        import base64
+        import binascii
+
+        try:
+            base64.b64decode(key, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad("AccountKey is not base64") from None
+    return Connection(account, endpoint, key, sas)
 
 
 class AzureStore:
@@ -56,9 +153,14 @@ class AzureStore:
         self.container = container
         self.prefix = prefix  # "" or ends with "/"
         self.url = f"az://{container}/{prefix}"
-        self._endpoint = (endpoint or os.environ.get("AZURE_STORAGE_ENDPOINT")
+        self._connection = connection_from_env()
+        self._endpoint = (endpoint
+                          or (self._connection.endpoint if self._connection else None)
+                          or os.environ.get("AZURE_STORAGE_ENDPOINT")
                           or os.environ.get("AZURE_ENDPOINT") or None)
         self._config = dict(config or {})
+        if self._connection is not None:
+            self._config.setdefault("account_name", self._connection.account)
         self._max_connections = max_connections
         self._retry = retry or RetryPolicy()
         self._client: Any = None
@@ -72,6 +174,7 @@ class AzureStore:
             config.setdefault("endpoint", self._endpoint)
         return ObAzure(
             self.container, config=config,
+            credential_provider=self._connection.credential if self._connection else None,
             client_options={"allow_http": (self._endpoint or "").startswith("http:"),
                             "pool_max_idle_per_host": str(self._max_connections),
                             "timeout": "300s", "connect_timeout": "10s"},
@@ -102,7 +205,8 @@ class AzureStore:
     async def check(self, *, mode: Literal["read"] = "read") -> None:
         if not (self._config.get("account_name") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")):
             raise ConfigError(f"{self.url}: no storage account given: set "
-                              "AZURE_STORAGE_ACCOUNT_NAME (and its credential)")
+                              f"{CONNECTION_STRING}, or AZURE_STORAGE_ACCOUNT_NAME (and its "
+                              "credential)")
         try:
             with self.translating(None):
                 client = (self._fast() if self._retry.checks_retry_as_requests

@@ -36,7 +36,7 @@ def parse_url(url: str) -> Location:
         raise UsageError("empty address")
     shown = url if url.isprintable() else repr(url)  # one line, whatever the address holds
     if "://" not in url:
-        return Location("file", "", url)
+        return _without_slashes(url, shown)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "file":
@@ -60,6 +60,32 @@ def parse_url(url: str) -> Location:
     if prefix and not prefix.endswith("/"):
         prefix += "/"  # a prefix names a "directory", as in rclone and aws s3 sync
     return Location(scheme, bucket, prefix)
+
+
+_SCHEMES = ("s3", "meta", "gs", "az")
+_SCHEME_COLON = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):(.*)$", re.DOTALL)
+
+
+def _without_slashes(url: str, shown: str) -> Location:
+    """An address without ``://``: a path, unless it begins with a scheme of ours and a colon
+    (``s3:/b``, ``meta:b``, ``gs:/b/x``): a URL with a slash or two missing, refused with the
+    URL it probably meant rather than read as a relative directory ``s3:``. ``file:/path`` is
+    RFC 8089's short form of ``file:///path``; any other ``word:rest`` (``run:7/``) is a
+    path. A file really named so is given as ``./s3:b``."""
+    found = _SCHEME_COLON.match(url)
+    if found is None:
+        return Location("file", "", url)
+    scheme, rest = found.group(1).lower(), found.group(2)
+    if scheme in _SCHEMES:
+        meant = f"{scheme}://{rest.lstrip('/')}"
+        raise UsageError(f"{shown}: not a URL (one or both slashes after '{scheme}:' "
+                         f"missing): did you mean {meant}? (a local path: ./{url})")
+    if scheme == "file" and not rest.startswith("/"):
+        raise UsageError(f"{shown}: a file: URL names an absolute path (file:///path); a "
+                         f"relative path is given as ./{url}")
+    if scheme == "file":
+        return Location("file", "", unquote(rest))
+    return Location("file", "", url)
 
 
 __all__ = ["Location", "StoreOptions", "meta_settings", "open_store", "parse_url"]

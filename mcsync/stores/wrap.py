@@ -15,12 +15,16 @@ through ``hooks.listing``. A hook may act before and after, time, count, raise, 
 something in place of the result (a shorter read, a body iterator of its own). Plain lookups
 (``validate_key``, ``can_copy_from``, ``copy_source``, ``compose_source``) and ``aclose`` go
 straight through.
+
+``keys=Rename(shown, real)`` shows the inner store's key ``real`` as ``shown`` (every other
+key as it is), and ``url=`` names the wrapped store otherwise: a single file synced under
+another name (``stores/single.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from ..types import Buffer, ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
@@ -39,7 +43,7 @@ from .base import (
     TempFileSweeper,
 )
 
-__all__ = ["Hooks", "Op", "inner_of", "innermost", "wrap"]
+__all__ = ["Hooks", "Op", "Rename", "inner_of", "innermost", "wrap"]
 
 T = TypeVar("T")
 
@@ -52,6 +56,20 @@ class Op:
     key: str
     nbytes: int = 0  # bytes handed to the store: put, put_part, write_at; part_written: its size
     rng: ByteRange | None = None  # the range asked for: get, read_into, open_range, copy_part
+
+
+@dataclass(frozen=True, slots=True)
+class Rename:
+    """The inner store's key ``real`` shown as ``shown``; any other key is itself."""
+
+    shown: str
+    real: str
+
+    def inner(self, key: str) -> str:
+        return self.real if key == self.shown else key
+
+    def outer(self, info: ObjectInfo) -> ObjectInfo:
+        return replace(info, key=self.shown) if info.key == self.real else info
 
 
 class Hooks(Protocol):
@@ -69,11 +87,15 @@ class Hooks(Protocol):
         ...
 
 
-def wrap(store: ReadStore, hooks: Hooks, *, name: str = "Wrapped") -> ReadStore:
-    """``store`` with every operation passed through ``hooks``, offering the same abilities.
-    ``name`` prefixes the class's name (``FaultyWriteStreamer...``), for messages."""
-    bases = tuple(mixin for ability, mixin in _STORE_MIXINS if isinstance(store, ability))
-    wrapped: ReadStore = _class_for(name, (*bases, _Read), "ReadStore")(store, hooks, name)
+def wrap(store: ReadStore, hooks: Hooks, *, name: str = "Wrapped", keys: Rename | None = None,
+         url: str | None = None, without: Collection[type] = ()) -> ReadStore:
+    """``store`` with every operation passed through ``hooks``, offering the same abilities
+    (but those named in ``without``). ``name`` prefixes the class's name
+    (``FaultyWriteStreamer...``), for messages; ``keys`` and ``url``: see the module's text."""
+    bases = tuple(mixin for ability, mixin in _STORE_MIXINS
+                  if isinstance(store, ability) and ability not in without)
+    wrapped: ReadStore = _class_for(name, (*bases, _Read), "ReadStore")(store, hooks, name,
+                                                                        keys, url)
     return wrapped
 
 
@@ -100,26 +122,42 @@ def _class_for(name: str, bases: tuple[type, ...], plain: str) -> type:
 
 
 class _Read:
-    def __init__(self, inner: Any, hooks: Hooks, name: str) -> None:
+    def __init__(self, inner: Any, hooks: Hooks, name: str, keys: Rename | None = None,
+                 url: str | None = None) -> None:
         self._inner = inner
         self._hooks = hooks
         self._name = name
-        self.url: str = inner.url
+        self.url: str = url or inner.url
         self.facts = inner.facts
+        self._keys = keys
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self._inner!r}>"
 
+    def _in(self, key: str) -> str:
+        return key if self._keys is None else self._keys.inner(key)
+
+    def _out(self, info: ObjectInfo) -> ObjectInfo:
+        return info if self._keys is None else self._keys.outer(info)
+
+    def _out_expect(self, info: ObjectInfo | None) -> ObjectInfo | None:
+        if info is None or self._keys is None or info.key != self._keys.shown:
+            return info
+        return replace(info, key=self._keys.real)
+
     def list(self) -> AsyncIterator[ObjectInfo]:
-        return self._hooks.listing(self._inner.list())
+        listing = self._hooks.listing(self._inner.list())
+        return listing if self._keys is None else _renamed(listing, self._keys)
 
     async def head(self, key: str) -> ObjectInfo:
-        return await self._hooks.call(Op("head", key), lambda: self._inner.head(key))
+        return self._out(await self._hooks.call(Op("head", key),
+                                                lambda: self._inner.head(self._in(key))))
 
     async def get(self, key: str, rng: ByteRange | None = None, *,
                   expect: ObjectInfo | None = None) -> Buffer:
-        return await self._hooks.call(Op("get", key, rng=rng),
-                                      lambda: self._inner.get(key, rng, expect=expect))
+        return await self._hooks.call(
+            Op("get", key, rng=rng),
+            lambda: self._inner.get(self._in(key), rng, expect=self._out_expect(expect)))
 
     async def check(self, *, mode: Any) -> None:
         await self._hooks.call(Op("check", ""), lambda: self._inner.check(mode=mode))
@@ -128,10 +166,18 @@ class _Read:
         await self._inner.aclose()
 
 
+async def _renamed(listing: AsyncIterator[ObjectInfo], keys: Rename) -> AsyncIterator[ObjectInfo]:
+    async for info in listing:
+        yield keys.outer(info)
+
+
 class _Write:
     _inner: Any
     _hooks: Hooks
     _name: str
+    _keys: Rename | None
+    _in: Callable[[str], str]
+    _out: Callable[[ObjectInfo], ObjectInfo]
 
     @property
     def caps(self) -> Capabilities:
@@ -139,73 +185,84 @@ class _Write:
         return caps
 
     async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
-        return await self._hooks.call(Op("put", key, len(data)),
-                                      lambda: self._inner.put(key, data, mtime=mtime))
+        return self._out(await self._hooks.call(
+            Op("put", key, len(data)), lambda: self._inner.put(self._in(key), data, mtime=mtime)))
 
     async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> Any:
         upload = await self._hooks.call(
-            Op("open_upload", key), lambda: self._inner.open_upload(key, size, mtime=mtime))
-        return _wrap_upload(upload, key, self._hooks, self._name)
+            Op("open_upload", key),
+            lambda: self._inner.open_upload(self._in(key), size, mtime=mtime))
+        return _wrap_upload(upload, key, self._hooks, self._name, self._keys)
 
     async def resume_upload(self, key: str, upload_id: str, size: int, *,
                             mtime: float | None = None) -> Any:
         upload = await self._hooks.call(
             Op("resume_upload", key),
-            lambda: self._inner.resume_upload(key, upload_id, size, mtime=mtime))
-        return None if upload is None else _wrap_upload(upload, key, self._hooks, self._name)
+            lambda: self._inner.resume_upload(self._in(key), upload_id, size, mtime=mtime))
+        return (None if upload is None
+                else _wrap_upload(upload, key, self._hooks, self._name, self._keys))
 
     async def abort_upload(self, key: str, upload_id: str) -> None:
         await self._hooks.call(Op("abort_upload", key),
-                               lambda: self._inner.abort_upload(key, upload_id))
+                               lambda: self._inner.abort_upload(self._in(key), upload_id))
 
     async def delete(self, key: str) -> None:
-        await self._hooks.call(Op("delete", key), lambda: self._inner.delete(key))
+        await self._hooks.call(Op("delete", key), lambda: self._inner.delete(self._in(key)))
 
     def validate_key(self, key: str) -> None:
-        self._inner.validate_key(key)
+        self._inner.validate_key(self._in(key))
 
 
 class _Streamer:
     _inner: Any
     _hooks: Hooks
+    _in: Callable[[str], str]
+    _out_expect: Callable[[ObjectInfo | None], ObjectInfo | None]
 
     async def open_range(self, key: str, rng: ByteRange, *,
                          expect: ObjectInfo | None = None) -> Iterator[Buffer]:
-        return await self._hooks.call(Op("open_range", key, rng=rng),
-                                      lambda: self._inner.open_range(key, rng, expect=expect))
+        return await self._hooks.call(
+            Op("open_range", key, rng=rng),
+            lambda: self._inner.open_range(self._in(key), rng, expect=self._out_expect(expect)))
 
 
 class _ReadsInto:
     _inner: Any
     _hooks: Hooks
+    _in: Callable[[str], str]
+    _out_expect: Callable[[ObjectInfo | None], ObjectInfo | None]
 
     async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
                         expect: ObjectInfo | None = None) -> memoryview:
         return await self._hooks.call(
             Op("read_into", key, rng=rng),
-            lambda: self._inner.read_into(key, rng, buf, expect=expect))
+            lambda: self._inner.read_into(self._in(key), rng, buf,
+                                          expect=self._out_expect(expect)))
 
 
 class _Copier:
     _inner: Any
     _hooks: Hooks
+    _in: Callable[[str], str]
+    _out: Callable[[ObjectInfo], ObjectInfo]
 
     def can_copy_from(self, other: ReadStore) -> bool:
         return bool(self._inner.can_copy_from(innermost(other)))
 
     def copy_source(self, key: str, etag: str | None) -> Any:
-        return self._inner.copy_source(key, etag)
+        return self._inner.copy_source(self._in(key), etag)
 
     async def copy_object(self, source: Any, key: str) -> ObjectInfo:
-        return await self._hooks.call(Op("copy_object", key),
-                                      lambda: self._inner.copy_object(source, key))
+        return self._out(await self._hooks.call(
+            Op("copy_object", key), lambda: self._inner.copy_object(source, self._in(key))))
 
 
 class _Composer:
     _inner: Any
+    _out_expect: Callable[[ObjectInfo | None], ObjectInfo | None]
 
     def compose_source(self, current: ObjectInfo) -> Any:
-        return self._inner.compose_source(current)
+        return self._inner.compose_source(self._out_expect(current))
 
 
 class _Scratch:
@@ -220,11 +277,14 @@ class _File:
     _inner: Any
     _hooks: Hooks
     _name: str
+    _keys: Rename | None
+    _in: Callable[[str], str]
 
     async def open_file(self, key: str, size: int, *, mtime: float | None = None) -> Any:
         upload = await self._hooks.call(
-            Op("open_file", key), lambda: self._inner.open_file(key, size, mtime=mtime))
-        return _wrap_upload(upload, key, self._hooks, self._name)
+            Op("open_file", key),
+            lambda: self._inner.open_file(self._in(key), size, mtime=mtime))
+        return _wrap_upload(upload, key, self._hooks, self._name, self._keys)
 
 
 class _Tree:
@@ -264,9 +324,10 @@ _STORE_MIXINS: tuple[tuple[type, type], ...] = (
 
 
 class _Upload:
-    def __init__(self, inner: Any, key: str, hooks: Hooks) -> None:
+    def __init__(self, inner: Any, key: str, hooks: Hooks, keys: Rename | None = None) -> None:
         self._inner = inner
         self._hooks = hooks
+        self._keys = keys
         self.key = key
         self.upload_id: str = inner.upload_id
 
@@ -280,8 +341,9 @@ class _Upload:
         return set(confirmed)
 
     async def complete(self, parts: Sequence[PartRef]) -> ObjectInfo:
-        return await self._hooks.call(Op("complete", self.key),
-                                      lambda: self._inner.complete(parts))
+        info: ObjectInfo = await self._hooks.call(Op("complete", self.key),
+                                                  lambda: self._inner.complete(parts))
+        return info if self._keys is None else self._keys.outer(info)
 
     async def abort(self) -> None:
         await self._hooks.call(Op("abort", self.key), lambda: self._inner.abort())
@@ -320,6 +382,7 @@ _UPLOAD_MIXINS: tuple[tuple[type, type], ...] = (
 )
 
 
-def _wrap_upload(upload: Any, key: str, hooks: Hooks, name: str) -> Any:
+def _wrap_upload(upload: Any, key: str, hooks: Hooks, name: str,
+                 keys: Rename | None = None) -> Any:
     bases = tuple(mixin for ability, mixin in _UPLOAD_MIXINS if isinstance(upload, ability))
-    return _class_for(name, (*bases, _Upload), "Upload")(upload, key, hooks)
+    return _class_for(name, (*bases, _Upload), "Upload")(upload, key, hooks, keys)

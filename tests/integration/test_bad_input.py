@@ -277,9 +277,10 @@ def test_nested_local_directories_are_recognised(tmp_path):
         refuse_nested(LocalStore(tmp_path / "real"), LocalStore(tmp_path / "alias/"))
 
 
-def test_source_that_is_a_file(tmp_path):
+def test_source_that_is_a_file_named_as_a_directory(tmp_path):
+    """``file/`` asks for a directory; ``file`` is one file (tests/integration/test_single.py)."""
     (tmp_path / "file").write_bytes(b"x")
-    result = run_cli("sync", str(tmp_path / "file"), str(tmp_path / "dst"), env={})
+    result = run_cli("sync", f"{tmp_path / 'file'}/", str(tmp_path / "dst"), env={})
     assert result.exit_code == 2
     assert error_lines(result.output) == [
         f"mcsync: error: {tmp_path / 'file'}: not a directory (a source is a directory of files)"]

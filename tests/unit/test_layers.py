@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
      "stores.s3_transport", "stores.s3_store_clients", "stores.s3_upload",
      "stores.obstore_body", "stores.s3_listing", "stores.s3",
      "stores.local_files", "stores.local", "stores.gcs", "stores.azure", "stores.memory",
-     "stores.registry",
+     "stores.registry", "stores.single",
      "metrics", "resilience"),
     ("index", "manifest", "listing", "checkpoints", "plan", "spool", "lock", "bases",
      "preflight"),

@@ -107,5 +107,5 @@ def test_no_account_is_a_one_line_configuration_error(tmp_path, monkeypatch):
     result = run_cli("sync", "az://data/", str(tmp_path / "d"))
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines() == [
-        "mcsync: error: az://data/: no storage account given: set AZURE_STORAGE_ACCOUNT_NAME "
-        "(and its credential)"]
+        "mcsync: error: az://data/: no storage account given: set "
+        "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME (and its credential)"]

@@ -1,0 +1,48 @@
+"""What the command prints about counts: a noun agrees with its number (``copied 1 object``),
+in the summary, the progress line and the plan."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from mcsync.cli.plan_view import PlanSummary, delta_line
+from mcsync.cli.progress import LogProgress, counted, summary
+from mcsync.events import DeltaPlanned, ObjectDeferred, ObjectPlanned
+from mcsync.report import SyncReport
+
+
+@pytest.mark.parametrize(("n", "text"), [(0, "0 objects"), (1, "1 object"), (2, "2 objects")])
+def test_a_count_agrees_with_its_noun(n, text):
+    assert counted(n, "object") == text
+
+
+def test_an_irregular_plural_is_given():
+    assert counted(3, "directory", "directories") == "3 directories"
+
+
+def test_the_summary_of_one_object_says_object():
+    line = summary(SyncReport("s", "d", objects_copied=1, bytes_copied=5))
+    assert line.startswith("copied 1 object (") and "objects" not in line
+    assert summary(SyncReport("s", "d", objects_copied=2)).startswith("copied 2 objects (")
+
+
+def test_the_progress_line_of_one_object_says_object():
+    out = io.StringIO()
+    clock = iter([0.0, 10.0])
+    progress = LogProgress(out, interval=5.0, clock=lambda: next(clock))
+    progress.emit(ObjectPlanned(key="a", action="copy", size=3, reason="new"))
+    assert "progress: 0/1 object, " in out.getvalue()
+
+
+def test_the_plan_says_one_changed_object_and_one_part(capsys):
+    plan = PlanSummary()
+    delta = DeltaPlanned("m.bin", 10, 1, 1, 9, 1)
+    plan.emit(delta)
+    plan.emit(ObjectDeferred("ckpt/a", 4, "checkpoint not complete"))
+    plan.close()
+    out = capsys.readouterr().out
+    assert "block delta for 1 changed object:" in out
+    assert "(1 part)" in delta_line(delta)
+    assert "1 object " in out and "1 objects" not in out
