@@ -58,7 +58,7 @@ Exit codes:
 """
 
 
-class _Parsed(click.ParamType):
+class _Parsed(click.ParamType):  # type: ignore[type-arg]  # generic only in newer clicks
     """An option value read by one of mcsync's parsers, its UsageError shown as click's."""
 
     def __init__(self, name: str, parse: Callable[[str], Any],
