@@ -106,15 +106,12 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
         assert isinstance(target, Store)
         path = manifest_path(source, target, options)
         locking = not options.dry_run and options.lock
-        # Over a WAN each request is a round trip, so the reads that need no lock go out with
-        # the stores' checks: the lock object, the manifest's copy (then the source's listing
-        # with the lock's PUT; an S3 target's check page, kept through that PUT, starts its
-        # listing). Nothing is written before the checks pass, and what was read is used only
-        # once the lock is held. A local target costs no round trip to wait for.
+        # Over a WAN each request is a round trip, so the lock object is read while the stores
+        # are checked (then the source is listed while the lock is put; an S3 target's check
+        # page, kept through that PUT, starts its listing). Nothing is written before the
+        # checks pass, and what was read is used only once the lock is held. A local target
+        # costs no round trip to wait for.
         early = locking and not isinstance(target, LocalTree)
-        ahead = target_copy.Lookahead(
-            source, target, path, look=check_manifest_copy, early=early and options.use_manifest,
-            trusting=not (options.delete or options.verify or options.checksum))
         held = (asyncio.create_task(read_lock(target, target_lock_key(source, target)))
                 if early else None)
         try:
@@ -122,16 +119,16 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
                 await check_stores(source, target, options)
             if not locking:
                 return await _run_with_manifest(source, target, options, sink, stop, path,
-                                                manifest_factory, ahead)
+                                                manifest_factory, check_manifest_copy)
             # The source is listed while the lock is taken too: each page of a listing is a
             # round trip, and a source's listing needs nothing the lock guards (the target's
             # state and the manifest). Locked out, it is dropped unread.
             async with (prefetched(source.list()) as listing,
                         pair_lock(source, target, options, held=held)):
                 return await _run_with_manifest(source, target, options, sink, stop, path,
-                                                manifest_factory, ahead, Handoff(listing))
+                                                manifest_factory, check_manifest_copy,
+                                                Handoff(listing))
         finally:
-            await ahead.drop()  # not needed: locked out, or failed before
             await cancel_and_wait(held, quiet=True)
     raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
 
@@ -173,14 +170,16 @@ async def close_quietly(store: ReadStore) -> None:
 
 async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
                              sink: EventSink | None, stop: asyncio.Event, path: Path,
-                             manifest_factory: ManifestFactory,
-                             ahead: target_copy.Lookahead,
+                             manifest_factory: ManifestFactory, check_manifest_copy: bool,
                              listing: Handoff[ObjectInfo] | None = None) -> SyncReport:
     """``listing``: the source's, started already (see run_sync)."""
     manifest: Manifest | None = None
+    # A copy just fetched from the target is there: no need to look for it again.
+    look = check_manifest_copy
     if options.use_manifest and (path.exists() or not options.dry_run):
-        if not path.exists() and (data := await ahead.fetch()) is not None:
+        if not path.exists() and (data := await target_copy.fetch(src, dst)) is not None:
             target_copy.install(data, path)
+            look = False
         manifest = manifest_factory(path, src.url, dst.url)
     def list_in_order(exc: ListingOrderError) -> None:
         if exc.fallback is None:
@@ -190,7 +189,7 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
 
     try:  # each side may need to switch to an ordered listing once
         return await retrying(
-            lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop, ahead,
+            lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop, look,
                          listing).run(),
             RetryPolicy.immediate(3), retry_on=ListingOrderError, before_retry=list_in_order)
     finally:
@@ -200,10 +199,9 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
 
 class _Run:
     def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, sink: EventSink,
-                 manifest: Manifest | None, stop: asyncio.Event,
-                 ahead: target_copy.Lookahead,
+                 manifest: Manifest | None, stop: asyncio.Event, look: bool,
                  listing: Handoff[ObjectInfo] | None = None) -> None:
-        self.ahead = ahead
+        self.look = look  # for the manifest's copy at the target before trusting the manifest
         self.listing = listing
         self.src = src
         self.dst = dst
@@ -244,7 +242,8 @@ class _Run:
                        and self.dst.can_copy_from(self.src))
         trust = (self.manifest is not None and self.manifest.established
                  and not (self.options.delete or self.options.verify or self.options.checksum)
-                 and await self.ahead.held(self.limits))
+                 and (not self.look
+                      or await target_copy.kept(self.src, self.dst, self.limits)))
         deletes, markers = Spool(), Spool()  # held back until every copy is done
         main = asyncio.current_task()
         self.pacing.listeners.append(self._throttled)
