@@ -18,10 +18,10 @@ from pathlib import Path
 from .config import SyncOptions
 from .errors import MCSyncError, NotFound
 from .limits import Limits
-from .manifest import Manifest, pair_id
+from .manifest import Manifest, OpenUpload, pair_id
 from .stores.base import ReadStore, Store
 from .types import RESERVED_PREFIX, ObjectInfo, PartRef
-from .upload import Uploads
+from .upload import Journal, abort_left_open
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +87,19 @@ class Keeper:
     lasts, cancelled at its end)."""
 
     def __init__(self, src: ReadStore, dst: Store, manifest: Manifest, options: SyncOptions,
-                 uploads: Uploads) -> None:
+                 stale: OpenUpload | None = None) -> None:
+        """``stale``: a killed run's upload of the copy, never to be finished."""
         self.dst = dst
         self.manifest = manifest
         self.options = options
-        self.uploads = uploads
+        self.stale = stale
         self.key = target_manifest_key(src, dst)
+
+    async def abort_stale(self) -> None:
+        """Abort the upload of the copy a killed run left (once)."""
+        stale, self.stale = self.stale, None
+        if stale is not None:
+            await abort_left_open(self.dst, stale, self.manifest)
 
     async def refresh(self) -> None:
         took = 0.0
@@ -104,9 +111,7 @@ class Keeper:
 
     async def send(self) -> None:
         """A snapshot of the manifest to the target; a failure is logged, never the run's."""
-        stale = self.uploads.open_uploads.pop(self.key, None)
-        if stale is not None:  # a killed run's upload of the copy: never to be finished
-            await self.uploads.abort_stale(stale)
+        await self.abort_stale()
         import tempfile  # here, not at start-up: a run to a local target never needs it
 
         with tempfile.TemporaryDirectory(prefix="mcsync-manifest-") as tmp:
@@ -121,7 +126,7 @@ class Keeper:
 
 
 async def send_file(dst: Store, key: str, path: Path, part_size: int,
-                    journal: Manifest | None = None) -> None:
+                    journal: Journal | None = None) -> None:
     """Write the local file ``path`` to ``key`` holding at most one part of it in memory: a
     PUT when it fits in a part, else an upload journalled in ``journal`` while it is open (a
     killed run's is aborted by the next) and aborted on any failure."""

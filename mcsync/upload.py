@@ -2,9 +2,10 @@
 parts the journal claims, run the missing parts under the run's limits, complete it — and,
 once, recognise an upload that a killed run had completed but not recorded.
 
-What a part *is* (bytes read and sent, streamed into a file, copied at the target, staged) is
-the caller's: ``Uploads.run`` is given a ``move`` for each part and owns everything around it.
-An upload is journalled (``Manifest.begin_upload``) before its first part is sent and every
+What a part *is* (a ``delta.Part``: bytes read and sent, streamed into a file, copied at the
+target, staged) is the caller's: ``Uploads.run`` is given a ``move`` for each part and owns
+everything around it.
+An upload is journalled (``Journal.begin_upload``) before its first part is sent and every
 part as it is acknowledged, so a run killed at any instant resumes from its missing parts.
 A part that fails aborts the upload — nothing half-written is ever completed — while a stop
 request or a cancellation keeps it open and journalled for the next run.
@@ -20,42 +21,20 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from . import delta
 from .chunking import Layout
+from .delta import Part
 from .errors import Interrupted, NotFound, first_error
 from .events import BytesMoved, Event
 from .limits import Limits
-from .manifest import DIGEST_SIZE, JournalPart, Manifest, OpenUpload, split_digests
+from .manifest import DIGEST_SIZE, JournalPart, OpenUpload, split_digests
 from .scan import scan_chunks
 from .stores.base import ReadStore, Store, Upload
 from .streaming import STREAM_PART_HOLD
-from .types import ByteRange, ObjectInfo, PartClaim, PartRef
+from .types import ObjectInfo, PartClaim, PartRef
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class PartSpec:
-    """One part of an upload: bytes ``rng`` of the new object, read from the source, or, with
-    ``old_start``, copied by the target from an object it holds."""
-
-    number: int
-    rng: ByteRange
-    old_start: int | None = None
-    chunks: tuple[ByteRange, ...] = ()  # the chunks the part is hashed in; (): rng, whole
-    first_chunk: int | None = None  # index of its first chunk in the object's chunk list
-    stage: int = 0  # > 0: a staged part (see ``delta``): ``stage`` bytes copied, then new bytes
-    source: int = 0  # which object a copy's bytes come from (the delta's bases)
-
-    @property
-    def sent(self) -> int:
-        return delta.sent_bytes(self.rng.length, self.old_start, self.stage)
-
-    @property
-    def plain(self) -> bool:
-        """All of its bytes cross the network (read from the source, sent whole)."""
-        return self.old_start is None and not self.stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +46,20 @@ class Moved:
     digests: tuple[bytes, ...] = ()
 
 
-MovePart = Callable[[PartSpec, Upload], Awaitable[Moved]]
+MovePart = Callable[[Part, Upload], Awaitable[Moved]]
+
+
+class Journal(Protocol):
+    """Where an upload's progress goes as it is made, so a killed run resumes it: the run's
+    manifest (``Manifest`` is one), written at once. A worker that has no manifest reports the
+    same three calls to the driver that writes it."""
+
+    def begin_upload(self, key: str, upload_id: str, src: ObjectInfo, part_size: int,
+                     layout: str | None = None) -> None: ...
+
+    def record_part(self, key: str, part: JournalPart) -> None: ...
+
+    def drop_upload(self, key: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +68,7 @@ class UploadPlan:
 
     key: str
     src: ObjectInfo
-    specs: tuple[PartSpec, ...]
+    specs: tuple[Part, ...]
     part_size: int
     layout_id: str | None  # how the parts were cut (None: fixed parts of ``part_size``)
     streamed: bool = False  # parts stream into a file: each holds a few pieces of memory
@@ -105,7 +97,7 @@ class Uploads:
     limits: Limits
     emit: Callable[[Event], None]
     part_concurrency: int
-    journal: Manifest | None = None
+    journal: Journal | None = None
     open_uploads: dict[str, OpenUpload] = field(default_factory=dict)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     # Uploads a killed run left open, taken up by ``take_up`` and handed on to ``run`` (a
@@ -177,16 +169,9 @@ class Uploads:
 
     async def abort_stale(self, prior: OpenUpload) -> None:
         """Abort an upload a previous run left open that this run will not finish."""
-        upload = self._taken_up.pop(prior.key, None)
-        try:
-            async with self.limits.requests:
-                if upload is not None:
-                    await upload.abort()
-                else:  # some stores answer NoSuchUpload for an upload with no part yet:
-                    await self.dst.abort_upload(prior.key, prior.upload_id)  # by id all the same
-        except Exception as exc:  # best effort: the target's lifecycle rules are the backstop
-            log.warning("could not abort stale upload of %s: %s", prior.key, exc)
-        self._forget(prior.key)
+        async with self.limits.requests:
+            await abort_left_open(self.dst, prior, self.journal,
+                                  self._taken_up.pop(prior.key, None))
 
     async def abort_all_stale(self) -> None:
         """Uploads a previous run left open for keys this run did not resume (the source was
@@ -237,7 +222,7 @@ class Uploads:
             _place(digests, by_number[n], split_digests(jp.digest))
         live = upload
 
-        async def one(spec: PartSpec) -> PartRef:
+        async def one(spec: Part) -> PartRef:
             moved = await move(spec, live)
             self.limits.parts.moved(spec.sent)
             _place(digests, spec, list(moved.digests))
@@ -263,7 +248,7 @@ class Uploads:
         return Uploaded(written, digests, sum(spec.sent for spec in todo))
 
     async def _confirmed_parts(self, upload: Upload, prior: OpenUpload,
-                               specs: Sequence[PartSpec]) -> dict[int, JournalPart]:
+                               specs: Sequence[Part]) -> dict[int, JournalPart]:
         by_number = {spec.number: spec for spec in specs}
         claims = []
         for p in prior.parts.values():
@@ -281,8 +266,8 @@ class Uploads:
                  len(specs))
         return {n: prior.parts[n] for n in good}
 
-    async def _run_parts(self, key: str, upload: Upload, parts: list[PartSpec],
-                         move: Callable[[PartSpec], Awaitable[PartRef]],
+    async def _run_parts(self, key: str, upload: Upload, parts: list[Part],
+                         move: Callable[[Part], Awaitable[PartRef]],
                          *, streamed: bool = False) -> list[PartRef]:
         """Move parts concurrently, ``part_concurrency`` at a time. A failure aborts the
         upload and re-raises the first error. A stop request lets the parts in flight finish,
@@ -302,7 +287,7 @@ class Uploads:
                 slotted.discard(number)
                 slots.release()
 
-        async def windowed(spec: PartSpec) -> PartRef:
+        async def windowed(spec: Part) -> PartRef:
             try:
                 return await move(spec)
             finally:
@@ -340,7 +325,22 @@ class Uploads:
         return [t.result() for t in tasks]
 
 
-def _place(digests: list[bytes | None], spec: PartSpec, pieces: list[bytes]) -> None:
+async def abort_left_open(dst: Store, prior: OpenUpload, journal: Journal | None,
+                          upload: Upload | None = None) -> None:
+    """Abort an upload a previous run left open (``upload``: taken up already) and drop it
+    from the journal; best effort: the target's lifecycle rules are the backstop."""
+    try:
+        if upload is not None:
+            await upload.abort()
+        else:  # some stores answer NoSuchUpload for an upload with no part yet:
+            await dst.abort_upload(prior.key, prior.upload_id)  # by id all the same
+    except Exception as exc:
+        log.warning("could not abort stale upload of %s: %s", prior.key, exc)
+    if journal is not None:
+        journal.drop_upload(prior.key)
+
+
+def _place(digests: list[bytes | None], spec: Part, pieces: list[bytes]) -> None:
     """Put a part's chunk digests at their place in the object's list."""
     if spec.first_chunk is not None and pieces:
         digests[spec.first_chunk:spec.first_chunk + len(pieces)] = pieces
