@@ -42,7 +42,7 @@ from .listing import Handoff, prefetched
 from .lock import read_lock, run_lock
 from .manifest import Manifest, default_path, pair_id
 from .preflight import check_stores, writable_pair
-from .report import SyncReport
+from .report import RunTotals, SyncReport
 from .resilience import Pacing, pacing_of, resilient
 from .retry import RetryPolicy, retrying
 from .spool import Spool
@@ -268,20 +268,20 @@ class _Run:
             markers.close()
             if self.manifest is not None:
                 self.manifest.commit()
-        report = self.stats.finish()
-        report.interrupted = self.interrupted or self.driver.interrupted or self.stop.is_set()
-        report.manifest = str(self.manifest.path) if self.manifest is not None else None
-        report.manifest_note = self.manifest.rebuilt if self.manifest is not None else None
-        report.objects_compared = self.driver.compared
-        report.requests_throttled = self.pacing.throttled - self.pacing.run_began[0]
-        report.requests_retried = self.pacing.retried - self.pacing.run_began[1]
-        report.requests_credentials_expired = self.pacing.expired - self.pacing.run_began[2]
-        if report.requests_throttled:
-            report.requests_in_flight_low = self.pacing.lowest_limit()
-            report.requests_in_flight_end = self.pacing.current_limit()
-        report.parts_in_flight_peak = self.limits.parts.most_busy
-        report.parts_in_flight_limit_peak = self.limits.parts.peak
-        report.bytes_compared = self.driver.bytes_compared
+        p = self.pacing
+        throttled, retried, expired = (p.throttled - p.run_began[0], p.retried - p.run_began[1],
+                                       p.expired - p.run_began[2])
+        report = self.stats.finish(RunTotals(
+            interrupted=self.interrupted or self.driver.interrupted or self.stop.is_set(),
+            manifest=str(self.manifest.path) if self.manifest is not None else None,
+            manifest_note=self.manifest.rebuilt if self.manifest is not None else None,
+            objects_compared=self.driver.compared, bytes_compared=self.driver.bytes_compared,
+            requests_throttled=throttled, requests_retried=retried,
+            requests_credentials_expired=expired,
+            requests_in_flight_low=p.lowest_limit() if throttled else None,
+            requests_in_flight_end=p.current_limit() if throttled else None,
+            parts_in_flight_peak=self.limits.parts.most_busy,
+            parts_in_flight_limit_peak=self.limits.parts.peak))
         if keeper is not None and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
                                      ("failed" if report.objects_failed else "ok"),
