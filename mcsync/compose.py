@@ -24,7 +24,7 @@ from .delta_planner import DeltaFound, Holdings
 from .errors import MCSyncError, Permanent, PreconditionFailed
 from .events import Event
 from .limits import Limits
-from .manifest import OpenUpload
+from .manifest import OpenUpload, WrittenPart
 from .plan import Action
 from .stores.base import (
     Composer,
@@ -37,7 +37,7 @@ from .stores.base import (
     Upload,
 )
 from .types import RESERVED_PREFIX, ByteRange, ObjectInfo
-from .upload import Moved, MovePart, Uploaded, UploadPlan, Uploads
+from .upload import MovePart, Uploaded, UploadPlan, Uploads
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class DeltaSender:
         if staged:  # what a killed run of this key left (a lock keeps other runs away)
             await self.clear_staging(key)
 
-        async def move(spec: Part, upload: Upload) -> Moved:
+        async def move(spec: Part, upload: Upload) -> WrittenPart:
             if spec.old_start is None:
                 return await send_part(spec, upload)
             base = found.bases[spec.source]
@@ -125,15 +125,15 @@ class DeltaSender:
         return Composed(found, uploaded, reused, found.reused_from_own())
 
     async def _copy_part(self, key: str, upload: Upload, spec: Part, source: CopySource,
-                         old: ByteRange) -> Moved:
+                         old: ByteRange) -> WrittenPart:
         assert isinstance(upload, PartCopyUpload)  # a Composer's upload
         async with self.limits.requests:
             with _refusal_means_no_compose(self.dst.url, key):
                 ref = await upload.copy_part(spec.number, spec.rng.start, source, old)
-        return Moved(ref)  # no byte passed through us
+        return WrittenPart.of(ref)  # no byte passed through us
 
     async def _staged_part(self, key: str, src: ObjectInfo, upload: Upload, spec: Part,
-                           source: CopySource) -> Moved:
+                           source: CopySource) -> WrittenPart:
         """A part of unchanged bytes followed by a few new ones, built at the target: a staging
         object under .mcsync/ gets the unchanged bytes by copy and the new bytes as its short
         last part, and is then copied whole into the upload and deleted."""
@@ -170,7 +170,7 @@ class DeltaSender:
                     ref = await upload.copy_part(
                         spec.number, spec.rng.start, dst.copy_source(stage_key, staged.etag),
                         ByteRange(0, spec.rng.length))
-            return Moved(ref)
+            return WrittenPart.of(ref)
         finally:
             with contextlib.suppress(MCSyncError, OSError):
                 async with self.limits.requests:

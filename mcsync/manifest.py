@@ -31,7 +31,7 @@ from .hashing import object_digest
 from .index import SCHEMA as INDEX_SCHEMA
 from .index import ChunkIndex
 from .lock import Locked
-from .types import ByteRange, ObjectInfo
+from .types import ByteRange, ObjectInfo, PartRef
 
 log = logging.getLogger(__name__)
 
@@ -187,11 +187,26 @@ def entry_for(src: ObjectInfo, written: ObjectInfo, *, digests: Sequence[bytes] 
 
 
 @dataclass(frozen=True, slots=True)
-class JournalPart:
+class WrittenPart:
+    """A part the target acknowledged: what a part's move returns, and what the journal keeps
+    of it so a killed run's upload is resumed (the plan of a part is ``delta.Part``)."""
+
     number: int
     etag: str
     size: int
-    digest: bytes  # the xxh3-128 of each chunk of the part, concatenated (b"": none known)
+    digest: bytes = b""  # the xxh3-128 of each chunk of the part, concatenated (b"": none known)
+
+    @classmethod
+    def of(cls, ref: PartRef, digests: Sequence[bytes] = ()) -> WrittenPart:
+        """``digests``: of the part's chunks, when its bytes passed through the client."""
+        return cls(ref.number, ref.etag, ref.size, b"".join(digests))
+
+    @property
+    def ref(self) -> PartRef:
+        return PartRef(self.number, self.etag, self.size)
+
+    def digests(self) -> list[bytes]:
+        return split_digests(self.digest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +219,7 @@ class OpenUpload:
     part_size: int
     created_at: float
     layout: str | None = None  # how the parts were cut; None: fixed parts of part_size
-    parts: dict[int, JournalPart] = field(default_factory=dict)
+    parts: dict[int, WrittenPart] = field(default_factory=dict)
 
     def matches_source(self, src: ObjectInfo) -> bool:
         return same_source(src, self.src_size, self.src_etag, self.src_mtime)
@@ -486,7 +501,7 @@ class Manifest:
         self._journalled.update(uploads)
         for key, number, etag, size, digest in self._db.execute("SELECT * FROM parts"):
             if key in uploads:
-                uploads[key].parts[number] = JournalPart(number, etag, size, digest)
+                uploads[key].parts[number] = WrittenPart(number, etag, size, digest)
         return uploads
 
     def begin_upload(self, key: str, upload_id: str, src: ObjectInfo, part_size: int,
@@ -501,7 +516,7 @@ class Manifest:
         self.records_changed = True
         self.commit()
 
-    def record_part(self, key: str, part: JournalPart) -> None:
+    def record_part(self, key: str, part: WrittenPart) -> None:
         self._db.execute("INSERT OR REPLACE INTO parts VALUES (?,?,?,?,?)",
                          (key, part.number, part.etag, part.size, part.digest))
         self.commit()  # a part is megabytes sent: record it at once

@@ -29,7 +29,7 @@ from .errors import IntegrityError, MCSyncError, NotFound, PreconditionFailed, S
 from .events import BytesMoved, Event
 from .hashing import block_digest_async, chunk_digests_async
 from .limits import Limits
-from .manifest import ManifestEntry, OpenUpload, entry_for
+from .manifest import ManifestEntry, OpenUpload, WrittenPart, entry_for
 from .plan import Action
 from .report import ObjectResult
 from .retry import RetryPolicy, retrying
@@ -47,7 +47,7 @@ from .stores.base import (
 )
 from .streaming import STREAM_PART_SIZE, drain_into
 from .types import Buffer, ByteRange, ObjectInfo, PartRef
-from .upload import Journal, Moved, UploadPlan, Uploads
+from .upload import Journal, UploadPlan, Uploads
 
 log = logging.getLogger(__name__)
 
@@ -287,11 +287,11 @@ class Transfer:
         specs = tuple(Part(n, ByteRange(off, min(off + part_size, src.size)), old_start=off)
                       for n, off in enumerate(range(0, src.size, part_size), start=1))
 
-        async def move(spec: Part, upload: Upload) -> Moved:
+        async def move(spec: Part, upload: Upload) -> WrittenPart:
             assert isinstance(upload, PartCopyUpload)
             async with self.limits.requests:
                 ref = await upload.copy_part(spec.number, spec.rng.start, source, spec.rng)
-            return Moved(ref)
+            return WrittenPart.of(ref)
 
         # Not journalled: a copy costs the target, not the network; a killed one starts over.
         uploads = Uploads(dst, self.limits, self.emit, self.options.part_concurrency,
@@ -342,7 +342,7 @@ class _PartSender:
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
 
-    async def __call__(self, spec: Part, upload: Upload) -> Moved:
+    async def __call__(self, spec: Part, upload: Upload) -> WrittenPart:
         rng = spec.rng
         chunks = list(spec.chunks or (rng,))
         # One request slot from read to acknowledgement: a part read ahead of a free slot to
@@ -368,7 +368,7 @@ class _PartSender:
                 data = await self.store.get(self.key, rng, expect=self.src)
                 ref, pieces = await self._send(spec, upload, data, chunks)
                 del data
-        return Moved(ref, tuple(pieces))
+        return WrittenPart.of(ref, pieces)
 
     async def _send(self, spec: Part, upload: Upload, data: Buffer,
                     chunks: list[ByteRange]) -> tuple[PartRef, list[bytes]]:

@@ -28,7 +28,7 @@ from .delta import Part
 from .errors import Interrupted, NotFound, first_error
 from .events import BytesMoved, Event
 from .limits import Limits
-from .manifest import DIGEST_SIZE, JournalPart, OpenUpload, split_digests
+from .manifest import DIGEST_SIZE, OpenUpload, WrittenPart, split_digests
 from .scan import scan_chunks
 from .stores.base import ReadStore, Store, Upload
 from .streaming import STREAM_PART_HOLD
@@ -37,16 +37,9 @@ from .types import ObjectInfo, PartClaim, PartRef
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Moved:
-    """What a part's ``move`` did: the target's reference, and the xxh3-128 digests of the
-    part's chunks when its bytes passed through us (``()`` for a copy)."""
-
-    ref: PartRef
-    digests: tuple[bytes, ...] = ()
-
-
-MovePart = Callable[[Part, Upload], Awaitable[Moved]]
+# Moves one part (reads and sends it, or has the target copy it) and returns the target's
+# receipt, with the digests of its chunks when its bytes passed through the client.
+MovePart = Callable[[Part, Upload], Awaitable[WrittenPart]]
 
 
 class Journal(Protocol):
@@ -57,7 +50,7 @@ class Journal(Protocol):
     def begin_upload(self, key: str, upload_id: str, src: ObjectInfo, part_size: int,
                      layout: str | None = None) -> None: ...
 
-    def record_part(self, key: str, part: JournalPart) -> None: ...
+    def record_part(self, key: str, part: WrittenPart) -> None: ...
 
     def drop_upload(self, key: str) -> None: ...
 
@@ -197,7 +190,7 @@ class Uploads:
         to abort). ``open_upload`` opens a new upload (default ``dst.open_upload``)."""
         key, src = plan.key, plan.src
         upload = self._taken_up.pop(key, None)
-        kept: dict[int, JournalPart] = {}
+        kept: dict[int, WrittenPart] = {}
         if prior is not None and upload is not None and not (
                 prior.part_size == plan.part_size and prior.layout == plan.layout_id):
             self._taken_up[key] = upload  # laid out differently: start over
@@ -218,18 +211,16 @@ class Uploads:
         digests: list[bytes | None] = [None] * n_chunks
         by_number = {spec.number: spec for spec in plan.specs}
         for n, jp in kept.items():
-            refs[n] = PartRef(n, jp.etag, jp.size)
-            _place(digests, by_number[n], split_digests(jp.digest))
+            refs[n] = jp.ref
+            _place(digests, by_number[n], jp.digests())
         live = upload
 
         async def one(spec: Part) -> PartRef:
             moved = await move(spec, live)
             self.limits.parts.moved(spec.sent)
-            _place(digests, spec, list(moved.digests))
+            _place(digests, spec, moved.digests())
             if self.journal is not None:
-                self.journal.record_part(key, JournalPart(spec.number, moved.ref.etag,
-                                                          moved.ref.size,
-                                                          b"".join(moved.digests)))
+                self.journal.record_part(key, moved)
             self.emit(BytesMoved(key, spec.rng.length))
             return moved.ref
 
@@ -248,7 +239,7 @@ class Uploads:
         return Uploaded(written, digests, sum(spec.sent for spec in todo))
 
     async def _confirmed_parts(self, upload: Upload, prior: OpenUpload,
-                               specs: Sequence[Part]) -> dict[int, JournalPart]:
+                               specs: Sequence[Part]) -> dict[int, WrittenPart]:
         by_number = {spec.number: spec for spec in specs}
         claims = []
         for p in prior.parts.values():
