@@ -1,7 +1,8 @@
 """Planning a block delta: which objects at the target a changed (or new) object can be
-composed from, and the parts of the one upload that rebuilds it (see ``delta`` for the packing,
-``bases`` for the choice of objects, ``compose`` for sending it). Reads and hashes the source,
-and looks at the target (one HEAD per object composed from, once a run); sends nothing.
+composed from, and the parts of the one upload that rebuilds it (see ``delta`` for the
+packing, ``delta_bases`` for the choice of objects, ``compose`` for sending it). Reads and
+hashes the source, and looks at the target (one HEAD per object composed from, once a run);
+sends nothing.
 
 What the planner knows of the target's objects it asks through ``Holdings``, a narrow view of
 the manifest (the records and the chunk index) that the run's driver implements: the planner
@@ -17,10 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from . import bases, delta
-from .bases import Base
+from . import delta, delta_bases
 from .chunking import Layout
 from .config import SyncOptions
+from .delta_bases import Base
 from .errors import NotFound
 from .events import DeltaPlanned
 from .limits import Limits
@@ -142,7 +143,7 @@ class DeltaPlanner:
 
     async def plan(self, action: Action, src: ObjectInfo) -> DeltaFound | str:
         """The delta for an object, or why there is none: composed from its own previous
-        version and from objects sharing its chunks (see ``bases``). Reads and hashes the
+        version and from objects sharing its chunks (see ``delta_bases``). Reads and hashes the
         whole source (a new object: a few chunks first, and all only if one is found at the
         target); sends nothing."""
         if not self.options.delta:
@@ -156,7 +157,7 @@ class DeltaPlanner:
         layout = await cut(self.src, src, block, chunker, self.limits)
         part_size = self.options.part_size_for(src.size, self.dst.caps)
         if isinstance(own, str) and not layout.digests:  # a new object: look before reading
-            picked = bases.samples(layout.chunks, layout.header is not None)
+            picked = delta_bases.samples(layout.chunks, layout.header is not None)
             sampled = await scan_chunks(self.src, src, picked, 1, self.limits)
             hits = self._holders(action.key, zip(picked, sampled, strict=True))
             if not hits or not await self._any_present(hits):
@@ -202,7 +203,7 @@ class DeltaPlanner:
             return Counter()
         hits = self.known.holders((rng.length, d) for rng, d in chunks if rng.length)
         return Counter({k: n for k, n in hits.items()
-                        if bases.in_scope(k, key, self.options.delta_scope)})
+                        if delta_bases.in_scope(k, key, self.options.delta_scope)})
 
     def _other_bases(self, key: str, new: list[tuple[ByteRange, bytes]]) -> list[Base]:
         """Other objects at the target holding chunks of ``new``, best first."""
@@ -211,7 +212,7 @@ class DeltaPlanner:
             return []
         records = {k: e for k in hits if (e := self.known.get(k)) is not None}
         return [Base(k, records[k].as_target(), records[k].chunks())
-                for k in bases.rank(key, hits, records, self.options.delta_scope)]
+                for k in delta_bases.rank(key, hits, records, self.options.delta_scope)]
 
     async def _match_present(self, new: list[tuple[ByteRange, bytes]], found: list[Base],
                              ) -> tuple[list[Base], list[delta.Segment]]:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from . import target_copy
+from . import manifest_copy
 from .checkpoints import Completion
 from .config import SyncOptions
 from .delta_planner import ManifestHoldings
@@ -164,8 +164,8 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
     # A copy just fetched from the target is there: no need to look for it again.
     look = check_manifest_copy
     if options.use_manifest and (path.exists() or not options.dry_run):
-        if not path.exists() and (data := await target_copy.fetch(src, dst)) is not None:
-            target_copy.install(data, path)
+        if not path.exists() and (data := await manifest_copy.fetch(src, dst)) is not None:
+            manifest_copy.install(data, path)
             look = False
         manifest = manifest_factory(path, src.url, dst.url)
     def list_in_order(exc: ListingOrderError) -> None:
@@ -205,8 +205,8 @@ class _Run:
         writing = manifest if not options.dry_run else None
         open_uploads = writing.open_uploads() if writing else {}
         # A killed run's upload of the manifest's copy is the keeper's to abort.
-        self.keeper = (target_copy.Keeper(src, dst, writing, options,
-                                          open_uploads.pop(target_copy.target_manifest_key(
+        self.keeper = (manifest_copy.Keeper(src, dst, writing, options,
+                                          open_uploads.pop(manifest_copy.target_manifest_key(
                                               src, dst), None))
                        if writing is not None else None)
         holdings = (ManifestHoldings(manifest, writing=writing is not None)
@@ -234,7 +234,7 @@ class _Run:
         trust = (self.manifest is not None and self.manifest.established
                  and not (self.options.delete or self.options.verify or self.options.checksum)
                  and (not self.look
-                      or await target_copy.kept(self.src, self.dst, self.limits)))
+                      or await manifest_copy.kept(self.src, self.dst, self.limits)))
         deletes, markers = Spool(), Spool()  # held back until every copy is done
         main = asyncio.current_task()
         self.pacing.listeners.append(self._throttled)
