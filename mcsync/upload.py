@@ -28,7 +28,8 @@ from .delta import Part
 from .errors import Interrupted, NotFound, first_error
 from .events import BytesMoved, Event
 from .limits import Limits
-from .manifest import DIGEST_SIZE, OpenUpload, WrittenPart, split_digests
+from .manifest import OpenUpload, WrittenPart, split_digests
+from .manifest_schema import DIGEST_SIZE
 from .scan import scan_chunks
 from .stores.base import ReadStore, Store, Upload
 from .streaming import STREAM_PART_HOLD
