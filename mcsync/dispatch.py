@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING
 from .config import SyncOptions
 from .delta_planner import Holdings
 from .errors import Interrupted, MCSyncError, PreconditionFailed, SourceGone, UnsafeKey
-from .events import DeltaPlanned, Event, ObjectDeferred, ObjectDone, ObjectFailed
+from .events import (
+    ActionKind,
+    DeltaPlanned,
+    Event,
+    ObjectDeferred,
+    ObjectDone,
+    ObjectFailed,
+)
 from .limits import Limits
 from .manifest import ManifestEntry, OpenUpload
 from .plan import Action, Pair
@@ -78,12 +85,12 @@ class Dispatch:
         except SourceGone as exc:
             return Outcome(action.key, ObjectDeferred(action.key, action.size, str(exc)))
         except (MCSyncError, OSError) as exc:
-            return Outcome(action.key, ObjectFailed(action.key, action.kind, action.size,
+            return Outcome(action.key, ObjectFailed(action.key, kind_of(action), action.size,
                                                     describe(exc)))
         except Exception as exc:  # a bug must not take the other objects down with it
             log.exception("unexpected error on %s", action.key)
             return Outcome(action.key, ObjectFailed(
-                action.key, action.kind, action.size,
+                action.key, kind_of(action), action.size,
                 f"internal error: {type(exc).__name__}: {exc}"))
         return Outcome(action.key, ObjectDone(done.result), done.entry,
                        forget=done.entry is None)
@@ -122,6 +129,13 @@ class Dispatch:
         """After the last action: abort the uploads a killed run left that no action took up,
         and, after a stop, sweep the staging space."""
         await self._transfer.finish()
+
+
+def kind_of(action: Action) -> ActionKind:
+    """A dispatched action's kind: never ``compare``, which the driver settles first."""
+    kind = action.kind
+    assert kind != "compare"
+    return kind
 
 
 def describe(exc: BaseException) -> str:

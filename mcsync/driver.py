@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .checkpoints import Completion
 from .config import SyncOptions
 from .delta_planner import ManifestHoldings
-from .dispatch import Dispatch, Outcome
+from .dispatch import Dispatch, Outcome, kind_of
 from .events import (
     EventSink,
     ListingDone,
@@ -165,7 +165,8 @@ class Driver:
             else:
                 action = Action("server_copy" if server_side else "copy", pair.key, src, dst,
                                 verdict.reason)
-            self.sink.emit(ObjectPlanned(action.key, action.kind, action.size, action.reason))
+            self.sink.emit(ObjectPlanned(action.key, kind_of(action), action.size,
+                                         action.reason))
             if verdict.same:
                 self._adopt(src, dst, verdict)
             elif self.options.dry_run:
@@ -209,7 +210,7 @@ class Driver:
         if self.stats.failed:
             for action in markers:
                 self.sink.emit(ObjectFailed(
-                    action.key, action.kind, action.size,
+                    action.key, kind_of(action), action.size,
                     f"held back: {self.stats.failed} other objects of this sync failed, and "
                     "this file tells readers the checkpoint is complete"))
             return
