@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 class Outcome:
     """What one action came to. ``event`` ends it in the report (None: interrupted, to be
     resumed by a later run); ``record`` is the object record to commit (with its block
-    hashes, from which the chunk index is kept), ``forget`` a key whose record goes."""
+    hashes, from which the chunk index is kept); ``forget``: the key's record goes (a
+    delete)."""
 
     key: str
     event: ObjectDone | ObjectFailed | ObjectDeferred | None
