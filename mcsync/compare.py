@@ -22,7 +22,7 @@ from .config import SyncOptions
 from .limits import Limits
 from .manifest import ManifestEntry
 from .scan import scan_chunks
-from .stores.base import Store
+from .stores.base import ReadStore, Store
 from .types import Capabilities, ObjectInfo
 
 
@@ -43,7 +43,7 @@ def block_size_for(size: int, options: SyncOptions, caps: Capabilities) -> int:
     return size if size <= options.multipart_threshold else options.part_size_for(size, caps)
 
 
-async def compare(src: Store, dst: Store, src_info: ObjectInfo, dst_info: ObjectInfo,
+async def compare(src: ReadStore, dst: Store, src_info: ObjectInfo, dst_info: ObjectInfo,
                   known: ManifestEntry | None, options: SyncOptions, limits: Limits) -> Verdict:
     recorded = (known is not None and known.xxh3 is not None and bool(known.chunks())
                 and known.dst_size == src_info.size and known.matches_target(dst_info))

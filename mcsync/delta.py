@@ -51,12 +51,18 @@ class Segment:
 
 
 @dataclass(frozen=True, slots=True)
-class PlannedPart:
+class Part:
+    """One part of an upload: bytes ``rng`` of the new object, read from the source and sent,
+    or, with ``old_start``, copied by the target from an object it holds. The one record of a
+    part: a delta's plan, a copy in parts and a server-side copy in parts all lay out these."""
+
     number: int
     rng: ByteRange  # in the new version
-    old_start: int | None  # a copy of the source's bytes from here; None: upload rng
+    old_start: int | None = None  # a copy of the source's bytes from here; None: upload rng
     stage: int = 0  # > 0: staged; the first ``stage`` bytes copied, the rest new bytes
     source: int = 0  # which source a copy (or a staged part's copied bytes) comes from
+    chunks: tuple[ByteRange, ...] = ()  # the chunks the part is hashed in; (): rng, whole
+    first_chunk: int | None = None  # index of its first chunk in the object's chunk list
 
     @property
     def is_copy(self) -> bool:
@@ -65,6 +71,11 @@ class PlannedPart:
     @property
     def sent(self) -> int:
         return sent_bytes(self.rng.length, self.old_start, self.stage)
+
+    @property
+    def plain(self) -> bool:
+        """All of its bytes cross the network (read from the source, sent whole)."""
+        return self.old_start is None and not self.stage
 
 
 def sent_bytes(length: int, old_start: int | None, stage: int) -> int:
@@ -79,7 +90,7 @@ def sent_bytes(length: int, old_start: int | None, stage: int) -> int:
 class DeltaPlan:
     size: int
     bytes_changed: int  # bytes no old chunk matched
-    parts: tuple[PlannedPart, ...]
+    parts: tuple[Part, ...]
 
     @property
     def bytes_sent(self) -> int:
@@ -210,12 +221,12 @@ def _with_min_parts(segments: Sequence[Segment], min_part: int, stage: bool) -> 
     return out
 
 
-def _split(runs: list[Segment], part_size: int, min_part: int) -> list[PlannedPart]:
-    parts: list[PlannedPart] = []
+def _split(runs: list[Segment], part_size: int, min_part: int) -> list[Part]:
+    parts: list[Part] = []
     for s in runs:
         if s.stage:  # one part: a staging object copied whole
-            parts.append(PlannedPart(len(parts) + 1, ByteRange(s.start, s.end), s.old_start,
-                                     s.stage, s.source))
+            parts.append(Part(len(parts) + 1, ByteRange(s.start, s.end), s.old_start,
+                              s.stage, s.source))
             continue
         piece = part_size if s.old_start is None else COPY_PIECE
         pos = s.start
@@ -224,8 +235,7 @@ def _split(runs: list[Segment], part_size: int, min_part: int) -> list[PlannedPa
             if s.end - end < min_part:
                 end = s.end  # a short remainder joins this piece rather than be a short part
             old = None if s.old_start is None else s.old_start + (pos - s.start)
-            parts.append(PlannedPart(len(parts) + 1, ByteRange(pos, end), old,
-                                     source=s.source))
+            parts.append(Part(len(parts) + 1, ByteRange(pos, end), old, source=s.source))
             pos = end
     return parts
 

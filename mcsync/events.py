@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol, runtime_checkable
 
 from .errors import failure_kind
-from .report import MAX_LISTED_FAILURES, ObjectFailure, ObjectResult, SyncReport
+from .report import (
+    MAX_LISTED_FAILURES,
+    MAX_LISTED_OBJECTS,
+    ObjectFailure,
+    ObjectResult,
+    RunTotals,
+    SyncReport,
+)
 
 MAX_LISTED_DEFERRED = 1000  # deferred objects named in the report; all are counted
 
@@ -149,7 +156,8 @@ class CallbackSink:
 
 @dataclass
 class StatsCollector:
-    """Aggregates events into the run's ``SyncReport``. The engine's only bookkeeping."""
+    """Builds the run's ``SyncReport``: from its events, then what the run knows of itself at
+    its end (``finish``). The one place a report is filled in."""
 
     src: str
     dst: str
@@ -169,12 +177,11 @@ class StatsCollector:
                 r.objects_skipped += 1
                 r.bytes_skipped += size
             case ObjectPlanned(action=action, size=size) if self.dry_run:
-                r.record_planned(action, size)
+                self._planned(action, size)
             case DeltaPlanned() if self.dry_run:
-                r.record_planned_delta(event.size, event.bytes_changed, event.bytes_to_send,
-                                       event.bytes_reused, event.reused_own)
+                self._planned_delta(event)
             case ObjectDone(result=result):
-                r.record_done(result)
+                self._done(result)
             case ObjectFailed():
                 r.objects_failed += 1
                 if len(r.failures) < MAX_LISTED_FAILURES:
@@ -194,6 +201,58 @@ class StatsCollector:
     def failed(self) -> int:
         return self._report.objects_failed
 
-    def finish(self) -> SyncReport:
-        self._report.elapsed_s = self.clock() - self._started
-        return self._report
+    def finish(self, totals: RunTotals | None = None) -> SyncReport:
+        """The report, with what the run knows of itself at its end (``totals``)."""
+        r = self._report
+        r.elapsed_s = self.clock() - self._started
+        if totals is not None:  # the same names, field by field
+            for name in _TOTALS:
+                setattr(r, name, getattr(totals, name))
+        return r
+
+    def _planned(self, action: str, size: int) -> None:
+        """Dry run: count what would move as if it had."""
+        r = self._report
+        if action == "copy":
+            r.objects_copied += 1
+            r.bytes_copied += size
+            r.bytes_changed += size
+            r.bytes_sent += size
+        elif action == "server_copy":
+            r.objects_server_copied += 1
+            r.bytes_server_copied += size
+        elif action == "delete":
+            r.objects_deleted += 1
+
+    def _planned_delta(self, event: DeltaPlanned) -> None:
+        """Dry run: a copy planned as a delta; ``_planned`` counted it as a full copy."""
+        r = self._report
+        r.bytes_changed += event.bytes_changed - event.size
+        r.bytes_sent += event.bytes_to_send - event.size
+        r.bytes_reused += event.bytes_reused
+        r.bytes_reused_same_key += event.reused_own
+        r.bytes_reused_cross_object += event.bytes_reused - event.reused_own
+
+    def _done(self, result: ObjectResult) -> None:
+        r = self._report
+        if len(r.objects) < MAX_LISTED_OBJECTS:
+            r.objects.append(result)
+        else:
+            r.objects_not_listed += 1
+        r.bytes_sent += result.bytes_sent
+        r.bytes_reused += result.bytes_reused
+        r.bytes_reused_same_key += result.bytes_reused_own
+        r.bytes_reused_cross_object += result.bytes_reused - result.bytes_reused_own
+        if result.bytes_changed is not None:
+            r.bytes_changed += result.bytes_changed
+        if result.action == "copy":
+            r.objects_copied += 1
+            r.bytes_copied += result.size
+        elif result.action == "server_copy":
+            r.objects_server_copied += 1
+            r.bytes_server_copied += result.size
+        elif result.action == "delete":
+            r.objects_deleted += 1
+
+
+_TOTALS = tuple(f.name for f in fields(RunTotals))

@@ -30,13 +30,19 @@ from .errors import ConfigError, UsageError
 from .hashing import object_digest
 from .index import SCHEMA as INDEX_SCHEMA
 from .index import ChunkIndex
-from .lock import Locked
-from .types import ByteRange, ObjectInfo
+from .manifest_schema import (
+    DIGEST_SIZE,
+    OBJECT_COLUMNS,
+    SCHEMA,
+    Damaged,
+    check_rows,
+    refuse_unless_damaged,
+)
+from .types import ByteRange, ObjectInfo, PartRef
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 3
-DIGEST_SIZE = 16  # xxh3-128
 
 
 def split_digests(joined: bytes) -> list[bytes]:
@@ -47,57 +53,6 @@ def split_digests(joined: bytes) -> list[bytes]:
 _PAGE = 1000
 _COMMIT_EVERY_S = 0.2
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS objects (
-    key TEXT PRIMARY KEY,
-    src_size INTEGER NOT NULL,
-    src_etag TEXT,
-    src_mtime REAL,
-    src_version TEXT,
-    dst_size INTEGER NOT NULL,
-    dst_etag TEXT,
-    dst_mtime REAL,
-    block_size INTEGER NOT NULL,
-    block_hashes BLOB NOT NULL,
-    xxh3 TEXT,
-    crc32c TEXT,
-    written_at REAL NOT NULL,
-    chunk_sizes BLOB NOT NULL DEFAULT x'',
-    chunker TEXT NOT NULL DEFAULT 'fixed'
-);
-CREATE TABLE IF NOT EXISTS uploads (
-    key TEXT PRIMARY KEY,
-    upload_id TEXT NOT NULL,
-    src_size INTEGER NOT NULL,
-    src_etag TEXT,
-    src_mtime REAL,
-    part_size INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    layout TEXT
-);
-CREATE TABLE IF NOT EXISTS parts (
-    key TEXT NOT NULL,
-    number INTEGER NOT NULL,
-    etag TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    digest BLOB NOT NULL,
-    PRIMARY KEY (key, number)
-);
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY,
-    started_at REAL NOT NULL,
-    finished_at REAL,
-    status TEXT NOT NULL,
-    report TEXT
-);
-"""
-
-
-_OBJECT_COLUMNS = ("key, src_size, src_etag, src_mtime, src_version, dst_size, dst_etag, "
-                   "dst_mtime, block_size, block_hashes, xxh3, crc32c, written_at, chunk_sizes, "
-                   "chunker")
-
 
 def _migrate(db: sqlite3.Connection, version: str) -> None:
     """Bring a manifest of an older schema up to this one, in place, step by step."""
@@ -106,8 +61,8 @@ def _migrate(db: sqlite3.Connection, version: str) -> None:
         db.execute("ALTER TABLE objects ADD COLUMN chunker TEXT NOT NULL DEFAULT 'fixed'")
         db.execute("ALTER TABLE uploads ADD COLUMN layout TEXT")
         version = "2"
-    if version == "2":  # version 3 added the chunk index (created empty by _SCHEMA)
-        rows = db.execute(f"SELECT {_OBJECT_COLUMNS} FROM objects").fetchall()
+    if version == "2":  # version 3 added the chunk index (created empty by SCHEMA)
+        rows = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects").fetchall()
         entries = (ManifestEntry(*row) for row in rows)
         ChunkIndex(db).rebuild((e.key, e.dst_size, e.chunks()) for e in entries)
     db.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION),))
@@ -187,11 +142,26 @@ def entry_for(src: ObjectInfo, written: ObjectInfo, *, digests: Sequence[bytes] 
 
 
 @dataclass(frozen=True, slots=True)
-class JournalPart:
+class WrittenPart:
+    """A part the target acknowledged: what a part's move returns, and what the journal keeps
+    of it so a killed run's upload is resumed (the plan of a part is ``delta.Part``)."""
+
     number: int
     etag: str
     size: int
-    digest: bytes  # the xxh3-128 of each chunk of the part, concatenated (b"": none known)
+    digest: bytes = b""  # the xxh3-128 of each chunk of the part, concatenated (b"": none known)
+
+    @classmethod
+    def of(cls, ref: PartRef, digests: Sequence[bytes] = ()) -> WrittenPart:
+        """``digests``: of the part's chunks, when its bytes passed through the client."""
+        return cls(ref.number, ref.etag, ref.size, b"".join(digests))
+
+    @property
+    def ref(self) -> PartRef:
+        return PartRef(self.number, self.etag, self.size)
+
+    def digests(self) -> list[bytes]:
+        return split_digests(self.digest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +174,7 @@ class OpenUpload:
     part_size: int
     created_at: float
     layout: str | None = None  # how the parts were cut; None: fixed parts of part_size
-    parts: dict[int, JournalPart] = field(default_factory=dict)
+    parts: dict[int, WrittenPart] = field(default_factory=dict)
 
     def matches_source(self, src: ObjectInfo) -> bool:
         return same_source(src, self.src_size, self.src_etag, self.src_mtime)
@@ -252,74 +222,6 @@ def pair_id(src_url: str, dst_url: str) -> str:
     return hashlib.sha256(f"{src_url}\0{dst_url}".encode()).hexdigest()[:20]
 
 
-class _Damaged(sqlite3.DatabaseError):
-    """The database opens but is not a manifest this mcsync can use: set aside and rebuilt."""
-
-
-_TEXT, _NUM = "('text')", "('real', 'integer')"
-_OPT_TEXT, _OPT_NUM = "('text', 'null')", "('real', 'integer', 'null')"
-# Per table, what a row must hold for the code that reads it (SQLite keeps any value in any
-# column): a row that does not is damage, found when the manifest is opened rather than as an
-# exception in the middle of a run. Sizes are never negative; the fixed blocks a record implies
-# are bounded by its digests (a damaged size must not make a list of 2**60 blocks).
-_ROW_RULES = {
-    "objects": f"""typeof(key) != 'text' OR typeof(src_size) != 'integer' OR src_size < 0
-        OR typeof(dst_size) != 'integer' OR dst_size < 0 OR typeof(block_size) != 'integer'
-        OR block_size < 0 OR typeof(src_etag) NOT IN {_OPT_TEXT}
-        OR typeof(src_mtime) NOT IN {_OPT_NUM} OR typeof(src_version) NOT IN {_OPT_TEXT}
-        OR typeof(dst_etag) NOT IN {_OPT_TEXT} OR typeof(dst_mtime) NOT IN {_OPT_NUM}
-        OR typeof(block_hashes) != 'blob' OR length(block_hashes) % {DIGEST_SIZE} != 0
-        OR typeof(xxh3) NOT IN {_OPT_TEXT} OR typeof(crc32c) NOT IN {_OPT_TEXT}
-        OR typeof(written_at) NOT IN {_NUM} OR typeof(chunk_sizes) != 'blob'
-        OR length(chunk_sizes) % 8 != 0 OR typeof(chunker) NOT IN {_TEXT}
-        OR (block_size > 0 AND dst_size / block_size
-            > 64 * (length(block_hashes) / {DIGEST_SIZE}) + 1024)""",
-    "uploads": f"""typeof(key) != 'text' OR typeof(upload_id) != 'text'
-        OR typeof(src_size) != 'integer' OR src_size < 0 OR typeof(src_etag) NOT IN {_OPT_TEXT}
-        OR typeof(src_mtime) NOT IN {_OPT_NUM} OR typeof(part_size) != 'integer'
-        OR typeof(created_at) NOT IN {_NUM} OR typeof(layout) NOT IN {_OPT_TEXT}""",
-    "parts": f"""typeof(key) != 'text' OR typeof(number) != 'integer'
-        OR typeof(etag) != 'text' OR typeof(size) != 'integer' OR size < 0
-        OR typeof(digest) != 'blob' OR length(digest) % {DIGEST_SIZE} != 0""",
-    "runs": f"""typeof(started_at) NOT IN {_NUM} OR typeof(finished_at) NOT IN {_OPT_NUM}
-        OR typeof(status) != 'text' OR typeof(report) NOT IN {_OPT_TEXT}""",
-    "chunks": f"""typeof(digest) != 'blob' OR length(digest) != {DIGEST_SIZE}
-        OR typeof(length) != 'integer' OR length < 0 OR typeof(key) != 'text'
-        OR typeof(offset) != 'integer' OR offset < 0""",
-}
-
-
-def _check_rows(db: sqlite3.Connection) -> None:
-    """Raise _Damaged when a row of the manifest is not what mcsync wrote (one pass over each
-    table, as ``quick_check`` makes over the file)."""
-    for table, bad in _ROW_RULES.items():
-        if db.execute(f"SELECT 1 FROM {table} WHERE {bad} LIMIT 1").fetchone():
-            raise _Damaged(f"damaged (a row of its {table} table holds what mcsync never "
-                           "writes)")
-
-
-# SQLite's primary result codes for a manifest that may well be sound while this process
-# cannot use it: setting it aside would throw away good state (and rename a file another
-# process has open).
-_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
-_SQLITE_UNUSABLE = {3: "permission denied", 7: "out of memory", 8: "read-only", 10: "I/O error",
-                    13: "disk full", 14: "cannot open", 22: "no large-file support",
-                    23: "authorization denied"}
-
-
-def _refuse_unless_damaged(path: Path, exc: sqlite3.DatabaseError) -> None:
-    """Return when ``exc`` says the manifest is damaged (then it is set aside and rebuilt);
-    raise Locked when another process holds it, ConfigError when it cannot be used here."""
-    if isinstance(exc, _Damaged):
-        return
-    code = getattr(exc, "sqlite_errorcode", None)
-    primary = code & 0xFF if isinstance(code, int) else None
-    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
-        raise Locked(f"manifest {path} is locked by another process ({exc})") from None
-    if primary in _SQLITE_UNUSABLE:
-        raise ConfigError(f"manifest {path}: {_SQLITE_UNUSABLE[primary]}: {exc}") from None
-
-
 class Manifest:
     """One sync pair's state. Used from the event-loop thread only; every call is short."""
 
@@ -345,12 +247,12 @@ class Manifest:
         try:
             self._db = self._connect()
         except sqlite3.DatabaseError as exc:
-            _refuse_unless_damaged(path, exc)
-            self._set_aside(str(exc) if isinstance(exc, _Damaged) else f"unreadable ({exc})")
+            refuse_unless_damaged(path, exc)
+            self._set_aside(str(exc) if isinstance(exc, Damaged) else f"unreadable ({exc})")
             try:
                 self._db = self._connect()
             except sqlite3.DatabaseError as again:
-                _refuse_unless_damaged(path, again)
+                refuse_unless_damaged(path, again)
                 raise ConfigError(f"manifest {path}: cannot be created: {again}") from None
         self.index = ChunkIndex(self._db)  # the chunks of recorded objects (compose)
 
@@ -365,7 +267,7 @@ class Manifest:
                 (verdict,) = db.execute("PRAGMA quick_check").fetchone()
                 if verdict != "ok":
                     raise sqlite3.DatabaseError(f"quick_check: {verdict}")
-            db.executescript(_SCHEMA + INDEX_SCHEMA)
+            db.executescript(SCHEMA + INDEX_SCHEMA)
             meta = dict(db.execute("SELECT k, v FROM meta").fetchall())
             version = meta.get("schema_version")
             if not meta:
@@ -373,7 +275,7 @@ class Manifest:
                     ("schema_version", str(SCHEMA_VERSION)), ("src", self.src_url),
                     ("dst", self.dst_url), ("created_at", str(time.time()))])
             elif not all(isinstance(meta.get(k), str) for k in ("schema_version", "src", "dst")):
-                raise _Damaged("damaged (its meta table names no schema version or pair)")
+                raise Damaged("damaged (its meta table names no schema version or pair)")
             elif (meta["src"], meta["dst"]) != (self.src_url, self.dst_url):
                 # Not damaged: another pair's state, which setting aside would throw away
                 # (its journal of open uploads among it), run after run if both pairs use it.
@@ -384,15 +286,15 @@ class Manifest:
                 try:
                     _migrate(db, version)
                 except (TypeError, ValueError, OverflowError, struct.error) as exc:
-                    raise _Damaged(f"damaged (schema {version} rows that cannot be migrated: "
+                    raise Damaged(f"damaged (schema {version} rows that cannot be migrated: "
                                    f"{exc})") from None
             elif not version.isdigit() or int(version) > SCHEMA_VERSION:
-                raise _Damaged(f"written by a newer mcsync (schema version {version[:20]}; "
+                raise Damaged(f"written by a newer mcsync (schema version {version[:20]}; "
                                f"this one reads versions up to {SCHEMA_VERSION})")
             elif version != str(SCHEMA_VERSION):
-                raise _Damaged(f"of an unknown schema version {version[:20]}")
+                raise Damaged(f"of an unknown schema version {version[:20]}")
             if self.existed:
-                _check_rows(db)
+                check_rows(db)
             # The write lock now, waiting sqlite3's busy timeout (5 s): a live process holding
             # it is found here (Locked, exit 3), not by the first write in the middle of a run.
             db.execute("BEGIN IMMEDIATE")
@@ -435,7 +337,7 @@ class Manifest:
         last = ""  # keys are never empty
         while True:
             rows = self._db.execute(
-                f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE key > ? ORDER BY key LIMIT ?",
+                f"SELECT {OBJECT_COLUMNS} FROM objects WHERE key > ? ORDER BY key LIMIT ?",
                 (last, _PAGE)).fetchall()
             if not rows:
                 return
@@ -445,7 +347,7 @@ class Manifest:
 
     def get(self, key: str) -> ManifestEntry | None:
         try:
-            row = self._db.execute(f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE key = ?",
+            row = self._db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE key = ?",
                                    (key,)).fetchone()
         except UnicodeEncodeError:  # a file name that is not UTF-8: never recorded; the
             return None             # target refuses it as that object's failure
@@ -459,7 +361,7 @@ class Manifest:
         completed and records it without sending a byte; a small object is sent again.
         ``durable=False`` leaves even that to a later commit (adopted records)."""
         self._db.execute(
-            f"INSERT OR REPLACE INTO objects ({_OBJECT_COLUMNS}) "
+            f"INSERT OR REPLACE INTO objects ({OBJECT_COLUMNS}) "
             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (e.key, e.src_size, e.src_etag, e.src_mtime, e.src_version, e.dst_size, e.dst_etag,
              e.dst_mtime, e.block_size, e.block_hashes, e.xxh3, e.crc32c, e.written_at,
@@ -486,7 +388,7 @@ class Manifest:
         self._journalled.update(uploads)
         for key, number, etag, size, digest in self._db.execute("SELECT * FROM parts"):
             if key in uploads:
-                uploads[key].parts[number] = JournalPart(number, etag, size, digest)
+                uploads[key].parts[number] = WrittenPart(number, etag, size, digest)
         return uploads
 
     def begin_upload(self, key: str, upload_id: str, src: ObjectInfo, part_size: int,
@@ -501,7 +403,7 @@ class Manifest:
         self.records_changed = True
         self.commit()
 
-    def record_part(self, key: str, part: JournalPart) -> None:
+    def record_part(self, key: str, part: WrittenPart) -> None:
         self._db.execute("INSERT OR REPLACE INTO parts VALUES (?,?,?,?,?)",
                          (key, part.number, part.etag, part.size, part.digest))
         self.commit()  # a part is megabytes sent: record it at once

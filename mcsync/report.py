@@ -63,8 +63,29 @@ class ObjectFailure:
                 "retryable": self.retryable}
 
 
+@dataclass(frozen=True, slots=True)
+class RunTotals:
+    """What a run knows of itself at its end, beyond its events: handed to the report's
+    builder (``events.StatsCollector.finish``), the one place a report is filled in."""
+
+    interrupted: bool = False
+    manifest: str | None = None
+    manifest_note: str | None = None
+    objects_compared: int = 0
+    bytes_compared: int = 0
+    requests_throttled: int = 0
+    requests_retried: int = 0
+    requests_credentials_expired: int = 0
+    requests_in_flight_low: int | None = None
+    requests_in_flight_end: int | None = None
+    parts_in_flight_peak: int = 0
+    parts_in_flight_limit_peak: int = 0
+
+
 @dataclass
 class SyncReport:
+    """A run's report; filled in by ``events.StatsCollector`` alone."""
+
     src: str
     dst: str
     dry_run: bool = False
@@ -137,48 +158,6 @@ class SyncReport:
         if self.interrupted:
             return 130
         return 0 if self.objects_failed == 0 else 1
-
-    def record_planned(self, action: str, size: int) -> None:
-        """Dry run: count what would move as if it had."""
-        if action == "copy":
-            self.objects_copied += 1
-            self.bytes_copied += size
-            self.bytes_changed += size
-            self.bytes_sent += size
-        elif action == "server_copy":
-            self.objects_server_copied += 1
-            self.bytes_server_copied += size
-        elif action == "delete":
-            self.objects_deleted += 1
-
-    def record_planned_delta(self, size: int, changed: int, to_send: int, reused: int,
-                             reused_own: int) -> None:
-        """Dry run: a copy planned as a delta; record_planned counted it as a full copy."""
-        self.bytes_changed += changed - size
-        self.bytes_sent += to_send - size
-        self.bytes_reused += reused
-        self.bytes_reused_same_key += reused_own
-        self.bytes_reused_cross_object += reused - reused_own
-
-    def record_done(self, result: ObjectResult) -> None:
-        if len(self.objects) < MAX_LISTED_OBJECTS:
-            self.objects.append(result)
-        else:
-            self.objects_not_listed += 1
-        self.bytes_sent += result.bytes_sent
-        self.bytes_reused += result.bytes_reused
-        self.bytes_reused_same_key += result.bytes_reused_own
-        self.bytes_reused_cross_object += result.bytes_reused - result.bytes_reused_own
-        if result.bytes_changed is not None:
-            self.bytes_changed += result.bytes_changed
-        if result.action == "copy":
-            self.objects_copied += 1
-            self.bytes_copied += result.size
-        elif result.action == "server_copy":
-            self.objects_server_copied += 1
-            self.bytes_server_copied += result.size
-        elif result.action == "delete":
-            self.objects_deleted += 1
 
     def to_dict(self) -> dict[str, Any]:
         # Field by field: dataclasses.asdict deep-copies every value of every object result,

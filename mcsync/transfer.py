@@ -21,13 +21,15 @@ from dataclasses import dataclass
 
 from . import checksums
 from .chunking import Layout, group_parts
-from .compose import Deltas
+from .compose import Composed, DeltaSender
 from .config import SyncOptions
+from .delta import Part
+from .delta_planner import DeltaPlanner, Holdings
 from .errors import IntegrityError, MCSyncError, NotFound, PreconditionFailed, SourceGone
 from .events import BytesMoved, Event
 from .hashing import block_digest_async, chunk_digests_async
 from .limits import Limits
-from .manifest import Manifest, ManifestEntry, OpenUpload, entry_for
+from .manifest import ManifestEntry, OpenUpload, WrittenPart, entry_for
 from .plan import Action
 from .report import ObjectResult
 from .retry import RetryPolicy, retrying
@@ -45,7 +47,7 @@ from .stores.base import (
 )
 from .streaming import STREAM_PART_SIZE, drain_into
 from .types import Buffer, ByteRange, ObjectInfo, PartRef
-from .upload import Moved, PartSpec, UploadPlan, Uploads
+from .upload import Journal, UploadPlan, Uploads
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +67,13 @@ class Transfer:
     """The context every action of one run shares."""
 
     def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, limits: Limits,
-                 emit: Callable[[Event], None], *, journal: Manifest | None = None,
+                 emit: Callable[[Event], None], *, journal: Journal | None = None,
                  stop: asyncio.Event | None = None,
                  open_uploads: dict[str, OpenUpload] | None = None,
-                 manifest: Manifest | None = None) -> None:
-        """``journal``: the manifest this run writes (None for a dry run); ``manifest``: the
-        one it reads records and chunks from (the same, or read-only for a dry run)."""
+                 known: Holdings | None = None) -> None:
+        """``journal``: where open uploads are recorded (None for a dry run); ``known``: the
+        records and chunk index a delta composes from; ``open_uploads``: those a killed run
+        left, to take up."""
         self.src = src
         self.dst = dst
         self.options = options
@@ -78,7 +81,8 @@ class Transfer:
         self.emit = emit
         self.uploads = Uploads(dst, limits, emit, options.part_concurrency, journal,
                                dict(open_uploads or {}), stop or asyncio.Event())
-        self.deltas = Deltas(src, dst, options, limits, emit, manifest or journal)
+        self.delta_planner = DeltaPlanner(src, dst, options, limits, known)
+        self.delta_sender = DeltaSender(src, dst, options, limits, emit, known)
         # Abilities asked once per run, not per object: on Python 3.11 each check against a
         # runtime protocol walks the protocol's members (~20 us for ServerSideCopier here),
         # ~5% of the client CPU of a server-side copy of 1,000 small objects.
@@ -135,7 +139,11 @@ class Transfer:
         and, after a stop, sweep the staging space."""
         await self.uploads.abort_all_stale()
         if self.after_stop:
-            await self.deltas.sweep()
+            await self.delta_sender.sweep()
+
+    def may_go_as_delta(self, action: Action) -> bool:
+        """Could this action go as a block delta (before looking at any byte)?"""
+        return not self.delta_sender.refused and self.delta_planner.possible(action)
 
     async def _write(self, action: Action) -> Done:
         src = action.src
@@ -151,15 +159,8 @@ class Transfer:
                 return done
             await self.uploads.abort_stale(prior)
             prior = None
-        if self.deltas.possible(action):
-            # Parts of new bytes are read whole or streamed like any part; the copied ones
-            # carry no bytes, so no CRC32C of the whole object can be summed on the way.
-            sender = self._part_sender(action.key, src, None, check_crc=False)
-            try:
-                composed = await self.deltas.send(action, src, prior, self.uploads, sender,
-                                                  streamed=sender.streams)
-            finally:
-                sender.close()
+        if self.may_go_as_delta(action):
+            composed = await self._delta(action, src, prior)
             if not isinstance(composed, str):
                 found = composed.found
                 return self._done(action, src, composed.uploaded.written,
@@ -170,12 +171,26 @@ class Transfer:
             log.info("%s: %s; sending it whole", action.key, composed)
         return await self._copy_parts(action, src, prior)
 
+    async def _delta(self, action: Action, src: ObjectInfo,
+                     prior: OpenUpload | None) -> Composed | str:
+        found = await self.delta_planner.plan(action, src)
+        if isinstance(found, str):
+            return found
+        # Parts of new bytes are read whole or streamed like any part; the copied ones carry
+        # no bytes, so no CRC32C of the whole object can be summed on the way.
+        sender = self._part_sender(action.key, src, None, check_crc=False)
+        try:
+            return await self.delta_sender.send(action, src, found, prior, self.uploads, sender,
+                                                streamed=sender.streams)
+        finally:
+            sender.close()
+
     async def _recognise(self, action: Action, src: ObjectInfo, prior: OpenUpload) -> Done | None:
         """A killed run's upload of this version is gone: if it completed, record it (cut as
         that upload was: a delta's in the recorded version's blocks)."""
         part_size = self.options.part_size_for(src.size, self.dst.caps)
         was_delta = (prior.layout or "").startswith("delta:")
-        block, chunker = (self.deltas.cut_of(action, src.size) if was_delta
+        block, chunker = (self.delta_planner.cut_of(action, src.size) if was_delta
                           else (part_size, self.options.chunker))
         layout = await cut(self.src, src, block, chunker, self.limits)
         found = await self.uploads.recognise(prior, src, layout, self.src, part_size)
@@ -223,7 +238,7 @@ class Transfer:
         group = part_size
         if sender.streams and self.options.part_size is None:
             group = max(part_size, STREAM_PART_SIZE)
-        specs = tuple(PartSpec(n, ByteRange(chunks[a].start, chunks[b - 1].end),
+        specs = tuple(Part(n, ByteRange(chunks[a].start, chunks[b - 1].end),
                                chunks=tuple(chunks[a:b]), first_chunk=a)
                       for n, (a, b) in enumerate(group_parts(chunks, group), start=1))
         sender.n_parts = len(specs)
@@ -269,14 +284,14 @@ class Transfer:
             return self._done(action, src, written, 0, [], None)
         part_size = min(max(self.options.part_size_for(src.size, dst.caps),
                             SERVER_COPY_MIN_PART), dst.caps.max_part_size)
-        specs = tuple(PartSpec(n, ByteRange(off, min(off + part_size, src.size)), old_start=off)
+        specs = tuple(Part(n, ByteRange(off, min(off + part_size, src.size)), old_start=off)
                       for n, off in enumerate(range(0, src.size, part_size), start=1))
 
-        async def move(spec: PartSpec, upload: Upload) -> Moved:
+        async def move(spec: Part, upload: Upload) -> WrittenPart:
             assert isinstance(upload, PartCopyUpload)
             async with self.limits.requests:
                 ref = await upload.copy_part(spec.number, spec.rng.start, source, spec.rng)
-            return Moved(ref)
+            return WrittenPart.of(ref)
 
         # Not journalled: a copy costs the target, not the network; a killed one starts over.
         uploads = Uploads(dst, self.limits, self.emit, self.options.part_concurrency,
@@ -327,7 +342,7 @@ class _PartSender:
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
 
-    async def __call__(self, spec: PartSpec, upload: Upload) -> Moved:
+    async def __call__(self, spec: Part, upload: Upload) -> WrittenPart:
         rng = spec.rng
         chunks = list(spec.chunks or (rng,))
         # One request slot from read to acknowledgement: a part read ahead of a free slot to
@@ -353,9 +368,9 @@ class _PartSender:
                 data = await self.store.get(self.key, rng, expect=self.src)
                 ref, pieces = await self._send(spec, upload, data, chunks)
                 del data
-        return Moved(ref, tuple(pieces))
+        return WrittenPart.of(ref, pieces)
 
-    async def _send(self, spec: PartSpec, upload: Upload, data: Buffer,
+    async def _send(self, spec: Part, upload: Upload, data: Buffer,
                     chunks: list[ByteRange]) -> tuple[PartRef, list[bytes]]:
         """Hash a part read whole, check it, and send it."""
         pieces = await chunk_digests_async(data, spec.rng.start, chunks)
@@ -364,7 +379,7 @@ class _PartSender:
             self._crcs[spec.number] = (await checksums.crc32c_async(data), len(data))
         return await upload.put_part(spec.number, spec.rng.start, data), pieces
 
-    def _check_second_read(self, spec: PartSpec, pieces: list[bytes]) -> None:
+    def _check_second_read(self, spec: Part, pieces: list[bytes]) -> None:
         """Cutting by content read these bytes once already: a second read that hashes
         differently is never sent."""
         first = spec.first_chunk

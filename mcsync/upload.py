@@ -2,9 +2,10 @@
 parts the journal claims, run the missing parts under the run's limits, complete it — and,
 once, recognise an upload that a killed run had completed but not recorded.
 
-What a part *is* (bytes read and sent, streamed into a file, copied at the target, staged) is
-the caller's: ``Uploads.run`` is given a ``move`` for each part and owns everything around it.
-An upload is journalled (``Manifest.begin_upload``) before its first part is sent and every
+What a part *is* (a ``delta.Part``: bytes read and sent, streamed into a file, copied at the
+target, staged) is the caller's: ``Uploads.run`` is given a ``move`` for each part and owns
+everything around it.
+An upload is journalled (``Journal.begin_upload``) before its first part is sent and every
 part as it is acknowledged, so a run killed at any instant resumes from its missing parts.
 A part that fails aborts the upload — nothing half-written is ever completed — while a stop
 request or a cancellation keeps it open and journalled for the next run.
@@ -20,54 +21,39 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from . import delta
 from .chunking import Layout
+from .delta import Part
 from .errors import Interrupted, NotFound, first_error
 from .events import BytesMoved, Event
 from .limits import Limits
-from .manifest import DIGEST_SIZE, JournalPart, Manifest, OpenUpload, split_digests
+from .manifest import OpenUpload, WrittenPart, split_digests
+from .manifest_schema import DIGEST_SIZE
 from .scan import scan_chunks
 from .stores.base import ReadStore, Store, Upload
 from .streaming import STREAM_PART_HOLD
-from .types import ByteRange, ObjectInfo, PartClaim, PartRef
+from .types import ObjectInfo, PartClaim, PartRef
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class PartSpec:
-    """One part of an upload: bytes ``rng`` of the new object, read from the source, or, with
-    ``old_start``, copied by the target from an object it holds."""
-
-    number: int
-    rng: ByteRange
-    old_start: int | None = None
-    chunks: tuple[ByteRange, ...] = ()  # the chunks the part is hashed in; (): rng, whole
-    first_chunk: int | None = None  # index of its first chunk in the object's chunk list
-    stage: int = 0  # > 0: a staged part (see ``delta``): ``stage`` bytes copied, then new bytes
-    source: int = 0  # which object a copy's bytes come from (the delta's bases)
-
-    @property
-    def sent(self) -> int:
-        return delta.sent_bytes(self.rng.length, self.old_start, self.stage)
-
-    @property
-    def plain(self) -> bool:
-        """All of its bytes cross the network (read from the source, sent whole)."""
-        return self.old_start is None and not self.stage
+# Moves one part (reads and sends it, or has the target copy it) and returns the target's
+# receipt, with the digests of its chunks when its bytes passed through the client.
+MovePart = Callable[[Part, Upload], Awaitable[WrittenPart]]
 
 
-@dataclass(frozen=True, slots=True)
-class Moved:
-    """What a part's ``move`` did: the target's reference, and the xxh3-128 digests of the
-    part's chunks when its bytes passed through us (``()`` for a copy)."""
+class Journal(Protocol):
+    """Where an upload's progress goes as it is made, so a killed run resumes it: the run's
+    manifest (``Manifest`` is one), written at once. A worker that has no manifest reports the
+    same three calls to the driver that writes it."""
 
-    ref: PartRef
-    digests: tuple[bytes, ...] = ()
+    def begin_upload(self, key: str, upload_id: str, src: ObjectInfo, part_size: int,
+                     layout: str | None = None) -> None: ...
 
+    def record_part(self, key: str, part: WrittenPart) -> None: ...
 
-MovePart = Callable[[PartSpec, Upload], Awaitable[Moved]]
+    def drop_upload(self, key: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +62,7 @@ class UploadPlan:
 
     key: str
     src: ObjectInfo
-    specs: tuple[PartSpec, ...]
+    specs: tuple[Part, ...]
     part_size: int
     layout_id: str | None  # how the parts were cut (None: fixed parts of ``part_size``)
     streamed: bool = False  # parts stream into a file: each holds a few pieces of memory
@@ -105,7 +91,7 @@ class Uploads:
     limits: Limits
     emit: Callable[[Event], None]
     part_concurrency: int
-    journal: Manifest | None = None
+    journal: Journal | None = None
     open_uploads: dict[str, OpenUpload] = field(default_factory=dict)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     # Uploads a killed run left open, taken up by ``take_up`` and handed on to ``run`` (a
@@ -177,16 +163,9 @@ class Uploads:
 
     async def abort_stale(self, prior: OpenUpload) -> None:
         """Abort an upload a previous run left open that this run will not finish."""
-        upload = self._taken_up.pop(prior.key, None)
-        try:
-            async with self.limits.requests:
-                if upload is not None:
-                    await upload.abort()
-                else:  # some stores answer NoSuchUpload for an upload with no part yet:
-                    await self.dst.abort_upload(prior.key, prior.upload_id)  # by id all the same
-        except Exception as exc:  # best effort: the target's lifecycle rules are the backstop
-            log.warning("could not abort stale upload of %s: %s", prior.key, exc)
-        self._forget(prior.key)
+        async with self.limits.requests:
+            await abort_left_open(self.dst, prior, self.journal,
+                                  self._taken_up.pop(prior.key, None))
 
     async def abort_all_stale(self) -> None:
         """Uploads a previous run left open for keys this run did not resume (the source was
@@ -212,7 +191,7 @@ class Uploads:
         to abort). ``open_upload`` opens a new upload (default ``dst.open_upload``)."""
         key, src = plan.key, plan.src
         upload = self._taken_up.pop(key, None)
-        kept: dict[int, JournalPart] = {}
+        kept: dict[int, WrittenPart] = {}
         if prior is not None and upload is not None and not (
                 prior.part_size == plan.part_size and prior.layout == plan.layout_id):
             self._taken_up[key] = upload  # laid out differently: start over
@@ -233,18 +212,16 @@ class Uploads:
         digests: list[bytes | None] = [None] * n_chunks
         by_number = {spec.number: spec for spec in plan.specs}
         for n, jp in kept.items():
-            refs[n] = PartRef(n, jp.etag, jp.size)
-            _place(digests, by_number[n], split_digests(jp.digest))
+            refs[n] = jp.ref
+            _place(digests, by_number[n], jp.digests())
         live = upload
 
-        async def one(spec: PartSpec) -> PartRef:
+        async def one(spec: Part) -> PartRef:
             moved = await move(spec, live)
             self.limits.parts.moved(spec.sent)
-            _place(digests, spec, list(moved.digests))
+            _place(digests, spec, moved.digests())
             if self.journal is not None:
-                self.journal.record_part(key, JournalPart(spec.number, moved.ref.etag,
-                                                          moved.ref.size,
-                                                          b"".join(moved.digests)))
+                self.journal.record_part(key, moved)
             self.emit(BytesMoved(key, spec.rng.length))
             return moved.ref
 
@@ -263,7 +240,7 @@ class Uploads:
         return Uploaded(written, digests, sum(spec.sent for spec in todo))
 
     async def _confirmed_parts(self, upload: Upload, prior: OpenUpload,
-                               specs: Sequence[PartSpec]) -> dict[int, JournalPart]:
+                               specs: Sequence[Part]) -> dict[int, WrittenPart]:
         by_number = {spec.number: spec for spec in specs}
         claims = []
         for p in prior.parts.values():
@@ -281,8 +258,8 @@ class Uploads:
                  len(specs))
         return {n: prior.parts[n] for n in good}
 
-    async def _run_parts(self, key: str, upload: Upload, parts: list[PartSpec],
-                         move: Callable[[PartSpec], Awaitable[PartRef]],
+    async def _run_parts(self, key: str, upload: Upload, parts: list[Part],
+                         move: Callable[[Part], Awaitable[PartRef]],
                          *, streamed: bool = False) -> list[PartRef]:
         """Move parts concurrently, ``part_concurrency`` at a time. A failure aborts the
         upload and re-raises the first error. A stop request lets the parts in flight finish,
@@ -302,7 +279,7 @@ class Uploads:
                 slotted.discard(number)
                 slots.release()
 
-        async def windowed(spec: PartSpec) -> PartRef:
+        async def windowed(spec: Part) -> PartRef:
             try:
                 return await move(spec)
             finally:
@@ -340,7 +317,22 @@ class Uploads:
         return [t.result() for t in tasks]
 
 
-def _place(digests: list[bytes | None], spec: PartSpec, pieces: list[bytes]) -> None:
+async def abort_left_open(dst: Store, prior: OpenUpload, journal: Journal | None,
+                          upload: Upload | None = None) -> None:
+    """Abort an upload a previous run left open (``upload``: taken up already) and drop it
+    from the journal; best effort: the target's lifecycle rules are the backstop."""
+    try:
+        if upload is not None:
+            await upload.abort()
+        else:  # some stores answer NoSuchUpload for an upload with no part yet:
+            await dst.abort_upload(prior.key, prior.upload_id)  # by id all the same
+    except Exception as exc:
+        log.warning("could not abort stale upload of %s: %s", prior.key, exc)
+    if journal is not None:
+        journal.drop_upload(prior.key)
+
+
+def _place(digests: list[bytes | None], spec: Part, pieces: list[bytes]) -> None:
     """Put a part's chunk digests at their place in the object's list."""
     if spec.first_chunk is not None and pieces:
         digests[spec.first_chunk:spec.first_chunk + len(pieces)] = pieces

@@ -18,8 +18,8 @@ from mcsync.engine import target_lock_key
 from mcsync.errors import Permanent
 from mcsync.lock import Locked
 from mcsync.manifest import Manifest
+from mcsync.manifest_copy import send_file, target_manifest_key
 from mcsync.stores.memory import MemoryEndpoint, MemoryObject, MemoryStore
-from mcsync.target_copy import send_file, target_manifest_key
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 from mcsync.types import Capabilities, ObjectInfo
 
@@ -118,9 +118,9 @@ def test_a_killed_runs_open_upload_of_the_copy_is_aborted_by_the_next_run(tmp_pa
 def test_a_copy_that_takes_long_is_refreshed_less_often(tmp_path, monkeypatch):
     """During a run the copy is refreshed every REFRESH_EVERY_S, or after nine times
     as long as the last refresh took: it never takes over a tenth of the run."""
-    import mcsync.target_copy
+    import mcsync.manifest_copy
 
-    monkeypatch.setattr(mcsync.target_copy, "REFRESH_EVERY_S", 0.01)
+    monkeypatch.setattr(mcsync.manifest_copy, "REFRESH_EVERY_S", 0.01)
     src = MemoryStore("src", endpoint=MemoryEndpoint("a"))
     dst = MemoryStore("dst", endpoint=MemoryEndpoint("b"))
     seed(src, {f"k{i:02d}": b"x" * i for i in range(12)})
@@ -155,27 +155,27 @@ def _pair() -> tuple[MemoryStore, MemoryStore]:
     return src, dst
 
 
-def test_a_fresh_machine_fetches_the_copy_while_taking_the_lock_and_trusts_it(tmp_path):
+def test_a_fresh_machine_fetches_the_copy_once_the_lock_is_held_and_trusts_it(tmp_path):
     src, dst = _pair()
     assert sync(src, dst, tmp_path / "first").ok
     key = target_manifest_key(src, dst)
     at_dst: list[tuple[str, str]] = []
     report = sync(src, faulty(dst, _ops(at_dst)), tmp_path / "fresh")
     assert report.ok and report.objects_skipped == len(OBJECTS) and contents(dst) == OBJECTS
-    assert at_dst.index(("get", key)) < _first_lock_put(at_dst), "fetched during the lock"
+    assert at_dst.index(("get", key)) > _first_lock_put(at_dst), "fetched under the lock"
     assert ("head", key) not in at_dst, "a copy just fetched is not looked for again"
     assert not [op for op, _ in at_dst if op == "list"], "the fetched manifest is trusted"
     assert (tmp_path / "fresh" / "manifest.sqlite").exists()
 
 
-def test_a_run_with_its_manifest_looks_for_the_copy_while_taking_the_lock(tmp_path):
+def test_a_run_with_its_manifest_looks_for_the_copy_before_trusting_it(tmp_path):
     src, dst = _pair()
     assert sync(src, dst, tmp_path).ok
     key = target_manifest_key(src, dst)
     at_dst: list[tuple[str, str]] = []
     report = sync(src, faulty(dst, _ops(at_dst)), tmp_path)
     assert report.ok and report.objects_skipped == len(OBJECTS)
-    assert at_dst.index(("head", key)) < _first_lock_put(at_dst)
+    assert at_dst.index(("head", key)) > _first_lock_put(at_dst)
     assert not [op for op, _ in at_dst if op == "list"], "the copy is there: no listing"
 
 
@@ -191,9 +191,9 @@ def test_a_locked_out_run_installs_no_fetched_copy(tmp_path):
 
 
 @pytest.mark.parametrize("fresh", [True, False])
-def test_an_early_look_at_the_copy_that_fails_is_reported_when_used(tmp_path, caplog, fresh):
-    """The copy fetched (a fresh machine) or looked for (HEAD) while the lock is taken fails:
-    the run says so once it comes to use the answer, and lists the target instead."""
+def test_a_look_at_the_copy_that_fails_is_reported(tmp_path, caplog, fresh):
+    """The copy fetched (a fresh machine) or looked for (HEAD) fails: the run says so, and
+    lists the target instead."""
     src, dst = _pair()
     assert sync(src, dst, tmp_path / "first").ok
     key = target_manifest_key(src, dst)

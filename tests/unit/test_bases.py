@@ -1,7 +1,7 @@
 """Choosing what a delta composes from: scope, preference, samples."""
 
-from mcsync.bases import MAX_BASES, in_scope, rank, samples, scope_root
 from mcsync.chunking import fixed_chunks
+from mcsync.delta_bases import MAX_BASES, in_scope, rank, samples, scope_root
 from mcsync.manifest import ManifestEntry
 from mcsync.types import ByteRange
 

@@ -23,11 +23,11 @@ LAYERS: list[tuple[str, ...]] = [
      "stores.local_files", "stores.local", "stores.gcs", "stores.azure", "stores.memory",
      "stores.registry", "stores.single",
      "metrics", "resilience"),
-    ("index", "manifest", "listing", "checkpoints", "plan", "spool", "lock", "bases",
-     "preflight"),
-    ("scan", "compare", "verify"),
-    ("upload", "compose", "transfer", "target_copy"),
-    ("engine", "watching"),
+    ("index", "manifest_schema", "manifest", "listing", "checkpoints", "plan", "spool", "lock",
+     "delta_bases", "preflight"),
+    ("scan", "compare", "verify", "delta_planner"),
+    ("upload", "compose", "transfer", "manifest_copy", "dispatch"),
+    ("driver", "engine", "watching"),
     ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.faults"),
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -5,14 +5,26 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from mcsync.events import ObjectDone, StatsCollector
 from mcsync.report import ObjectFailure, ObjectResult, SyncReport, report_json
 
 
+def _report(*results: ObjectResult, **given: int) -> SyncReport:
+    """A report of a run that changed ``results``, built as a run builds it, then ``given``
+    fields set."""
+    stats = StatsCollector("s3://a/", "meta://b/")
+    for result in results:
+        stats.emit(ObjectDone(result))
+    report = stats.finish()
+    for name, value in given.items():
+        setattr(report, name, value)
+    return report
+
+
 def test_to_dict_holds_every_field_as_dataclasses_asdict_would() -> None:
-    report = SyncReport("s3://a/", "meta://b/", objects_copied=2, bytes_sent=150)
-    report.record_done(ObjectResult("a", "copy", 100, 100, "ab" * 16, 4096, "e1", 60, 40, 20,
-                                    (("old/a", 20), ("old/b", 40))))
-    report.record_done(ObjectResult("b", "server_copy", 50, 0))
+    report = _report(ObjectResult("a", "copy", 100, 100, "ab" * 16, 4096, "e1", 60, 40, 20,
+                                  (("old/a", 20), ("old/b", 40))),
+                     ObjectResult("b", "server_copy", 50, 0), objects_copied=3, bytes_sent=250)
     report.failures.append(ObjectFailure("c", "c: access denied", "AccessDenied", False))
     report.deferred.append(("d", "a checkpoint not complete yet"))
 
@@ -31,8 +43,7 @@ def test_to_dict_holds_every_field_as_dataclasses_asdict_would() -> None:
 
 
 def test_to_dict_is_a_copy_the_caller_may_change() -> None:
-    report = SyncReport("s3://a/", "meta://b/")
-    report.record_done(ObjectResult("a", "copy", 1, 1))
+    report = _report(ObjectResult("a", "copy", 1, 1))
     got = report.to_dict()
     got["objects"].clear()
     got["objects_copied"] = 99
@@ -40,10 +51,9 @@ def test_to_dict_is_a_copy_the_caller_may_change() -> None:
 
 
 def test_report_json_parses_back_with_a_line_per_field_and_per_entry() -> None:
-    report = SyncReport("s3://a/", "meta://b/", objects_copied=2)
-    report.record_done(ObjectResult("a\n\"b", "copy", 100, 100, "ab" * 16, 4096, "e1", 60, 40,
-                                    20, (("old/a", 20),)))
-    report.record_done(ObjectResult("c", "copy", 1, 1))
+    report = _report(ObjectResult("a\n\"b", "copy", 100, 100, "ab" * 16, 4096, "e1", 60, 40,
+                                  20, (("old/a", 20),)),
+                     ObjectResult("c", "copy", 1, 1), objects_copied=4)
     report.failures.append(ObjectFailure("d", "d: access denied", "AccessDenied"))
     doc = report.to_dict()
 

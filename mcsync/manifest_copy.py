@@ -13,17 +13,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
 from pathlib import Path
 
 from .config import SyncOptions
 from .errors import MCSyncError, NotFound
 from .limits import Limits
-from .manifest import Manifest, pair_id
+from .manifest import Manifest, OpenUpload, pair_id
 from .stores.base import ReadStore, Store
-from .tasks import cancel_and_wait
 from .types import RESERVED_PREFIX, ObjectInfo, PartRef
-from .upload import Uploads
+from .upload import Journal, abort_left_open
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +42,11 @@ async def _copy_of(src: ReadStore, dst: Store) -> bytes | None:
         return None
 
 
-async def fetch(src: ReadStore, dst: Store, sent: Awaitable[bytes | None] | None = None,
-                ) -> bytes | None:
+async def fetch(src: ReadStore, dst: Store) -> bytes | None:
     """The target's copy (the local manifest is missing), or None when there is none or it
-    cannot be read (a warning: the run then lists the target instead). ``sent``: the read,
-    started already."""
+    cannot be read (a warning: the run then lists the target instead)."""
     try:
-        return await (sent if sent is not None else _copy_of(src, dst))
+        return await _copy_of(src, dst)
     except MCSyncError as exc:
         log.warning("could not fetch the manifest copy at the target: %s", exc)
         return None
@@ -70,13 +66,12 @@ async def _head_copy(src: ReadStore, dst: Store, limits: Limits | None = None) -
         await dst.head(target_manifest_key(src, dst))
 
 
-async def kept(src: ReadStore, dst: Store, limits: Limits | None = None,
-               sent: Awaitable[None] | None = None) -> bool:
+async def kept(src: ReadStore, dst: Store, limits: Limits | None = None) -> bool:
     """Does the target still hold the copy? A manifest stands in for a listing of the target
     only then: a target emptied or replaced since (a wiped prefix, a new directory) is listed,
-    not trusted. ``sent``: the HEAD, started already."""
+    not trusted."""
     try:
-        await (sent if sent is not None else _head_copy(src, dst, limits))
+        await _head_copy(src, dst, limits)
     except NotFound:
         log.info("%s holds no copy of this pair's manifest: listing it", dst.url)
         return False
@@ -87,53 +82,24 @@ async def kept(src: ReadStore, dst: Store, limits: Limits | None = None,
     return True
 
 
-class Lookahead:
-    """The target's copy, looked at while the run's lock is being taken (``early``: one round
-    trip fewer before planning): fetched when the local manifest is missing (a fresh machine),
-    otherwise looked for with a HEAD (``kept``) when the run may trust the manifest. What it
-    finds is used only once the lock is held; ``drop`` ends what is still under way. The early
-    requests report nothing themselves: a failure is logged only if the run comes to use
-    their answer (not when, say, the preflight failed for the same cause first)."""
-
-    def __init__(self, src: ReadStore, dst: Store, path: Path, *, look: bool, trusting: bool,
-                 early: bool) -> None:
-        self.src, self.dst, self.look = src, dst, look
-        self._fetching: asyncio.Task[bytes | None] | None = None
-        self._heading: asyncio.Task[None] | None = None
-        self._fetched = False
-        if early and not path.exists():
-            self._fetching = asyncio.create_task(_copy_of(src, dst))
-        elif early and look and trusting:
-            self._heading = asyncio.create_task(_head_copy(src, dst))
-
-    async def fetch(self) -> bytes | None:
-        """The copy's bytes (the local manifest is missing), or None."""
-        data = await fetch(self.src, self.dst, self._fetching)
-        self._fetched = data is not None
-        return data
-
-    async def held(self, limits: Limits) -> bool:
-        """May the run trust its manifest in place of a target listing? (``look`` False: a
-        watch's later cycle, which trusts it without asking.)"""
-        if not self.look or self._fetched:  # a copy just fetched is there
-            return True
-        return await kept(self.src, self.dst, limits, self._heading)
-
-    async def drop(self) -> None:
-        await cancel_and_wait(self._fetching, self._heading, quiet=True)
-
-
 class Keeper:
     """Sends the copy of one run's manifest: ``send`` (at the end), ``refresh`` (while the run
     lasts, cancelled at its end)."""
 
     def __init__(self, src: ReadStore, dst: Store, manifest: Manifest, options: SyncOptions,
-                 uploads: Uploads) -> None:
+                 stale: OpenUpload | None = None) -> None:
+        """``stale``: a killed run's upload of the copy, never to be finished."""
         self.dst = dst
         self.manifest = manifest
         self.options = options
-        self.uploads = uploads
+        self.stale = stale
         self.key = target_manifest_key(src, dst)
+
+    async def abort_stale(self) -> None:
+        """Abort the upload of the copy a killed run left (once)."""
+        stale, self.stale = self.stale, None
+        if stale is not None:
+            await abort_left_open(self.dst, stale, self.manifest)
 
     async def refresh(self) -> None:
         took = 0.0
@@ -145,9 +111,7 @@ class Keeper:
 
     async def send(self) -> None:
         """A snapshot of the manifest to the target; a failure is logged, never the run's."""
-        stale = self.uploads.open_uploads.pop(self.key, None)
-        if stale is not None:  # a killed run's upload of the copy: never to be finished
-            await self.uploads.abort_stale(stale)
+        await self.abort_stale()
         import tempfile  # here, not at start-up: a run to a local target never needs it
 
         with tempfile.TemporaryDirectory(prefix="mcsync-manifest-") as tmp:
@@ -162,7 +126,7 @@ class Keeper:
 
 
 async def send_file(dst: Store, key: str, path: Path, part_size: int,
-                    journal: Manifest | None = None) -> None:
+                    journal: Journal | None = None) -> None:
     """Write the local file ``path`` to ``key`` holding at most one part of it in memory: a
     PUT when it fits in a part, else an upload journalled in ``journal`` while it is open (a
     killed run's is aborted by the next) and aborted on any failure."""

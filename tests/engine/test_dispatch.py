@@ -1,0 +1,106 @@
+"""The dispatch unit alone, with no manifest: what a worker process of a distributed run does.
+Actions go in; outcomes (the record to commit, the event) come out; each upload's id and parts
+go to the journal it was given, and an upload that journal names is resumed from its parts."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from mcsync.config import SyncOptions
+from mcsync.dispatch import Dispatch, Outcome
+from mcsync.events import BytesMoved, Event, ObjectDone
+from mcsync.limits import Limits
+from mcsync.manifest import OpenUpload, WrittenPart
+from mcsync.plan import Action
+from mcsync.stores.memory import MemoryStore
+from mcsync.testing.faults import Call, Faults, Rule, faulty
+from mcsync.types import ObjectInfo
+
+from .test_engine import PART, contents, payload, seed
+
+
+class Journal:
+    """What a worker would send back to its driver: every journal call, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.open: dict[str, OpenUpload] = {}
+
+    def begin_upload(self, key: str, upload_id: str, src: ObjectInfo, part_size: int,
+                     layout: str | None = None) -> None:
+        self.calls.append(("begin", key, upload_id))
+        self.open[key] = OpenUpload(key, upload_id, src.size, src.etag, src.mtime, part_size,
+                                    0.0, layout)
+
+    def record_part(self, key: str, part: WrittenPart) -> None:
+        self.calls.append(("part", key, part.number))
+        self.open[key].parts[part.number] = part
+
+    def drop_upload(self, key: str) -> None:
+        self.calls.append(("drop", key))
+        self.open.pop(key, None)
+
+
+def _dispatch(src: Any, dst: Any, journal: Journal, events: list[Event],
+              open_uploads: dict[str, OpenUpload] | None = None,
+              stop: asyncio.Event | None = None) -> Dispatch:
+    options = SyncOptions(part_size=PART, part_concurrency=1)
+    return Dispatch(src, dst, options, Limits(options.concurrency, options.memory_limit),
+                    events.append, journal=journal, known=None,
+                    open_uploads=dict(open_uploads or {}), stop=stop or asyncio.Event())
+
+
+async def _copy(dispatch: Dispatch, src: MemoryStore, key: str) -> Outcome:
+    return await dispatch.run(Action("copy", key, await src.head(key), None, "new"))
+
+
+def test_an_action_comes_back_as_a_record_to_commit_and_its_event() -> None:
+    src, dst = MemoryStore("src"), MemoryStore("dst")
+    data = payload(3 * PART + 5, 1)
+    seed(src, {"big.bin": data, "small.bin": b"small"})
+    journal, events = Journal(), list[Event]()
+
+    async def run() -> list[Outcome]:
+        dispatch = _dispatch(src, dst, journal, events)
+        return [await _copy(dispatch, src, "big.bin"), await _copy(dispatch, src, "small.bin")]
+
+    big, small = asyncio.run(run())
+    assert contents(dst) == {"big.bin": data, "small.bin": b"small"}
+    for outcome, key, size in ((big, "big.bin", len(data)), (small, "small.bin", 5)):
+        assert isinstance(outcome.event, ObjectDone) and outcome.event.result.key == key
+        assert outcome.record is not None and outcome.record.key == key
+        assert outcome.record.dst_size == size and outcome.record.block_hashes
+    assert [c[0] for c in journal.calls] == ["begin", "part", "part", "part", "part"]
+    assert sum(e.nbytes for e in events if isinstance(e, BytesMoved)) == len(data) + 5
+
+
+def test_an_upload_the_journal_names_is_resumed_from_its_parts() -> None:
+    src, dst = MemoryStore("src"), MemoryStore("dst")
+    data = payload(4 * PART, 2)
+    seed(src, {"big.bin": data})
+    journal, events = Journal(), list[Event]()
+
+    async def stopped_after_two_parts() -> Outcome:
+        stop = asyncio.Event()
+        second = Rule("put_part", phase="after", nth=2, action=lambda _: stop.set())
+        dispatch = _dispatch(src, faulty(dst, Faults([second])), journal, events, stop=stop)
+        return await _copy(dispatch, src, "big.bin")
+
+    first = asyncio.run(stopped_after_two_parts())
+    assert first.interrupted and first.record is None
+    assert [c[0] for c in journal.calls] == ["begin", "part", "part"]
+    assert contents(dst) == {}
+
+    sent: list[Call] = []
+    counted = Rule("put_part", phase="before", times=None, action=sent.append)
+
+    async def resumed() -> Outcome:
+        dispatch = _dispatch(src, faulty(dst, Faults([counted])), journal, events, journal.open)
+        return await _copy(dispatch, src, "big.bin")
+
+    second = asyncio.run(resumed())
+    assert isinstance(second.event, ObjectDone) and contents(dst) == {"big.bin": data}
+    assert second.record is not None and second.record.dst_size == len(data)
+    assert len(sent) == 2, "only the two parts the journal did not name were sent"
+    assert second.event.result.bytes_sent == 2 * PART
