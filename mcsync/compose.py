@@ -66,7 +66,7 @@ class DeltaSender:
     emit: Callable[[Event], None]
     known: Holdings | None = None  # told of an object composed from that went away
     refused: bool = False  # the target refused a ranged part copy: no more deltas this run
-    _stage_creates: set[asyncio.Future[Upload]] = field(default_factory=set)
+    _stage_creates: set[asyncio.Future[PartCopyUpload]] = field(default_factory=set)
 
     async def send(self, action: Action, src: ObjectInfo, found: DeltaFound,
                    prior: OpenUpload | None, uploads: Uploads, send_part: MovePart, *,

@@ -269,7 +269,7 @@ class Manifest:
                     raise sqlite3.DatabaseError(f"quick_check: {verdict}")
             db.executescript(SCHEMA + INDEX_SCHEMA)
             meta = dict(db.execute("SELECT k, v FROM meta").fetchall())
-            version = meta.get("schema_version")
+            version = str(meta.get("schema_version", ""))  # checked below before use
             if not meta:
                 db.executemany("INSERT INTO meta VALUES (?, ?)", [
                     ("schema_version", str(SCHEMA_VERSION)), ("src", self.src_url),

@@ -108,7 +108,7 @@ async def scan_cdc(store: ReadStore, info: ObjectInfo, limits: Limits,
         carry = b""  # the bytes after the last boundary found, cut again with the next window
         base = 0  # object offset of carry[0]
         read_pos = 0
-        ahead: asyncio.Task[bytes] | None = None
+        ahead: asyncio.Task[Buffer] | None = None
         if size:
             ahead = asyncio.create_task(read(0))
         try:
@@ -119,7 +119,8 @@ async def scan_cdc(store: ReadStore, info: ObjectInfo, limits: Limits,
                 read_pos += len(data)
                 ahead = asyncio.create_task(read(read_pos)) if read_pos < size else None
                 # One copy of the window, only when a carry must precede it.
-                buf: Buffer = memoryview(data) if not carry else b"".join((carry, data))
+                buf: bytes | memoryview = (memoryview(data) if not carry
+                                           else b"".join((carry, data)))
                 eof = read_pos >= size
                 lengths = await asyncio.to_thread(cdc_cut, buf, eof=eof)
                 cut = []

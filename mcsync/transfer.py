@@ -361,7 +361,7 @@ class _PartSender:
                 ref = upload.part_written(spec.number, rng.length)
             elif isinstance(self.store, ReadsInto):  # into a buffer of the run's, reused
                 with self.limits.buffers.lent(rng.length) as buf:
-                    data = await self.store.read_into(self.key, rng, buf, expect=self.src)
+                    data: Buffer = await self.store.read_into(self.key, rng, buf, expect=self.src)
                     ref, pieces = await self._send(spec, upload, data, chunks)
                     del data
             else:

@@ -15,10 +15,10 @@ from .errors import MCSyncError, NotFound
 from .limits import Limits
 from .manifest import ManifestEntry
 from .scan import scan_chunks
-from .stores.base import Store
+from .stores.base import ReadStore
 
 
-async def verify_entries(dst: Store, entries: Iterator[ManifestEntry], limits: Limits,
+async def verify_entries(dst: ReadStore, entries: Iterator[ManifestEntry], limits: Limits,
                          *, selects: Callable[[str], bool] = lambda key: True,
                          ) -> tuple[int, list[tuple[str, str]]]:
     """How many recorded objects were checked, and (key, problem) for every one the target
@@ -49,7 +49,7 @@ async def verify_entries(dst: Store, entries: Iterator[ManifestEntry], limits: L
     return checked, sorted(problems)
 
 
-async def verify_one(dst: Store, entry: ManifestEntry, limits: Limits) -> str | None:
+async def verify_one(dst: ReadStore, entry: ManifestEntry, limits: Limits) -> str | None:
     try:
         async with limits.requests:
             there = await dst.head(entry.key)

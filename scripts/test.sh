@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lint and test mcsync: creates .venv in the repo root if missing, installs the package with its
-# test extras (from PyPI) and the test servers of package.json (from npm: Azurite), runs ruff,
-# then pytest with any arguments given here.
+# test extras (from PyPI) and the test servers of package.json (from npm: Azurite), runs ruff
+# and mypy --strict (over mcsync/), then pytest with any arguments given here.
 #   bash scripts/test.sh                      # everything
 #   bash scripts/test.sh tests/unit -x        # arguments go to pytest
 set -euo pipefail
@@ -34,5 +34,6 @@ for p in mcsync testbed tests benchmarks scripts; do
     [[ -e "$p" ]] && lint_paths+=("$p")
 done
 "$venv/bin/ruff" check "${lint_paths[@]}"
+"$venv/bin/mypy" mcsync  # strict: [tool.mypy] in pyproject.toml
 
 exec "$venv/bin/pytest" -q "$@"
