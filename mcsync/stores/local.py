@@ -12,14 +12,12 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import secrets
 import stat
-import threading
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import ConfigError, NotFound, Permanent, PreconditionFailed, UnsafeKey
+from ..errors import ConfigError, NotFound, Permanent, PreconditionFailed
 from ..types import LOCAL_DISK, ByteRange, Capabilities, ObjectInfo
 from .base import Buffer, CheckMode
 from .local_files import (
@@ -32,18 +30,17 @@ from .local_files import (
     preadinto_exact,
     publish,
     pwrite_all,
-    raw_name,
     tmp_name,
     write_nameless,
 )
+from .local_paths import RootedPaths, is_tmp_name
 
 T = TypeVar("T")
 
 # Exactly the names mcsync gives its hidden files: "." + up to 100 bytes of the file's name +
-# TMP_MARK + 12 hex digits (``_tmp_name``), or the write probe's 8 (``check``). Only these are
+# TMP_MARK + 12 hex digits (``tmp_name``), or the case probe's 8 (``local_paths``). Only these are
 # ever swept (``sweep_temp_files``).
 _TMP_NAME = re.compile(r"\..*" + re.escape(TMP_MARK) + r"[0-9a-f]{8}(?:[0-9a-f]{4})?", re.S)
-NAME_MAX = 255  # bytes in one file name: Linux's limit on every common filesystem
 _LIST_BATCH = 256  # entries handed from the walker thread to the event loop at a time
 # Files up to this size are read and written on the event loop's thread when the root is on a
 # local filesystem: there open + write + rename cost less than handing the work to a worker
@@ -54,15 +51,6 @@ _LIST_BATCH = 256  # entries handed from the walker thread to the event loop at 
 _INLINE_MAX = 256 * 1024
 _LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs",
                                 "zfs", "bcachefs", "overlay", "ramfs", "jfs", "reiserfs"})
-
-
-def _is_tmp(name: str) -> bool:
-    return name.startswith(".") and TMP_MARK in name
-
-
-def _inside(path: str, root: str) -> bool:
-    """Is the resolved ``path`` under the resolved directory ``root`` (not root itself)?"""
-    return path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 class LocalStore:
@@ -84,21 +72,7 @@ class LocalStore:
         self._inline_max = _INLINE_MAX if fs in _LOCAL_FILESYSTEMS else 0
         # Hidden files this store is writing now (their paths): never swept.
         self._in_flight: set[str] = set()
-        # Whether the root's filesystem tells names apart by case (not an SMB or vfat mount,
-        # a casefolded ext4 directory: there two names that differ only by case would be one
-        # file), found by a probe before the first file is written (``_folds_names``).
-        # ``_names`` holds, per directory, the names in it by their casefold (filled as
-        # directories are first written to), under ``_names_lock``.
-        self._fold_case: bool | None = None
-        self._names: dict[str, dict[str, str]] = {}
-        self._names_lock = threading.Lock()
-        # Directories this store made or found, each checked to resolve inside the root: the
-        # next file there skips the check (three ``realpath`` walks, a ``mkdir``: most of what
-        # a small file cost; benchmarks/results/2026-12-02-stop-24.md). mcsync makes no
-        # symlinks, so a checked directory stays
-        # inside; one a delete removed is dropped, one removed behind our back is checked
-        # again when a file cannot be created in it.
-        self._checked_dirs: set[str] = set()
+        self._paths = RootedPaths(self.root)  # keys as paths, directories checked
         # New whole files are written nameless and linked into place (``put``) until the
         # filesystem turns out to make no nameless files.
         self._nameless = True
@@ -112,125 +86,25 @@ class LocalStore:
     # -- keys -------------------------------------------------------------------------------
 
     def path_for(self, key: str) -> Path:
-        """The filesystem path of ``key``; raises UnsafeKey for anything that could escape,
-        and for names no filesystem holds (over 255 bytes) or that are not text."""
-        if not key or "\x00" in key:
-            raise UnsafeKey(f"{key!r}: empty key or NUL byte")
-        if key.startswith("/"):
-            raise UnsafeKey(f"{key!r}: absolute path")
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError:  # a file name of bytes that are not UTF-8 (os.fsdecode)
-            raise UnsafeKey(f"{key!r}: not valid UTF-8 (a file name of the bytes "
-                            f"{raw_name(key)!r}: rename it)") from None
-        parts = key.split("/")
-        if key.endswith("/") and all(p not in ("", ".", "..") for p in parts[:-1]):
-            raise UnsafeKey(f"{key!r}: ends with '/' (an S3 directory marker): a file system "
-                            "holds no file of that name")
-        if any(p in ("", ".", "..") for p in parts):
-            raise UnsafeKey(f"{key!r}: '.', '..' or empty path component")
-        if any(_is_tmp(p) for p in parts):
-            raise UnsafeKey(f"{key!r}: collides with mcsync's temporary file names")
-        for p in parts:
-            if len(p.encode()) > NAME_MAX:
-                raise UnsafeKey(f"{key!r}: the name {p[:40]!r}... is {len(p.encode())} bytes; "
-                                f"a file name holds at most {NAME_MAX}")
-        return self.root.joinpath(*parts)
+        """The filesystem path of ``key`` (``RootedPaths.path_for``)."""
+        return self._paths.path_for(key)
 
     def validate_key(self, key: str) -> None:
-        self.path_for(key)
-
-    def _checked_dir(self, path: Path, key: str) -> Path:
-        """Create the parent directory and make sure it resolves inside the root: the nearest
-        directory that exists is checked *before* anything is created, so a symlink inside
-        the root that points outside it never gets a directory made at its far end."""
-        parent = path.parent
-        if str(parent) not in self._checked_dirs:
-            self._check_dir(path, key)
-        elif self._folds_names():
-            self._claim_name(path, key)
-        return parent
-
-    def _checked_parent(self, path: Path, key: str) -> Path:
-        """``_checked_dir``, and ``path`` itself is no symlink (a file never replaces one)."""
-        parent = self._checked_dir(path, key)
-        if os.path.islink(path):
-            raise UnsafeKey(f"{key!r}: target is a symlink")
-        return parent
-
-    def _check_dir(self, path: Path, key: str) -> None:
-        """Make the directory of ``path`` (and its parents) and check that it resolves inside
-        the root."""
-        parent = path.parent
-        real_root = os.path.realpath(self.root)
-        existing = parent
-        while not existing.exists() and existing != self.root and existing != existing.parent:
-            existing = existing.parent
-        if existing.exists() and not self._resolves_inside(existing, real_root):
-            raise UnsafeKey(f"{key!r}: resolves outside the target root (symlink)")
-        if self._folds_names():
-            self._claim_name(path, key)
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise UnsafeKey(f"{key!r}: {self._blocking_file(parent)!r} is a file at the target, "
-                            "so it cannot also be a directory") from None
-        if not self._resolves_inside(parent, real_root):
-            raise UnsafeKey(f"{key!r}: resolves outside the target root (symlink)")
-        self._checked_dirs.add(str(parent))
-
-    def _resolves_inside(self, directory: Path, real_root: str) -> bool:
-        real = os.path.realpath(directory)
-        return real == real_root or _inside(real, real_root)
-
-    def _blocking_file(self, parent: Path) -> str:
-        """The key of the first file on the way to ``parent`` (which mkdir refused)."""
-        for p in reversed([parent, *parent.parents]):
-            if p == self.root or self.root not in p.parents:
-                continue
-            if p.exists() and not p.is_dir():
-                return p.relative_to(self.root).as_posix()
-        return parent.relative_to(self.root).as_posix()
-
-    def _claim_name(self, path: Path, key: str) -> None:
-        """On a filesystem that folds case: refuse ``key`` when one of its names (directories
-        and file) differs only by case from a name its directory already holds, or that this
-        store wrote this run; else note its names. A file written there would silently
-        replace (or land in) the other one. Blocking."""
-        rel = path.relative_to(self.root).parts
-        with self._names_lock:
-            directory = self.root
-            for i, name in enumerate(rel):
-                names = self._names.get(str(directory))
-                if names is None:
-                    try:
-                        listed = os.listdir(directory)
-                    except (FileNotFoundError, NotADirectoryError):
-                        listed = []
-                    names = {n.casefold(): n for n in listed if not _is_tmp(n)}
-                    self._names[str(directory)] = names
-                other = names.setdefault(name.casefold(), name)
-                if other != name:
-                    where = "/".join((*rel[:i], other))
-                    raise UnsafeKey(f"{key!r}: the target holds {where!r}, whose name differs "
-                                    "only by case, and its file system does not tell them "
-                                    "apart")
-                directory = directory / name
+        self._paths.path_for(key)
 
     def _hidden_file(self, path: Path, key: str, flags: int,
                      first: Callable[[int], None]) -> tuple[Path, int]:
         """A new hidden temporary file beside ``path`` (its directory made and checked to be
         inside the root), opened with ``flags``, after ``first(fd)``; nothing is left behind
         when that fails. Blocking."""
-        parent = self._checked_parent(path, key)
+        parent = self._paths.checked_parent(path, key)
         tmp = parent / tmp_name(path.name)
         self._in_flight.add(str(tmp))  # before it exists: a sweep never sees it unclaimed
         try:
             try:
                 fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o644)
             except FileNotFoundError:  # its directory was removed since it was checked
-                self._checked_dirs.discard(str(parent))
-                self._check_dir(path, key)
+                self._paths.recheck_dir(path, key)
                 fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:  # named by the directory that refused, not the hidden name
             self._in_flight.discard(str(tmp))
@@ -249,13 +123,12 @@ class LocalStore:
     def _nameless_file(self, path: Path, key: str) -> int | None:
         """A nameless file in the checked directory of ``path`` (``nameless_file``), or None
         where the filesystem makes none. Blocking."""
-        parent = self._checked_dir(path, key)
+        parent = self._paths.checked_dir(path, key)
         try:
             try:
                 return nameless_file(parent)
             except FileNotFoundError:  # its directory was removed since it was checked
-                self._checked_dirs.discard(str(parent))
-                self._check_dir(path, key)
+                self._paths.recheck_dir(path, key)
                 return nameless_file(parent)
         except OSError as exc:  # named by the directory that refused
             raise OSError(exc.errno, exc.strerror, str(parent)) from None
@@ -318,7 +191,7 @@ class LocalStore:
             with os.scandir(directory) as it:
                 for e in it:
                     name = e.name
-                    if _is_tmp(name):
+                    if is_tmp_name(name):
                         continue
                     if e.is_dir(follow_symlinks=False):
                         names.append(name + "/")
@@ -469,7 +342,7 @@ class LocalStore:
     ) -> LocalUpload | None:
         path = self.path_for(key)
         tmp = Path(upload_id)
-        if tmp.parent != path.parent or not _is_tmp(tmp.name):
+        if tmp.parent != path.parent or not is_tmp_name(tmp.name):
             return None  # not one of ours for this key: never reopen an arbitrary path
 
         def reopen() -> LocalUpload | None:
@@ -489,7 +362,7 @@ class LocalStore:
 
     async def abort_upload(self, key: str, upload_id: str) -> None:
         tmp = Path(upload_id)
-        if tmp.parent == self.path_for(key).parent and _is_tmp(tmp.name):
+        if tmp.parent == self.path_for(key).parent and is_tmp_name(tmp.name):
             await asyncio.to_thread(tmp.unlink, missing_ok=True)
 
     async def delete(self, key: str) -> None:
@@ -507,7 +380,7 @@ class LocalStore:
                     parent.rmdir()
                 except OSError:
                     break
-                self._checked_dirs.discard(str(parent))
+                self._paths.forget_dir(parent)
                 parent = parent.parent
 
         await asyncio.to_thread(remove)
@@ -541,32 +414,12 @@ class LocalStore:
             if not self.root.is_dir():
                 raise ConfigError(f"{self.url}: not a directory")
             try:
-                self._folds_names()  # the probe a first write would make: a file in the root
+                self._paths.folds_names()  # the probe a first write would make: a file in the root
             except OSError as exc:
                 raise ConfigError(
                     f"{self.url}: directory is not writable: {exc.strerror}") from None
 
         await asyncio.to_thread(probe)
-
-    def _folds_names(self) -> bool:
-        """Whether the root's filesystem finds a file by another case of its name: a probe
-        file in the root, made once (blocking), before the first file is written."""
-        if self._fold_case is None:
-            with self._names_lock:
-                if self._fold_case is None:
-                    self.root.mkdir(parents=True, exist_ok=True)
-                    probe = self.root / f".probe{TMP_MARK}{secrets.token_hex(4)}"
-                    probe.touch(exist_ok=False)
-                    try:
-                        self._fold_case = self._folds_case(probe)
-                    finally:
-                        probe.unlink()
-        return self._fold_case
-
-    @staticmethod
-    def _folds_case(probe: Path) -> bool:
-        """Does the filesystem of ``probe`` (a file just made) find it by another case?"""
-        return probe.with_name(probe.name.upper()).exists()
 
     async def aclose(self) -> None:
         pass

@@ -577,9 +577,9 @@ def case_insensitive_target(monkeypatch):
     """Local targets that report a filesystem which folds case (vfat, SMB, a casefolded ext4
     directory; this sandbox can mount none). What is simulated is only the answer of the probe
     LocalStore makes before its first write; the names written and refused are real."""
-    from mcsync.stores.local import LocalStore
+    from mcsync.stores.local_paths import RootedPaths
 
-    monkeypatch.setattr(LocalStore, "_folds_case", staticmethod(lambda probe: True))
+    monkeypatch.setattr(RootedPaths, "_folds_case", staticmethod(lambda probe: True))
 
 
 def test_names_differing_only_by_case_on_a_case_insensitive_target(moto, tmp_path,
