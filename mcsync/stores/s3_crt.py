@@ -119,7 +119,9 @@ class CrtClient:
         settings = self._settings
         kwargs: dict[str, Any] = {}
         if self._endpoint.tls:
-            options = io.TlsContextOptions()
+            cert = settings.client_cert
+            options = (io.TlsContextOptions.create_client_with_mtls_from_path(cert.cert, cert.key)
+                       if cert is not None else io.TlsContextOptions())
             if settings.ca_pem is not None:
                 options.override_default_trust_store(settings.ca_pem.encode())
             kwargs["tls_mode"] = s3.S3RequestTlsMode.ENABLED
