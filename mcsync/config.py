@@ -42,6 +42,9 @@ class StoreOptions:
 
     endpoint_url: str | None = None  # for s3:// (meta:// has its own, see stores.registry)
     profile: str | None = None  # AWS profile, for s3://
+    # PEM files presented in every TLS handshake (mutual TLS), for s3:// (meta://: its own)
+    client_cert: str | None = None
+    client_key: str | None = None  # None: in client_cert's file
     max_connections: int | None = None  # None: the run's concurrency (128 for a store alone)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
@@ -64,6 +67,8 @@ class SyncOptions:
     # For s3:// addresses on both sides (--endpoint-url, --profile), unless a side has its own:
     endpoint_url: str | None = None  # (meta:// has its own, see stores.registry)
     profile: str | None = None
+    client_cert: str | None = None  # --client-cert, --client-key (see StoreOptions)
+    client_key: str | None = None
     # One side's store options, for an address the run opens: an s3:// source on AWS and an
     # s3:// target on another endpoint in one run. A side given them ignores the two above.
     source: StoreOptions | None = None
@@ -125,6 +130,7 @@ class SyncOptions:
         given = self.source if side == "source" else self.target
         if given is None:
             return StoreOptions(endpoint_url=self.endpoint_url, profile=self.profile,
+                                client_cert=self.client_cert, client_key=self.client_key,
                                 max_connections=self.concurrency)
         if given.max_connections is None:
             return dataclasses.replace(given, max_connections=self.concurrency)
