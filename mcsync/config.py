@@ -42,11 +42,11 @@ class StoreOptions:
 
     endpoint_url: str | None = None  # for s3:// (meta:// has its own, see stores.registry)
     profile: str | None = None  # AWS profile, for s3://
+    max_connections: int | None = None  # None: the run's concurrency (128 for a store alone)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
     # PEM files presented in every TLS handshake (mutual TLS), for s3:// (meta://: its own)
     client_cert: str | None = None
     client_key: str | None = None  # None: in client_cert's file
-    max_connections: int | None = None  # None: the run's concurrency (128 for a store alone)
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +67,6 @@ class SyncOptions:
     # For s3:// addresses on both sides (--endpoint-url, --profile), unless a side has its own:
     endpoint_url: str | None = None  # (meta:// has its own, see stores.registry)
     profile: str | None = None
-    client_cert: str | None = None  # --client-cert, --client-key (see StoreOptions)
-    client_key: str | None = None
     # One side's store options, for an address the run opens: an s3:// source on AWS and an
     # s3:// target on another endpoint in one run. A side given them ignores the two above.
     source: StoreOptions | None = None
@@ -98,6 +96,10 @@ class SyncOptions:
     # ("08:00,100MiB 20:00,off"; --bwlimit; None: no cap). See mcsync.ratelimit.
     tps_limit: float | None = None
     bw_limit: str | None = None
+    # For s3:// on both sides unless a side has its own (--client-cert, --client-key; see
+    # StoreOptions): fields last, so that positional uses of the others stay as they were.
+    client_cert: str | None = None
+    client_key: str | None = None
 
     def __post_init__(self) -> None:
         for side in ("source", "target"):
