@@ -1,7 +1,5 @@
-"""Fixtures of the S3 store's own tests.
+"""Fixtures of the S3 store's own tests (``mtls_pki``: tests/conftest.py).
 
-* ``mtls_pki`` -- a throwaway CA (``testbed.tls.Authority``), a client certificate it issued
-  (``client``) and one of another CA (``stranger``), for the whole session.
 * ``mtls_proxy`` -- a ``testbed.tlsproxy.TlsProxy`` (per test) serving SeaweedFS's S3 over
   https and requiring a client certificate of that CA; ``mtls_endpoint`` is its address with
   SeaweedFS's keys, the CA as bundle and the client certificate (``meta_env()``,
@@ -12,27 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 from testbed.servers import S3Endpoint
-from testbed.tls import Authority, KeyPair
 from testbed.tlsproxy import TlsProxy
 
-
-@dataclass(frozen=True)
-class MtlsFiles:
-    ca: Authority
-    client: KeyPair
-    stranger: KeyPair  # issued by another CA: the proxy refuses it
-
-
-@pytest.fixture(scope="session")
-def mtls_pki(tmp_path_factory: pytest.TempPathFactory) -> MtlsFiles:
-    ca = Authority(tmp_path_factory.mktemp("mtls-ca"))
-    other = Authority(tmp_path_factory.mktemp("mtls-other-ca"), name="another CA")
-    return MtlsFiles(ca, ca.client(), other.client("stranger"))
+from ...conftest import MtlsFiles
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from mcsync.stores.s3_clients import ClientCert
 from testbed.servers import S3Endpoint
 from testbed.tlsproxy import TlsProxy
 
+from ...conftest import MtlsFiles
 from ...integration.helpers import new_bucket, payload, read_bucket, read_tree, run_cli, write_tree
-from .conftest import MtlsFiles
 
 MiB = 1 << 20
 # 30 objects: three in parts (5 MiB parts), the rest one request each.
