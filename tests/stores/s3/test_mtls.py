@@ -285,3 +285,42 @@ async def test_with_a_certificate_obstore_sends_nothing(
         await store.aclose()
     assert read_bucket(seaweed, bucket, "p/") == {"big": payload(6 * MiB, 7),
                                                   "big-copy": payload(6 * MiB, 7)}
+
+
+def test_the_library_takes_the_certificate_as_options(
+        seaweed: S3Endpoint, mtls_endpoint: S3Endpoint, mtls_pki: MtlsFiles,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import mcsync
+
+    write_tree(tmp_path / "src", OBJECTS)
+    bucket = new_bucket(seaweed)
+    for name, value in mtls_endpoint.aws_env().items():
+        monkeypatch.setenv(name, value)
+    report = mcsync.sync(str(tmp_path / "src"), f"s3://{bucket}/", part_size=5 * MiB,
+                         client_cert=str(mtls_pki.client.cert),
+                         client_key=str(mtls_pki.client.key))
+    assert report.exit_code == 0 and report.objects_copied == len(OBJECTS)
+    assert read_bucket(seaweed, bucket) == OBJECTS
+
+
+async def test_a_check_with_fewer_tries_has_a_client_of_its_own(
+        seaweed: S3Endpoint, mtls_endpoint: S3Endpoint, mtls_pki: MtlsFiles) -> None:
+    """Checks retry less than requests (``preflight_attempts``): with a certificate, botocore's
+    check client is then a second one, presenting it as well."""
+    from mcsync.retry import RetryPolicy
+    from mcsync.stores.s3 import S3Credentials, S3Store
+
+    bucket = new_bucket(seaweed)
+    ep = mtls_endpoint
+    store = S3Store(scheme="meta", bucket=bucket, prefix="", endpoint_url=ep.url,
+                    credentials=S3Credentials(ep.access_key, ep.secret_key),
+                    retry=RetryPolicy(sdk_attempts=5, preflight_attempts=2),
+                    ca_bundle=ep.ca_bundle, client_cert=str(mtls_pki.client.cert),
+                    client_key=str(mtls_pki.client.key))
+    try:
+        await store.check(mode="write")
+        clients = store._clients
+        assert clients._check_botocore is not None
+        assert clients._check_botocore is not clients._botocore
+    finally:
+        await store.aclose()
