@@ -324,3 +324,28 @@ async def test_a_check_with_fewer_tries_has_a_client_of_its_own(
         assert clients._check_botocore is not clients._botocore
     finally:
         await store.aclose()
+
+
+def test_a_meta_profile_names_the_certificate(
+        seaweed: S3Endpoint, mtls_endpoint: S3Endpoint, mtls_pki: MtlsFiles,
+        tmp_path: Path) -> None:
+    """``client_cert`` / ``client_key`` in ``[meta.NAME]``; the variables win over the file."""
+    ep = mtls_endpoint
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[meta.onprem]\nendpoint_url = "{ep.url}"\naccess_key_id = "{ep.access_key}"\n'
+        f'secret_access_key = "{ep.secret_key}"\nca_bundle = "{ep.ca_bundle}"\n'
+        f'client_cert = "{mtls_pki.stranger.cert}"\nclient_key = "{mtls_pki.stranger.key}"\n')
+    write_tree(tmp_path / "src", {"a.bin": b"profile"})
+    bucket = new_bucket(seaweed)
+    env: dict[str, str | None] = {"MCSYNC_CONFIG": str(config), "MCSYNC_META_PROFILE": "onprem"}
+    refused = run_cli("sync", str(tmp_path / "src"), f"meta://{bucket}/", env=env)
+    assert refused.exit_code == 2 and "(unknown ca)" in refused.output, refused.output
+    config.write_text(config.read_text().replace(str(mtls_pki.stranger.cert),
+                                                 str(mtls_pki.client.cert)).replace(
+        str(mtls_pki.stranger.key), str(mtls_pki.client.key)))
+    _sync(str(tmp_path / "src"), f"meta://{bucket}/", env=env)
+    assert read_bucket(seaweed, bucket) == {"a.bin": b"profile"}
+    env["MCSYNC_META_CLIENT_KEY"] = str(tmp_path / "nowhere.key")  # the variable wins
+    result = run_cli("sync", str(tmp_path / "src"), f"meta://{bucket}/", env=env)
+    assert result.exit_code == 2 and "nowhere.key" in result.output
