@@ -44,6 +44,9 @@ class StoreOptions:
     profile: str | None = None  # AWS profile, for s3://
     max_connections: int | None = None  # None: the run's concurrency (128 for a store alone)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # PEM files presented in every TLS handshake (mutual TLS), for s3:// (meta://: its own)
+    client_cert: str | None = None
+    client_key: str | None = None  # None: in client_cert's file
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,10 @@ class SyncOptions:
     # ("08:00,100MiB 20:00,off"; --bwlimit; None: no cap). See mcsync.ratelimit.
     tps_limit: float | None = None
     bw_limit: str | None = None
+    # For s3:// on both sides unless a side has its own (--client-cert, --client-key; see
+    # StoreOptions): fields last, so that positional uses of the others stay as they were.
+    client_cert: str | None = None
+    client_key: str | None = None
 
     def __post_init__(self) -> None:
         for side in ("source", "target"):
@@ -125,6 +132,7 @@ class SyncOptions:
         given = self.source if side == "source" else self.target
         if given is None:
             return StoreOptions(endpoint_url=self.endpoint_url, profile=self.profile,
+                                client_cert=self.client_cert, client_key=self.client_key,
                                 max_connections=self.concurrency)
         if given.max_connections is None:
             return dataclasses.replace(given, max_connections=self.concurrency)

@@ -80,8 +80,8 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
     and nothing at the target."""
     stop = stop or asyncio.Event()
     async with contextlib.AsyncExitStack() as opened:
-        source = await _store(src, options, opened)
-        target = await _store(dst, options, opened)
+        source = await _store(src, options.store_options("source"), opened)
+        target = await _store(dst, options.store_options("target"), opened)
         # Every request of the run, the checks and the lock's among them, goes through one
         # retry layer; a watch wraps its stores once, for all its cycles.
         pacing = pacing_of(source) or pacing_of(target) or Pacing.for_options(options)
@@ -133,20 +133,15 @@ def pair_lock(source: ReadStore, target: Store, options: SyncOptions, *,
                     target_lock_key(source, target), held=held)
 
 
-async def _store(where: str | ReadStore, options: SyncOptions,
+async def _store(where: str | ReadStore, options: StoreOptions,
                  opened: contextlib.AsyncExitStack) -> ReadStore:
-    """The store for an address (opened here, closed when the run ends), or the one given."""
+    """The store for an address (opened here with its side's ``options``, closed when the run
+    ends), or the one given."""
     if not isinstance(where, str):
         return where
-    store = open_store(where, store_options(options))
+    store = open_store(where, options)
     opened.push_async_callback(close_quietly, store)
     return store
-
-
-def store_options(options: SyncOptions) -> StoreOptions:
-    """What of a run's options a store opened for it is told."""
-    return StoreOptions(endpoint_url=options.endpoint_url, profile=options.profile,
-                        max_connections=options.concurrency)
 
 
 async def close_quietly(store: ReadStore) -> None:

@@ -76,6 +76,8 @@ class S3Endpoint:
     secret_key: str = field(repr=False)
     region: str = "us-east-1"
     ca_bundle: str | None = None  # https: the PEM file of the CA its certificate chains to
+    # mutual TLS: the (certificate, key) PEM files every client presents
+    client_cert: tuple[str, str] | None = None
 
     def client(self, **config: Any) -> Any:
         """A new synchronous botocore S3 client for this endpoint (path-style addressing).
@@ -96,6 +98,7 @@ class S3Endpoint:
             "request_checksum_calculation": "when_required",
             "response_checksum_validation": "when_required",
             "proxies": {},  # loopback: never through an http_proxy from the environment
+            "client_cert": self.client_cert,
         }
         options.update(config)
         session = _botocore_session()
@@ -160,7 +163,9 @@ class S3Endpoint:
             "MCSYNC_META_ACCESS_KEY_ID": self.access_key,
             "MCSYNC_META_SECRET_ACCESS_KEY": self.secret_key,
             "MCSYNC_META_REGION": self.region,
-        } | ({"MCSYNC_META_CA_BUNDLE": self.ca_bundle} if self.ca_bundle else {})
+        } | ({"MCSYNC_META_CA_BUNDLE": self.ca_bundle} if self.ca_bundle else {}) | (
+            {"MCSYNC_META_CLIENT_CERT": self.client_cert[0],
+             "MCSYNC_META_CLIENT_KEY": self.client_cert[1]} if self.client_cert else {})
 
 
 _SESSION_LOCK = threading.RLock()

@@ -11,6 +11,11 @@ Servers (session-scoped, started on first use, stopped at the end of the run):
   rules yet, seed 0) in front of that server; ``proxy.endpoint`` is an ``S3Endpoint`` at the
   proxy with the server's keys, so ``meta_env()``, ``aws_env()`` and ``client()`` go through it.
   Create buckets on the server itself (``bucket_factory(seaweed)``), not through the proxy.
+* ``mtls_pki``  -- a throwaway CA (``testbed.tls.Authority``), a client certificate it issued
+  (``client``) and one of another CA (``stranger``). ``seaweed_mtls``: a
+  ``testbed.tlsproxy.TlsProxy`` serving ``seaweed`` over https that requires a certificate of
+  that CA; its ``endpoint`` (with the client certificate) goes through it. Per test, with
+  fresh records of its handshakes: ``mtls_proxy`` (tests/stores/s3/conftest.py).
 * ``gcs``       -- the GCS emulator (``testbed.gcs``); its URL. ``gcs_bucket``: a fresh,
   uniquely named bucket in it. (tests/stores/gcs/conftest.py keeps the gs:// tests' own
   fixtures.)
@@ -38,6 +43,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -46,6 +52,8 @@ from testbed.azurite import AzuriteEndpoint
 from testbed.azurite import azurite as run_azurite
 from testbed.faultproxy import FaultProxy
 from testbed.servers import S3Endpoint, moto_server, seaweedfs
+from testbed.tls import Authority, KeyPair
+from testbed.tlsproxy import TlsProxy
 
 # --------------------------------------------------------------------------------------------
 # Async tests
@@ -117,6 +125,27 @@ def seaweed_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
         secret_key="mcsync-test-b-secret",
     ) as endpoint:
         yield endpoint
+
+
+@dataclass(frozen=True)
+class MtlsFiles:
+    ca: Authority
+    client: KeyPair
+    stranger: KeyPair  # issued by another CA: the proxy refuses it
+
+
+@pytest.fixture(scope="session")
+def mtls_pki(tmp_path_factory: pytest.TempPathFactory) -> MtlsFiles:
+    ca = Authority(tmp_path_factory.mktemp("mtls-ca"))
+    other = Authority(tmp_path_factory.mktemp("mtls-other-ca"), name="another CA")
+    return MtlsFiles(ca, ca.client(), other.client("stranger"))
+
+
+@pytest.fixture(scope="session")
+def seaweed_mtls(seaweed: S3Endpoint, mtls_pki: MtlsFiles) -> Iterator[TlsProxy]:
+    server = mtls_pki.ca.server("session-")
+    with TlsProxy(seaweed, server=server, ca=mtls_pki.ca.ca).running() as proxy:
+        yield proxy
 
 
 @pytest.fixture(scope="session")

@@ -97,6 +97,22 @@ RATE = _Parsed("rate", _rate)
 ADDR = _Parsed("host:port", _addr, tuple)
 
 
+_client_cert_options = (
+    click.option("--client-cert", default=None, metavar="PEM",
+                 help="Client certificate for s3:// over https (mutual TLS), presented by every "
+                      "request (meta://: MCSYNC_META_CLIENT_CERT)."),
+    click.option("--client-key", default=None, metavar="PEM",
+                 help="The client certificate's private key (default: in --client-cert's "
+                      "file)."),
+)
+
+
+def _client_cert(f: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(_client_cert_options):
+        f = opt(f)
+    return f
+
+
 def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         click.option("--concurrency", "-c", type=click.IntRange(min=1),
@@ -121,6 +137,7 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Endpoint for s3:// (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL "
                           "/ AWS)."),
         click.option("--profile", default=None, help="AWS profile for s3://."),
+        *_client_cert_options,
         click.option("--no-server-side-copy", is_flag=True,
                      help="Move bytes through this client even when both sides share an "
                           "endpoint."),
@@ -245,10 +262,12 @@ def resume(src: str | None, dst: str | None, **kw: Any) -> None:
                    "machine, else the copies kept at DST).")
 @click.option("--endpoint-url", default=None, metavar="URL")
 @click.option("--profile", default=None)
+@_client_cert
 @click.option("--concurrency", "-c", type=click.IntRange(min=1), default=DEFAULT_CONCURRENCY)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def verify(dst: str, manifests: tuple[str, ...], endpoint_url: str | None, profile: str | None,
-           concurrency: int, as_json: bool) -> None:
+           concurrency: int, as_json: bool, client_cert: str | None = None,
+           client_key: str | None = None) -> None:
     """Re-read DST and compare every object mcsync wrote there with the hashes it recorded."""
     import tempfile
 
@@ -258,6 +277,7 @@ def verify(dst: str, manifests: tuple[str, ...], endpoint_url: str | None, profi
         options = SyncOptions(endpoint_url=endpoint_url, profile=profile,
                               concurrency=concurrency)
         store = open_store(dst, StoreOptions(endpoint_url=endpoint_url, profile=profile,
+                                             client_cert=client_cert, client_key=client_key,
                                              max_connections=concurrency))
         try:
             await store.check(mode="read")
@@ -316,15 +336,18 @@ async def _manifests_of(store: Any, tmp: Path) -> list[Path]:
 @click.argument("url")
 @click.option("--endpoint-url", default=None, metavar="URL")
 @click.option("--profile", default=None)
+@_client_cert
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--all", "-a", "show_all", is_flag=True,
               help="Also list mcsync's own state (.mcsync/: manifest copy, lock).")
 def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: bool,
-           show_all: bool) -> None:
+           show_all: bool, client_cert: str | None = None,
+           client_key: str | None = None) -> None:
     """List the objects under URL (size, modification time, key)."""
 
     async def go() -> tuple[int, int]:
-        store = open_store(url, StoreOptions(endpoint_url=endpoint_url, profile=profile))
+        store = open_store(url, StoreOptions(endpoint_url=endpoint_url, profile=profile,
+                                             client_cert=client_cert, client_key=client_key))
         count = total = 0
         try:
             await store.check(mode="read")

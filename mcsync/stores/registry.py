@@ -119,6 +119,7 @@ def open_store(url: str, options: StoreOptions | None = None) -> ReadStore:
             region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
             profile=options.profile, max_connections=connections,
             retry=options.retry, ca_bundle=os.environ.get("AWS_CA_BUNDLE") or None,
+            client_cert=options.client_cert, client_key=options.client_key,
         )
     meta = meta_settings()
     return S3Store(
@@ -131,6 +132,7 @@ def open_store(url: str, options: StoreOptions | None = None) -> ReadStore:
         max_connections=connections, retry=options.retry,
         # botocore reads AWS_CA_BUNDLE whatever the store; meta:// may name its own
         ca_bundle=meta.get("ca_bundle") or os.environ.get("AWS_CA_BUNDLE") or None,
+        client_cert=meta.get("client_cert"), client_key=meta.get("client_key"),
     )
 
 
@@ -146,6 +148,8 @@ def meta_settings(environ: dict[str, str] | None = None,
         region = "us-east-1"
         path_style = true
         ca_bundle = "/etc/ssl/private-ca.pem"   # optional: a private CA (else AWS_CA_BUNDLE)
+        client_cert = "/etc/mcsync/client.pem"  # optional: mutual TLS, with client_key
+        client_key = "/etc/mcsync/client.key"
 
     or, for keys that expire, ``credential_process = "/path/to/command args"`` instead of the
     keys: run as the AWS CLI runs one (its JSON output, renewed before its Expiration).
@@ -178,7 +182,7 @@ def meta_settings(environ: dict[str, str] | None = None,
 
 
 _SETTINGS = ("endpoint_url", "access_key_id", "secret_access_key", "session_token", "region",
-             "path_style", "credential_process", "ca_bundle")
+             "path_style", "credential_process", "ca_bundle", "client_cert", "client_key")
 
 
 def _profile(path: Path, profile: str) -> dict[str, str] | None:

@@ -43,7 +43,7 @@ from ..types import REMOTE, Buffer, ByteRange, Capabilities, ObjectInfo
 from .base import CheckMode, ReadStore
 from .obstore_body import fill, pieces, whole
 from .s3_body import S3CopySource, botocore_body, unquote_etag
-from .s3_clients import S3Credentials
+from .s3_clients import ClientCert, S3Credentials
 from .s3_listing import tree_walk
 from .s3_store_clients import S3Clients
 from .s3_transport import UploadIds
@@ -80,11 +80,19 @@ class S3Store:
         retry: RetryPolicy | None = None,
         ca_bundle: str | None = None,
         crt: bool = True,
+        client_cert: str | None = None,
+        client_key: str | None = None,
     ) -> None:
         """``ca_bundle``: a PEM file of the CAs an https endpoint's certificate may chain
         to (a private CA), trusted by every client. ``crt``: CopyObject and the multipart
         upload requests to an explicit endpoint go through the CRT (``s3_crt``); False:
-        through botocore, as they do without an endpoint or keys."""
+        through botocore, as they do without an endpoint or keys. ``client_cert`` and
+        ``client_key``: PEM files of a certificate and its key that every request over
+        https presents (mutual TLS; the key may be in the certificate's file), checked
+        here, before any request."""
+        if client_key and not client_cert:
+            raise ConfigError(f"client key {client_key}: given without its certificate "
+                              "(--client-cert / client_cert)")
         self.bucket = bucket
         self.prefix = prefix  # "" or ends with "/"
         self.url = f"{scheme}://{bucket}/{prefix}"
@@ -95,7 +103,8 @@ class S3Store:
             url=self.url, bucket=bucket, endpoint_url=endpoint_url, region=region,
             credentials=credentials, credential_process=credential_process, profile=profile,
             path_style=path_style, max_connections=max_connections,
-            retry=retry or RetryPolicy(), ca_bundle=ca_bundle, crt=crt)
+            retry=retry or RetryPolicy(), ca_bundle=ca_bundle, crt=crt,
+            client_cert=ClientCert.read(client_cert, client_key) if client_cert else None)
         # Found out per store, by ``check`` or the first out-of-order key: whether the
         # endpoint lists in byte order (see ``list``).
         self._tree_listing = False

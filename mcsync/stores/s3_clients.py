@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -253,6 +254,65 @@ class _Given:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientCert:
+    """A client certificate and its private key (PEM files) that every request presents in its
+    TLS handshake (mutual TLS). Only the paths are held: each client reads the files itself,
+    and the key's path may be named in errors, its contents never (not in repr either)."""
+
+    cert: str
+    key: str
+
+    @classmethod
+    def read(cls, cert: str, key: str | None) -> ClientCert:
+        """The pair, checked before any request: each file readable and PEM of its kind, and
+        the key the certificate's (``key`` None: a file holding both). ConfigError naming the
+        file otherwise; nothing of the key's contents reaches a message."""
+        import ssl  # the check's alone; every TLS client imports it anyway
+
+        key = key or cert
+        cert_text = _pem_text(cert, "client certificate")
+        if "-----BEGIN CERTIFICATE-----" not in cert_text:
+            raise ConfigError(f"client certificate {cert}: no PEM certificate in it")
+        key_text = cert_text if key == cert else _pem_text(key, "client key")
+        if not re.search(r"-----BEGIN [A-Z ]*PRIVATE KEY-----", key_text):
+            hint = " (give its key with --client-key / client_key)" if key == cert else ""
+            raise ConfigError(f"client key {key}: no PEM private key in it{hint}")
+        if "ENCRYPTED" in key_text:  # PKCS#8 "ENCRYPTED PRIVATE KEY" or "Proc-Type: 4,ENCRYPTED"
+            raise ConfigError(f"client key {key}: encrypted with a passphrase; mcsync needs "
+                              "it unencrypted (readable by this user alone)")
+        del key_text
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        try:
+            # A password callback, so that OpenSSL never prompts on the terminal.
+            context.load_cert_chain(cert, key, password=_no_password)
+        except ssl.SSLError as exc:
+            if exc.reason == "KEY_VALUES_MISMATCH":
+                raise ConfigError(f"client certificate {cert} and key {key} do not match (the "
+                                  "key is not the certificate's)") from None
+            raise ConfigError(f"client certificate {cert} / key {key}: cannot load them "
+                              f"({exc.reason or 'not PEM'})") from None
+        except OSError as exc:  # replaced or removed since it was read above
+            raise ConfigError(f"client certificate {cert} / key {key}: cannot read them "
+                              f"({exc.strerror or type(exc).__name__})") from None
+        return cls(cert, key)
+
+    def __repr__(self) -> str:
+        return f"ClientCert(cert={self.cert!r}, key={self.key!r})"
+
+
+def _pem_text(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="ascii", errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: cannot read it "
+                          f"({exc.strerror or type(exc).__name__})") from None
+
+
+def _no_password() -> bytes:
+    return b""
+
+
+@dataclass(frozen=True, slots=True)
 class ClientSettings:
     bucket: str
     endpoint_url: str | None
@@ -262,6 +322,7 @@ class ClientSettings:
     retry: RetryPolicy
     ca_bundle: str | None = None  # a PEM file of extra CAs to trust (AWS_CA_BUNDLE)
     ca_pem: str | None = None  # its text (``read_ca_bundle``), for obstore
+    client_cert: ClientCert | None = None  # presented in every handshake (mutual TLS)
 
     @property
     def tls(self) -> bool:
@@ -378,6 +439,9 @@ async def open_botocore(settings: ClientSettings, keys: Keys | None,
         # Bodies are s3_body.Body (no copy of a part), a type botocore's validation does not
         # know; the parameters are ours, built in this package, never a user's.
         parameter_validation=False,
+        # Mutual TLS: presented in every handshake (aiohttp's SSL context loads the pair).
+        client_cert=((settings.client_cert.cert, settings.client_cert.key)
+                     if settings.client_cert is not None and settings.tls else None),
     )
     session: AioSession = get_session()
     if profile:

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from ..errors import Transient
+from ..errors import Permanent, Transient
 from ..retry import RetryPolicy
 from ..types import Buffer
 from .s3_body import Body
-from .s3_clients import ClientSettings, Keys, S3Credentials
+from .s3_clients import ClientCert, ClientSettings, Keys, S3Credentials
 from .s3_errors import S3Answered, crt_answer, crt_error
 
 # botocore's read_timeout: a CopyObject answers when the copy is done, so this bounds a copy
@@ -119,11 +120,20 @@ class CrtClient:
         settings = self._settings
         kwargs: dict[str, Any] = {}
         if self._endpoint.tls:
-            options = io.TlsContextOptions()
+            options = (_mtls_options(settings.client_cert) if settings.client_cert is not None
+                       else io.TlsContextOptions())
             if settings.ca_pem is not None:
                 options.override_default_trust_store(settings.ca_pem.encode())
             kwargs["tls_mode"] = s3.S3RequestTlsMode.ENABLED
-            kwargs["tls_connection_options"] = io.ClientTlsContext(options).new_connection_options()
+            try:
+                context = io.ClientTlsContext(options)
+            except RuntimeError as exc:  # AWS_IO_TLS_CTX_ERROR: a pair s2n will not take
+                if settings.client_cert is None:
+                    raise
+                pair = settings.client_cert
+                raise Permanent(f"client certificate {pair.cert} / key {pair.key}: the CRT "
+                                f"cannot use them ({exc})") from None
+            kwargs["tls_connection_options"] = context.new_connection_options()
         else:
             kwargs["tls_mode"] = s3.S3RequestTlsMode.DISABLED
         return s3.S3Client(
@@ -280,6 +290,30 @@ class CrtClient:
         """Let the client go: the CRT shuts it down on its own threads."""
         self._client = None
         self._signed_with = None
+
+
+def _mtls_options(pair: ClientCert) -> Any:
+    """The CRT's TLS options presenting ``pair``. A file holding both the certificate and its
+    key is split (the CRT's PEM reader refuses a certificate file that holds a key): only its
+    blocks go to the CRT, never into a message."""
+    from awscrt import io
+
+    try:
+        if pair.cert != pair.key:
+            return io.TlsContextOptions.create_client_with_mtls_from_path(pair.cert, pair.key)
+        with open(pair.cert, "rb") as f:
+            text = f.read()
+        certs = b"".join(m.group(0) + b"\n" for m in _PEM_BLOCK.finditer(text)
+                         if m.group(1) == b"CERTIFICATE")
+        keys = [m.group(0) + b"\n" for m in _PEM_BLOCK.finditer(text)
+                if m.group(1).endswith(b"PRIVATE KEY")]
+        return io.TlsContextOptions.create_client_with_mtls(certs, keys[0] if keys else b"")
+    except (OSError, RuntimeError) as exc:  # checked when the store was made: changed since
+        raise Permanent(f"client certificate {pair.cert} / key {pair.key}: the CRT cannot "
+                        f"use them ({getattr(exc, 'strerror', None) or exc})") from None
+
+
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z ]+)-----.+?-----END \1-----", re.DOTALL)
 
 
 async def _release(request: Any, done: asyncio.Future[Any]) -> None:

@@ -123,6 +123,36 @@ _BAD_CERTIFICATE = re.compile(
     r"InvalidCertificate\(\s*(\w+)|certificate verify failed: ([^(\]\n]+)")
 
 
+# A TLS alert the endpoint sent in (or right after) the handshake: it refused this client —
+# without a certificate (certificate required), or for the one presented (unknown CA, bad or
+# expired certificate, access denied). rustls's AlertReceived(CertificateRequired) in
+# obstore's debug text, OpenSSL's [SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] in botocore's.
+_REFUSED_HANDSHAKE = re.compile(r"AlertReceived\(\s*(\w+)|_ALERT_([A-Z_]+)\]")
+
+
+def _refused(exc: BaseException, what: str) -> Permanent | None:
+    """The error for a request whose TLS handshake the endpoint refused with an alert: not
+    worth another try (a certificate is configuration). aiohttp's error is the cause of
+    botocore's, so the whole chain is searched."""
+    seen: BaseException | None = exc
+    for _ in range(6):
+        if seen is None:
+            return None
+        found = _REFUSED_HANDSHAKE.search(str(seen))
+        if found is not None:
+            break
+        seen = seen.__cause__ or seen.__context__
+    else:
+        return None
+    if found.group(1):  # CamelCase
+        alert = re.sub(r"(?<!^)(?=[A-Z])", " ", found.group(1)).lower()
+    else:
+        alert = found.group(2).lower().replace("_", " ")
+    return Permanent(f"{what}: the endpoint refused the TLS handshake ({alert}): it wants a "
+                     "client certificate it trusts (--client-cert and --client-key; meta://: "
+                     "MCSYNC_META_CLIENT_CERT and MCSYNC_META_CLIENT_KEY)")
+
+
 def _untrusted(exc: BaseException, what: str) -> Permanent | None:
     """The error for a request whose TLS handshake refused the endpoint's certificate: not
     worth another try (no retry makes it trusted; unreachable, it was retried for minutes
@@ -233,7 +263,7 @@ def translate(exc: BaseException, what: str, bucket: str) -> MCSyncError | None:
         if _BODY_BROKE.search(str(exc)):  # answered, then the connection broke mid-body
             return Transient(f"{what}: the answer broke off: {first_line(exc)}")
         # No S3 answer in it: the request never got one (connection refused, reset, timeout).
-        return _untrusted(exc, what) or Unreachable(
+        return _refused(exc, what) or _untrusted(exc, what) or Unreachable(
             f"{what}: {type(exc).__name__}: {first_line(exc)}")
     boto = sys.modules.get("botocore.exceptions")  # imported only once a request needs it
     if boto is not None:
@@ -242,7 +272,7 @@ def translate(exc: BaseException, what: str, bucket: str) -> MCSyncError | None:
         if isinstance(exc, boto.NoCredentialsError | boto.PartialCredentialsError):
             return AccessDenied(f"{what}: no usable credentials ({type(exc).__name__})")
         if isinstance(exc, boto.ConnectionError | boto.HTTPClientError):
-            return _untrusted(exc, what) or Unreachable(
+            return _refused(exc, what) or _untrusted(exc, what) or Unreachable(
                 f"{what}: connection failed: {type(exc).__name__}")
         if isinstance(exc, boto.BotoCoreError):
             return Permanent(f"{what}: {exc}")

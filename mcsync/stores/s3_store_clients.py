@@ -12,9 +12,12 @@
   access, listings of open uploads, the directory-by-directory listing, and what obstore
   cannot spell.
 
-A condition that changes who may send (a client certificate, which obstore cannot present) is
-one more branch here: ``either``, ``list_flat``, ``probe`` (the check's client) and
-``crt_client`` are the only places that choose; the store and ``S3Upload`` never do.
+With a client certificate (mutual TLS over https) obstore, which cannot present one, sends
+nothing: its requests (listings, GET, HEAD, whole PUT, DELETE, and the check's) go by botocore,
+and the CRT keeps CopyObject and the multipart requests, both presenting the certificate. The
+lock and the manifest's copy at the target are such requests too. ``either``, ``list_flat``,
+``probe`` (the check's client) and ``crt_client`` are the only places that choose; the store
+and ``S3Upload`` never do.
 
 Every client signs with one ``Keys``; a refusal of expired keys asks ``Renewals`` for a forced
 renewal, made before the next request (with a fresh obstore client: obstore keeps a credential
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -41,6 +45,7 @@ from ..retry import RetryPolicy
 from ..types import Buffer, ByteRange, PartRef
 from .s3_body import BodyChecksums, S3CopySource
 from .s3_clients import (
+    ClientCert,
     ClientSettings,
     Keys,
     KeySource,
@@ -83,6 +88,7 @@ class S3Clients:
         retry: RetryPolicy,
         ca_bundle: str | None,
         crt: bool,
+        client_cert: ClientCert | None = None,
     ) -> None:
         self.url = url
         self.bucket = bucket
@@ -101,6 +107,10 @@ class S3Clients:
         self._ca_pem = (read_ca_bundle(ca_bundle) if ca_bundle and uses_tls(endpoint_url)
                         else None)
         self._use_crt = crt
+        # Mutual TLS: presented over https only (plain HTTP has no handshake to present it in).
+        self._client_cert = client_cert if uses_tls(endpoint_url) else None
+        self._check_botocore: Any = None  # the check's, with a client certificate (``probe``)
+        self._check_botocore_cm: Any = None
         self._lock = asyncio.Lock()
         self._botocore_cm: Any = None
         self._botocore: Any = None
@@ -126,9 +136,11 @@ class S3Clients:
                         self._settings(self._region or ""), await self._given_keys(),
                         self._profile)
                     self._keys = keys
-                    if self._obstore is None:
+                    if self._obstore is None and not self.mutual_tls:
                         self._region = region
                         self._obstore = self._make_obstore()
+                    elif self._obstore is None:
+                        self._region = self._region or region
                     self._botocore_cm, self._botocore = cm, client
         return self._botocore
 
@@ -146,15 +158,40 @@ class S3Clients:
                 await self.botocore()
         return self._obstore
 
+    @property
+    def mutual_tls(self) -> bool:
+        """Does every request present a client certificate? Then obstore sends none."""
+        return self._client_cert is not None
+
     async def probe(self) -> Any:
         """The obstore client a check asks with: tried only ``preflight_attempts`` times, so a
-        wrong address fails in seconds, unless checks retry as requests do (then the run's)."""
+        wrong address fails in seconds, unless checks retry as requests do (then the run's).
+        With a client certificate, botocore's client, on the same terms: a refused handshake
+        is then a one-line error in seconds, never the CRT's retries of it."""
+        if self.mutual_tls:
+            return await self._check_client()
         fast = await self.obstore()
         if self.retry.checks_retry_as_requests:
             return fast
         if self._preflight is None:
             self._preflight = self._make_obstore(preflight=True)
         return self._preflight
+
+    async def _check_client(self) -> Any:
+        """botocore's client for a check, with a client certificate (see ``probe``)."""
+        client = await self.botocore()
+        if self.retry.checks_retry_as_requests:
+            return client
+        if self._check_botocore is None:
+            async with self._lock:
+                if self._check_botocore is None:
+                    retry = dataclasses.replace(self.retry,
+                                                sdk_attempts=self.retry.preflight_attempts)
+                    settings = dataclasses.replace(self._settings(self._region or ""),
+                                                   retry=retry)
+                    cm, client, _, _ = await open_botocore(settings, self._keys, self._profile)
+                    self._check_botocore_cm, self._check_botocore = cm, client
+        return self._check_botocore
 
     async def _given_keys(self) -> Keys | None:
         """Keys known without botocore's chain (None: the chain's). Called under the lock, so
@@ -170,13 +207,14 @@ class S3Clients:
         """The renewal a refusal asked for, and new obstore clients (new credential caches)
         for the requests after it."""
         if await self._renewals.renew(self._keys):
-            self._obstore = self._make_obstore()
+            self._obstore = None if self.mutual_tls else self._make_obstore()
             self._preflight = None
             log.debug("%s: keys renewed after a refusal", self.url)
 
     def _settings(self, region: str) -> ClientSettings:
         return ClientSettings(self.bucket, self.endpoint_url, region, self._path_style,
-                              self._max_connections, self.retry, self._ca_bundle, self._ca_pem)
+                              self._max_connections, self.retry, self._ca_bundle, self._ca_pem,
+                              self._client_cert)
 
     def _make_obstore(self, *, preflight: bool = False) -> Any:
         return make_obstore(self._settings(self._region or "us-east-1"), self._keys or Keys(),
@@ -187,6 +225,10 @@ class S3Clients:
             self._crt.close()
         if self._botocore_cm is not None:
             cm, self._botocore_cm, self._botocore = self._botocore_cm, None, None
+            await cm.__aexit__(None, None, None)
+        if self._check_botocore_cm is not None:
+            cm, self._check_botocore_cm, self._check_botocore = (self._check_botocore_cm, None,
+                                                                 None)
             await cm.__aexit__(None, None, None)
 
     # -- errors ---------------------------------------------------------------------------------
@@ -209,7 +251,12 @@ class S3Clients:
     async def either(self, what: str, fast: Callable[[Any], Awaitable[T]],
                      slow: Callable[[Any], Awaitable[T]], *, check: bool = False) -> T:
         """``fast(obstore client)`` (the check's with ``check``), or ``slow(botocore client)``
-        for a key obstore cannot spell; errors translated."""
+        for a key obstore cannot spell, and for every key with a client certificate; errors
+        translated."""
+        if self.mutual_tls:
+            client = await (self.probe() if check else self.botocore())
+            with self.translating(what):
+                return await slow(client)
         client = await (self.probe() if check else self.obstore())
         with self.translating(what):
             try:
@@ -224,24 +271,30 @@ class S3Clients:
         Pages come through obstore (the check's client with ``check``), which parses them in
         Rust; obstore refuses a whole page that holds a key it cannot represent: the listing
         then goes on through botocore after the last key already yielded, so no key is lost or
-        repeated."""
+        repeated. With a client certificate, botocore lists from the start (the check's client
+        with ``check``)."""
         last = after
-        client = await (self.probe() if check else self.obstore())
+        if self.mutual_tls:
+            botocore = await (self.probe() if check else self.botocore())
+        else:
+            client = await (self.probe() if check else self.obstore())
         with self.translating(self.url):
-            try:
-                # obstore's prefix is a path prefix: "run" lists run/..., as our "run/" does
-                stream = obstore.list(client, prefix.rstrip("/") or None, offset=after or None,
-                                      chunk_size=1000)
-                async for chunk in stream:
-                    for meta in chunk:
-                        last = meta["path"]
-                        yield {"Key": last, "Size": meta["size"], "ETag": meta["e_tag"],
-                               "LastModified": meta["last_modified"]}
-                return
-            except obstore_exc.InvalidPathError:
-                log.debug("%s: a key obstore cannot represent; listing on with the S3 API",
-                          self.url)
-            paginator = (await self.botocore()).get_paginator("list_objects_v2")
+            if not self.mutual_tls:
+                try:
+                    # obstore's prefix is a path prefix: "run" lists run/..., as our "run/" does
+                    stream = obstore.list(client, prefix.rstrip("/") or None,
+                                          offset=after or None, chunk_size=1000)
+                    async for chunk in stream:
+                        for meta in chunk:
+                            last = meta["path"]
+                            yield {"Key": last, "Size": meta["size"], "ETag": meta["e_tag"],
+                                   "LastModified": meta["last_modified"]}
+                    return
+                except obstore_exc.InvalidPathError:
+                    log.debug("%s: a key obstore cannot represent; listing on with the S3 API",
+                              self.url)
+                botocore = await self.botocore()
+            paginator = botocore.get_paginator("list_objects_v2")
             async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix,
                                                  StartAfter=last or prefix):
                 for c in page.get("Contents", ()):
@@ -261,7 +314,8 @@ class S3Clients:
         one), or None where they go through botocore: no endpoint given (AWS's endpoint rules
         are botocore's), anonymous access, or, for a body, a payload that must be SHA-256-
         signed (plain HTTP across a network: the CRT's S3 signer sends UNSIGNED-PAYLOAD)."""
-        await self.obstore()  # the keys known (and a renewal a refusal asked for, made)
+        # the keys known (and a renewal a refusal asked for, made)
+        await (self.botocore() if self.mutual_tls else self.obstore())
         if not (self._use_crt and self.endpoint_url and self._keys
                 and not self._keys.anonymous):
             return None

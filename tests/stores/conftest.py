@@ -20,6 +20,7 @@ server-side, as two prefixes of one endpoint do).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -188,7 +189,8 @@ class S3Backend(Backend):
 
     def __init__(self, name: str, endpoint: S3Endpoint, bucket: str,
                  new_bucket: Callable[[], str],
-                 known_failures: Mapping[str, KnownFailure], *, crt: bool = True) -> None:
+                 known_failures: Mapping[str, KnownFailure], *, crt: bool = True,
+                 client_cert: tuple[str, str] | None = None) -> None:
         super().__init__()
         self.name = name
         self.crt = crt  # False: every request the CRT may send goes by botocore
@@ -198,12 +200,15 @@ class S3Backend(Backend):
         self._new_bucket = new_bucket
         self.known_failures = known_failures
         self._client: Any = None
+        self.client_cert = client_cert  # mutual TLS: presented by every request
 
     def _store(self, bucket: str, prefix: str) -> S3Store:
         ep = self.endpoint
+        cert, key = self.client_cert or (None, None)
         return S3Store(scheme="s3", bucket=bucket, prefix=prefix, endpoint_url=ep.url,
                        region=ep.region, credentials=S3Credentials(ep.access_key, ep.secret_key),
-                       retry=_RETRY, max_connections=16, crt=self.crt)
+                       retry=_RETRY, max_connections=16, crt=self.crt, ca_bundle=ep.ca_bundle,
+                       client_cert=cert, client_key=key)
 
     def _root(self, name: str) -> S3Store:
         return self._store(self.bucket, f"{self.area}{name}/")
@@ -439,9 +444,11 @@ SEAWEED_FAILURES = {
 
 # seaweed-botocore: the S3 store with its CopyObject and multipart requests sent by botocore,
 # as they are to AWS (no endpoint given) and over plain HTTP across a network.
+# seaweed-mtls: SeaweedFS behind a proxy that requires a client certificate (every request
+# by botocore or the CRT: obstore cannot present one).
 # memory-*, local-resilient: those stores wrapped as a run, metrics or a user's test wrap them.
-BACKENDS = ["local", "moto", "seaweed", "seaweed-botocore", "gcs", "azure", "memory",
-            "memory-resilient", "memory-metered", "memory-faulty", "local-resilient"]
+BACKENDS = ["local", "moto", "seaweed", "seaweed-botocore", "seaweed-mtls", "gcs", "azure",
+            "memory", "memory-resilient", "memory-metered", "memory-faulty", "local-resilient"]
 
 
 def _session_bucket(endpoint: S3Endpoint) -> Iterator[str]:
@@ -495,6 +502,15 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         failures = MOTO_FAILURES if server == "moto" else SEAWEED_FAILURES
         return S3Backend(kind, endpoint, bucket, lambda: factory(endpoint), failures,
                          crt=not kind.endswith("-botocore"))
+    if kind == "seaweed-mtls":
+        seaweed: S3Endpoint = request.getfixturevalue("seaweed")
+        pki = request.getfixturevalue("mtls_pki")
+        pair = (str(pki.client.cert), str(pki.client.key))
+        proxied = dataclasses.replace(request.getfixturevalue("seaweed_mtls").endpoint,
+                                      client_cert=pair)
+        factory = request.getfixturevalue("bucket_factory")
+        return S3Backend(kind, proxied, request.getfixturevalue("seaweed_bucket"),
+                         lambda: factory(seaweed), SEAWEED_FAILURES, client_cert=pair)
     if kind == "gcs":  # the emulator, anonymous: no credential of the developer's is read
         return GCSBackend(request.getfixturevalue("gcs"),
                           request.getfixturevalue("gcs_session_bucket"))
