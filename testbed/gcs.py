@@ -33,16 +33,16 @@ its process, each marked where it is made (:func:`_patch_emulator`):
 3. **Listen backlog** 128 instead of 5: the emulator serves one request at a time, and a client
    opening 128 connections at once would otherwise wait for SYN retries.
 
-What the emulator cannot show, even so (test those against a fake, see ``tests/stores/gcs``):
-it ignores ``maxResults`` and never pages; it answers a suffix range (``bytes=-N``) with the
-whole object; it checks no credentials (``STORAGE_EMULATOR_HOST`` turns them off in every
-client); it makes no composite objects without an MD5; it does no gzip transcoding; it never
-throttles (429 / 503); and its ``etag`` is the MD5 where GCS's is opaque. It does let a PATCH
-set ``crc32c`` and ``md5Hash`` to anything, which tests use to make it serve bytes that do not
-match the CRC32C it lists.
+What the emulator cannot show, even so (paging, suffix ranges and TLS: fake-gcs-server above;
+the rest: a fake, see ``tests/stores/gcs``): it ignores ``maxResults`` and never pages; it
+answers a suffix range (``bytes=-N``) with the whole object; it speaks only http; it checks no
+credentials (``STORAGE_EMULATOR_HOST`` turns them off in every client); it makes no composite
+objects without an MD5; it does no gzip transcoding; it never throttles (429 / 503); and its
+``etag`` is the MD5 where GCS's is opaque. It does let a PATCH set ``crc32c`` and ``md5Hash`` to
+anything, which tests use to make it serve bytes that do not match the CRC32C it lists.
 
-Helpers for seeding (http.client: no proxy, a connection kept alive per thread), given a
-:class:`GCSServer` or the emulator's URL: :func:`create_bucket`, :func:`upload`,
+Helpers for seeding (http.client: no proxy, connections kept alive until the server stops),
+given a :class:`GCSServer` or the emulator's URL: :func:`create_bucket`, :func:`upload`,
 :func:`patch_object`, :func:`object_resource`.
 """
 
