@@ -265,10 +265,11 @@ def _call(server: GCSServer | str, method: str, path: str, body: bytes | None = 
           content_type: str = "application/json") -> dict[str, Any]:
     server = _server(server)
     headers = {"Content-Type": content_type} if body is not None else {}
-    for attempt in (1, 2):  # a kept-alive connection the server has since closed: once more
-        with _IDLE_LOCK:
-            idle = _IDLE.get(server.url)
-            conn = idle.pop() if idle else None
+    with _IDLE_LOCK:
+        idle = _IDLE.get(server.url)
+        kept = idle.pop() if idle else None
+    # A kept-alive connection the server has since closed fails: then once on a new one.
+    for conn in ([kept] if kept else []) + [None]:
         fresh = conn is None
         conn = conn or connect(server)
         try:
@@ -277,7 +278,7 @@ def _call(server: GCSServer | str, method: str, path: str, body: bytes | None = 
             data = resp.read()
         except (http.client.HTTPException, ConnectionError):
             conn.close()
-            if fresh or attempt == 2:
+            if fresh:
                 raise
             continue
         except BaseException:
