@@ -181,9 +181,14 @@ def _gcs_notes(group: list[dict]) -> list[str]:
     gs = next((r for r in group if r["tool"] == "mcsync" and r["ok"]), None)
     s3 = next((r for r in group if r["tool"] == S3_REF and r["ok"]), None)
     notes = [
-        "  gs:// = gcp-storage-emulator on 127.0.0.1 (Python, in memory, one request at a "
-        "time): an emulator figure, not a GCS one"
+        "  gs:// = fake-gcs-server on 127.0.0.1 (in memory, https) — or, without its binary, "
+        "gcp-storage-emulator (http, mcsync only): an emulator figure, not a GCS one"
     ]
+    for peer in ("gsutil", "gcloud"):
+        other = next((r for r in group if r["tool"] == peer and r["ok"]), None)
+        if gs and other and gs["wall_s"]:
+            notes.append(f"  {peer} / mcsync wall time: {other['wall_s'] / gs['wall_s']:.2f}x "
+                         "(the migration guides' \"2.4x faster than gsutil\" is a GCS figure)")
     if gs and s3 and s3["wall_s"]:
         notes.append(
             f"  mcsync gs→meta: {gs['wall_s'] / s3['wall_s']:.2f}x the wall time of s3→meta "

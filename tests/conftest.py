@@ -17,8 +17,10 @@ Servers (session-scoped, started on first use, stopped at the end of the run):
   that CA; its ``endpoint`` (with the client certificate) goes through it. Per test, with
   fresh records of its handshakes: ``mtls_proxy`` (tests/stores/s3/conftest.py).
 * ``gcs``       -- the GCS emulator (``testbed.gcs``); its URL. ``gcs_bucket``: a fresh,
-  uniquely named bucket in it. (tests/stores/gcs/conftest.py keeps the gs:// tests' own
-  fixtures.)
+  uniquely named bucket in it. ``gcs_fake_server`` -- fake-gcs-server over https
+  (``testbed.gcs.fake_gcs_server``): a ``GCSServer``, its URL and the CA to trust; skipped
+  with the reason if its binary is not installed. (tests/stores/gcs/conftest.py keeps the
+  gs:// tests' own fixtures.)
 
 Buckets: ``bucket_factory(endpoint)`` creates a fresh, uniquely named bucket on an endpoint and
 deletes it (with its contents) after the test. Always use it rather than fixed names: the
@@ -38,6 +40,7 @@ the environment sets it with ``monkeypatch.setenv`` from ``endpoint.aws_env()`` 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
@@ -51,6 +54,7 @@ import mcsync
 from testbed.azurite import AzuriteEndpoint
 from testbed.azurite import azurite as run_azurite
 from testbed.faultproxy import FaultProxy
+from testbed.gcs import GCSServer
 from testbed.servers import S3Endpoint, moto_server, seaweedfs
 from testbed.tls import Authority, KeyPair
 from testbed.tlsproxy import TlsProxy
@@ -154,6 +158,19 @@ def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     with gcs_emulator(tmp_path_factory.mktemp("gcs")) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def gcs_fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSServer]:
+    from testbed.gcs import FakeGCSServerMissing, fake_gcs_server
+
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(
+                fake_gcs_server(tmp_path_factory.mktemp("fake-gcs-server")))
+        except FakeGCSServerMissing as exc:  # only a missing binary: a failed start fails
+            pytest.skip(str(exc))
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,13 @@ application-default login``; ``CLOUDSDK_CONFIG`` moves it), then the GCE / GKE m
 server. ``STORAGE_EMULATOR_HOST`` points the store at an emulator and turns authentication off,
 as Google's own clients do.
 
+A private CA (an https emulator, a TLS-inspecting proxy in front of GCS) is trusted the way
+Google's tools are told one: ``CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE`` (gcloud's
+``core/custom_ca_certs_file``), else ``REQUESTS_CA_BUNDLE`` (what google-cloud-storage's requests
+reads): a PEM bundle trusted alone, in place of the system's roots, as both of them do. Without
+either, OpenSSL's defaults apply (``SSL_CERT_FILE`` / ``SSL_CERT_DIR``). A certificate that does
+not verify is refused at once (not retried), with the variable to set.
+
 Two things gcloud-aio-auth does that a command-line tool must not, and how they are stopped:
 a credentials file that is not valid JSON is silently skipped (and the metadata server tried
 instead), so the file is checked here first and a bad one is one clear ConfigError; and its
@@ -63,6 +70,7 @@ import contextlib
 import json
 import logging
 import os
+import ssl
 import types
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
@@ -104,6 +112,8 @@ _CREDENTIAL_TYPES = {"service_account", "authorized_user", "external_account",
                      "impersonated_service_account"}
 _REQUIRED_FIELDS = {"service_account": ("client_email", "private_key"),
                     "authorized_user": ("client_id", "client_secret", "refresh_token")}
+# Where a private CA bundle is read from, first found wins (see the module docstring).
+CA_BUNDLE_VARIABLES = ("CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE", "REQUESTS_CA_BUNDLE")
 
 
 class GCSStore:
@@ -119,11 +129,14 @@ class GCSStore:
         credentials_file: str | None = None,
         max_connections: int = 128,
         retry: RetryPolicy | None = None,
-        page_size: int = LIST_PAGE_SIZE,
+        page_size: int | None = None,
+        ca_bundle: str | None = None,
     ) -> None:
         """``api_root`` and ``anonymous`` default from ``STORAGE_EMULATOR_HOST`` (an emulator,
         no authentication) or else GCS with Application Default Credentials;
-        ``credentials_file`` overrides ``GOOGLE_APPLICATION_CREDENTIALS``."""
+        ``credentials_file`` overrides ``GOOGLE_APPLICATION_CREDENTIALS``; ``ca_bundle`` (a PEM
+        file of the CAs an https endpoint's certificate may chain to, trusted alone) overrides
+        ``CA_BUNDLE_VARIABLES``."""
         self.bucket = bucket
         self.prefix = prefix  # "" or ends with "/"
         self.url = f"gs://{bucket}/{prefix}"
@@ -138,7 +151,8 @@ class GCSStore:
         self._credentials_file = credentials_file
         self._max_connections = max_connections
         self._retry = retry or RetryPolicy()
-        self._page_size = page_size
+        self._page_size = page_size or LIST_PAGE_SIZE  # read here: tests make pages small
+        self._ca_bundle = ca_bundle if ca_bundle is not None else _ca_bundle_from_env()
         self._objects = f"{self._api_root}/storage/v1/b/{quote(bucket, safe='')}/o"
         self._lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
@@ -151,17 +165,33 @@ class GCSStore:
         if self._session is None:
             async with self._lock:
                 if self._session is None:
+                    tls = self._tls_context()
                     if not self._anonymous:
                         self._token = self._make_token()
                     self._session = aiohttp.ClientSession(
                         connector=aiohttp.TCPConnector(limit=self._max_connections,
-                                                       ttl_dns_cache=300),
+                                                       ttl_dns_cache=300,
+                                                       ssl=tls if tls is not None else True),
                         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120),
                         auto_decompress=False,  # the stored bytes, see the module docstring
                         trust_env=not self._local,  # HTTPS_PROXY for GCS, never for loopback
                         headers={"User-Agent": f"mcsync/{__version__}"},
                     )
         return self._session
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """The CA bundle's context for an https endpoint (None: OpenSSL's defaults); an
+        unreadable bundle is a ConfigError naming it, before any request."""
+        path = self._ca_bundle
+        if not path or not self._api_root.startswith("https:"):
+            return None
+        try:
+            return ssl.create_default_context(cafile=path)
+        except ssl.SSLError:
+            raise ConfigError(f"{self.url}: CA bundle {path}: no PEM certificate in it") from None
+        except OSError as exc:  # missing, unreadable, a directory
+            raise ConfigError(f"{self.url}: CA bundle {path}: "
+                              f"{exc.strerror or type(exc).__name__}") from None
 
     def _make_token(self) -> Any:
         from gcloud.aio.auth.token import BaseToken, Token
@@ -218,6 +248,11 @@ class GCSStore:
                 return resp.status, resp.headers, body
         except MCSyncError:
             raise
+        except aiohttp.ClientConnectorCertificateError as exc:  # no retry can change it
+            reason = getattr(exc.certificate_error, "verify_message", None) or "not verified"
+            raise Permanent(f"{what}: the TLS certificate of {self._api_root} is not trusted "
+                            f"({reason}); a private CA's certificate goes in "
+                            f"{CA_BUNDLE_VARIABLES[0]}") from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
             raise Unreachable(f"{what}: connection to {self._api_root} failed "
                               f"({type(exc).__name__})") from exc
@@ -392,6 +427,14 @@ def _check_credentials_file(path: Path, where: str) -> None:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
+
+def _ca_bundle_from_env() -> str | None:
+    for name in CA_BUNDLE_VARIABLES:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
 
 
 def _info(key: str, item: Mapping[str, Any]) -> ObjectInfo:

@@ -52,6 +52,7 @@ from mcsync.stores.memory import MemoryEndpoint, MemoryStore
 from mcsync.stores.s3 import S3Credentials, S3Store
 from mcsync.stores.wrap import inner_of
 from mcsync.testing.faults import Faults, faulty
+from testbed.gcs import GCSServer
 from testbed.servers import S3Endpoint
 
 # On loopback nothing is worth retrying for long: a server's error answer should show at once.
@@ -238,17 +239,24 @@ class S3Backend(Backend):
 
 
 class GCSBackend(Backend):
-    name = "gcs"  # a source only, read whole or by range
+    """A GCS server: the emulator (``gcs``, http), or fake-gcs-server (``gcs-fake-server``,
+    https with its CA given as the store's bundle). A source only, read whole or by range.
+    Listings go in pages of ``GCS_PAGE_SIZE`` objects, so a server that pages (fake-gcs-server)
+    is read across several pages in every listing case."""
 
-    def __init__(self, url: str, bucket: str) -> None:
+    def __init__(self, name: str, server: GCSServer, bucket: str) -> None:
         super().__init__()
-        self.url = url
+        self.name = name
+        self.server = server
+        self.url = server.url
         self.bucket = bucket
         self.area = f"t-{uuid.uuid4().hex[:10]}/"
 
     def _store(self, bucket: str, prefix: str) -> GCSStore:
+        ca = str(self.server.ca) if self.server.ca else None
         return GCSStore(bucket=bucket, prefix=prefix, api_root=self.url, anonymous=True,
-                        retry=_RETRY, max_connections=16)
+                        retry=_RETRY, max_connections=16, page_size=GCS_PAGE_SIZE,
+                        ca_bundle=ca)
 
     def _root(self, name: str) -> GCSStore:
         return self._store(self.bucket, f"{self.area}{name}/")
@@ -257,7 +265,7 @@ class GCSBackend(Backend):
         from testbed.gcs import create_bucket
 
         bucket = f"top-{uuid.uuid4().hex[:12]}"
-        create_bucket(self.url, bucket)
+        create_bucket(self.server, bucket)
         return self._store(bucket, "")
 
     def _reopen(self, store: GCSStore) -> GCSStore:
@@ -269,7 +277,7 @@ class GCSBackend(Backend):
     async def seed(self, store: GCSStore, key: str, data: bytes) -> None:
         from testbed.gcs import upload
 
-        await asyncio.to_thread(upload, self.url, store.bucket, store.prefix + key, data)
+        await asyncio.to_thread(upload, self.server, store.bucket, store.prefix + key, data)
 
 
 class AzureBackend(Backend):
@@ -385,6 +393,7 @@ WRAPPERS: dict[str, Callable[[ReadStore], ReadStore]] = {
 
 
 PATH_LIKE_KEYS = ("a//b", "x/../y", "a/./b", "./a", "..")
+GCS_PAGE_SIZE = 7  # a listing of the suite's 25 keys takes four pages where the server pages
 
 
 def long_key(size: int) -> str:
@@ -447,8 +456,10 @@ SEAWEED_FAILURES = {
 # seaweed-mtls: SeaweedFS behind a proxy that requires a client certificate (every request
 # by botocore or the CRT: obstore cannot present one).
 # memory-*, local-resilient: those stores wrapped as a run, metrics or a user's test wrap them.
-BACKENDS = ["local", "moto", "seaweed", "seaweed-botocore", "seaweed-mtls", "gcs", "azure",
-            "memory", "memory-resilient", "memory-metered", "memory-faulty", "local-resilient"]
+# gcs-fake-server: fake-gcs-server over https (it pages listings, as GCS does).
+BACKENDS = ["local", "moto", "seaweed", "seaweed-botocore", "seaweed-mtls", "gcs",
+            "gcs-fake-server", "azure", "memory", "memory-resilient", "memory-metered",
+            "memory-faulty", "local-resilient"]
 
 
 def _session_bucket(endpoint: S3Endpoint) -> Iterator[str]:
@@ -468,13 +479,22 @@ def seaweed_bucket(seaweed: S3Endpoint) -> Iterator[str]:
     yield from _session_bucket(seaweed)
 
 
-@pytest.fixture(scope="session")
-def gcs_session_bucket(gcs: str) -> str:
+def _gcs_session_bucket(server: GCSServer | str) -> str:
     from testbed.gcs import create_bucket
 
     name = f"conformance-{uuid.uuid4().hex[:10]}"
-    create_bucket(gcs, name)
+    create_bucket(server, name)
     return name
+
+
+@pytest.fixture(scope="session")
+def gcs_session_bucket(gcs: str) -> str:
+    return _gcs_session_bucket(gcs)
+
+
+@pytest.fixture(scope="session")
+def gcs_fake_server_session_bucket(gcs_fake_server: GCSServer) -> str:
+    return _gcs_session_bucket(gcs_fake_server)
 
 
 @pytest.fixture(scope="session")
@@ -512,8 +532,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         return S3Backend(kind, proxied, request.getfixturevalue("seaweed_bucket"),
                          lambda: factory(seaweed), SEAWEED_FAILURES, client_cert=pair)
     if kind == "gcs":  # the emulator, anonymous: no credential of the developer's is read
-        return GCSBackend(request.getfixturevalue("gcs"),
+        return GCSBackend(kind, GCSServer(request.getfixturevalue("gcs"), "gcp-storage-emulator"),
                           request.getfixturevalue("gcs_session_bucket"))
+    if kind == "gcs-fake-server":  # anonymous too; its CA is the store's bundle
+        return GCSBackend(kind, request.getfixturevalue("gcs_fake_server"),
+                          request.getfixturevalue("gcs_fake_server_session_bucket"))
     if kind == "azure":  # Azurite's published development account
         return AzureBackend(request.getfixturevalue("azurite"),
                             request.getfixturevalue("azure_session_container"))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import random
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 
 from mcsync.cli.main import cli
-from testbed.gcs import upload
+from testbed.gcs import GCSServer, patch_object, upload
 from testbed.servers import S3Endpoint
 
 
@@ -26,9 +28,22 @@ def error_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("mcsync: error:")]
 
 
-def seed(url: str, bucket: str, objects: dict[str, bytes], prefix: str = "") -> None:
-    for key, data in objects.items():
-        upload(url, bucket, prefix + key, data)
+def seed(server: GCSServer, bucket: str, objects: dict[str, bytes], prefix: str = "") -> None:
+    """Upload ``objects`` under ``prefix``, eight at a time (thousands of small objects are
+    a request each)."""
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda item: upload(server, bucket, prefix + item[0], item[1]),
+                      objects.items()))
+
+
+def set_wrong_crc32c(server: GCSServer, bucket: str, name: str, crc32c: str) -> None:
+    """Make ``server`` list and send ``crc32c`` for ``name``, a CRC32C its bytes do not have.
+    Only the emulator can (it takes one in a PATCH): fake-gcs-server, as GCS, keeps the CRC32C
+    it computed, so the test is skipped there."""
+    if server.name == "fake-gcs-server":
+        pytest.skip("fake-gcs-server, as GCS, keeps the CRC32C it computed: it cannot be made "
+                    "to serve bytes that do not match it (the emulator can)")
+    assert patch_object(server, bucket, name, {"crc32c": crc32c})["crc32c"] == crc32c
 
 
 STATE = ".mcsync/"  # mcsync's own state at a target (manifest), not synced data

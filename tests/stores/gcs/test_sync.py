@@ -1,5 +1,6 @@
-"""``mcsync sync / ls / plan`` with a gs:// source (the GCS emulator) and a Meta Storage
-(SeaweedFS) or local target, every copy checked byte for byte."""
+"""``mcsync sync / ls / plan`` with a gs:// source (each GCS server: the emulator over http,
+fake-gcs-server over https) and a Meta Storage (SeaweedFS) or local target, every copy checked
+byte for byte."""
 
 from __future__ import annotations
 
@@ -12,9 +13,18 @@ import pytest
 from mcsync import checksums
 from mcsync.errors import PreconditionFailed
 from mcsync.stores.gcs import GCSStore
-from testbed.gcs import patch_object, upload
+from testbed.gcs import GCSServer, upload
 
-from .helpers import error_lines, open_uploads, payload, read_bucket, read_tree, run_cli, seed
+from .helpers import (
+    error_lines,
+    open_uploads,
+    payload,
+    read_bucket,
+    read_tree,
+    run_cli,
+    seed,
+    set_wrong_crc32c,
+)
 
 MiB = 1 << 20
 BIG = 12 * MiB + 12345  # three parts of 5 MiB
@@ -73,19 +83,22 @@ def target(request, tmp_path) -> Target:
 
 
 @pytest.fixture(scope="module")
-def seeded(gcs) -> tuple[str, dict[str, bytes]]:
-    """One bucket with sample() under ``data/``, shared by the tests that only read it."""
+def seeded(gcs_server: GCSServer) -> tuple[str, dict[str, bytes]]:
+    """One bucket with sample() under ``data/`` in each server, shared by the tests that only
+    read it."""
     from testbed.gcs import create_bucket
 
     bucket = "seeded-sample"
-    create_bucket(gcs, bucket)
+    create_bucket(gcs_server, bucket)
     objs = sample()
-    seed(gcs, bucket, objs, "data/")
+    seed(gcs_server, bucket, objs, "data/")
     return bucket, objs
 
 
-def test_gs_to_target_byte_for_byte_then_nothing_to_do(gcs_env, seeded, target):
+def test_gs_to_target_byte_for_byte_then_nothing_to_do(gcs_env, seeded, target, monkeypatch):
     bucket, objs = seeded
+    # Pages of four: a server that pages (fake-gcs-server) lists the 11 objects in three.
+    monkeypatch.setattr("mcsync.stores.gcs.LIST_PAGE_SIZE", 4)
     report = sync(f"gs://{bucket}/data/", target.url, env=target.env)
     assert target.read() == objs
     assert report["objects_copied"] == len(objs)
@@ -102,6 +115,7 @@ def test_gs_to_target_byte_for_byte_then_nothing_to_do(gcs_env, seeded, target):
     assert f"verified {len(objs)} objects: 0 problems" in checked.stderr
 
 
+@pytest.mark.slow  # seeding 2,000 objects one request each: ~20 s on either server
 def test_2000_small_objects(gcs_env, gcs_bucket, seaweed, bucket_factory):
     objs = {f"shard-{i // 100:02d}/item-{i:05d}.json": b'{"i": %d}' % i for i in range(2000)}
     seed(gcs_env, gcs_bucket, objs, "many/")
@@ -190,8 +204,8 @@ def test_object_that_keeps_changing_is_deferred_never_committed(gcs_env, gcs_buc
 def test_corrupted_crc32c_fails_and_commits_nothing(gcs_env, gcs_bucket, target):
     good, bad = payload(4000, 5), payload(4000, 6)
     seed(gcs_env, gcs_bucket, {"good.bin": good, "bad.bin": bad})
-    patch_object(gcs_env, gcs_bucket, "bad.bin",
-                 {"crc32c": checksums.to_base64(checksums.crc32c(bad) ^ 0x80)})
+    set_wrong_crc32c(gcs_env, gcs_bucket, "bad.bin",
+                     checksums.to_base64(checksums.crc32c(bad) ^ 0x80))
     report = sync(f"gs://{gcs_bucket}/", target.url, env=target.env, code=1)
     assert [f["key"] for f in report["failures"]] == ["bad.bin"]
     assert "CRC32C mismatch" in report["failures"][0]["error"]
@@ -202,8 +216,8 @@ def test_corrupted_crc32c_fails_and_commits_nothing(gcs_env, gcs_bucket, target)
 def test_corrupted_crc32c_of_a_multipart_object_commits_nothing(gcs_env, gcs_bucket, tmp_path):
     data = payload(BIG, 7)
     seed(gcs_env, gcs_bucket, {"big.bin": data})
-    patch_object(gcs_env, gcs_bucket, "big.bin",
-                 {"crc32c": checksums.to_base64(checksums.crc32c(data) ^ 1)})
+    set_wrong_crc32c(gcs_env, gcs_bucket, "big.bin",
+                     checksums.to_base64(checksums.crc32c(data) ^ 1))
     report = sync(f"gs://{gcs_bucket}/", str(tmp_path / "t"), code=1)
     assert "CRC32C" in report["failures"][0]["error"]
     assert not (tmp_path / "t" / "big.bin").exists()
@@ -274,8 +288,8 @@ def test_a_delta_from_a_corrupted_gcs_object_keeps_the_old_version(gcs_env, gcs_
     sync(src, target.url, env=target.env)
     new = old[:3 * MiB] + payload(500, 9) + old[3 * MiB + 500:]
     seed(gcs_env, gcs_bucket, {"opt/optimizer.bin": new})
-    patch_object(gcs_env, gcs_bucket, "opt/optimizer.bin",
-                 {"crc32c": checksums.to_base64(checksums.crc32c(new) ^ 4)})
+    set_wrong_crc32c(gcs_env, gcs_bucket, "opt/optimizer.bin",
+                     checksums.to_base64(checksums.crc32c(new) ^ 4))
     report = sync(src, target.url, env=target.env, code=1)
     assert "CRC32C mismatch" in report["failures"][0]["error"]
     assert target.read() == {"optimizer.bin": old}
