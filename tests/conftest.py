@@ -11,6 +11,10 @@ Servers (session-scoped, started on first use, stopped at the end of the run):
   rules yet, seed 0) in front of that server; ``proxy.endpoint`` is an ``S3Endpoint`` at the
   proxy with the server's keys, so ``meta_env()``, ``aws_env()`` and ``client()`` go through it.
   Create buckets on the server itself (``bucket_factory(seaweed)``), not through the proxy.
+* ``weed_mounted`` -- a fresh bucket on ``seaweed`` mounted as a directory with ``weed mount``
+  (FUSE; ``testbed.fuse``), unmounted and its ``weed mount`` stopped by PID after the test:
+  a ``MountedBucket`` (``endpoint``, ``bucket``, ``root``). Skipped where FUSE cannot be
+  mounted (no ``/dev/fuse``, not root), saying why.
 * ``gcs``       -- the GCS emulator (``testbed.gcs``); its URL. ``gcs_bucket``: a fresh,
   uniquely named bucket in it. (tests/stores/gcs/conftest.py keeps the gs:// tests' own
   fixtures.)
@@ -38,6 +42,8 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +51,7 @@ import mcsync
 from testbed.azurite import AzuriteEndpoint
 from testbed.azurite import azurite as run_azurite
 from testbed.faultproxy import FaultProxy
+from testbed.fuse import fuse_unavailable, weed_mount
 from testbed.servers import S3Endpoint, moto_server, seaweedfs
 
 # --------------------------------------------------------------------------------------------
@@ -193,3 +200,28 @@ def bucket_factory(request: pytest.FixtureRequest) -> Iterator[BucketFactory]:
             errors.append(f"{name} at {endpoint.url}: {exc}")
     if errors:  # reported as an error at teardown: leaked buckets exhaust SeaweedFS's volumes
         raise RuntimeError("bucket clean-up failed:\n  " + "\n  ".join(errors))
+
+
+# --------------------------------------------------------------------------------------------
+# A bucket mounted as a directory (FUSE)
+
+
+@dataclass(frozen=True)
+class MountedBucket:
+    """A bucket of ``endpoint`` mounted at ``root``: the same bytes as files and as objects."""
+
+    endpoint: S3Endpoint
+    bucket: str
+    root: Path
+
+
+@pytest.fixture
+def weed_mounted(seaweed: S3Endpoint, bucket_factory: BucketFactory,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[MountedBucket]:
+    reason = fuse_unavailable()
+    if reason is not None:
+        pytest.skip(f"no FUSE mount here: {reason}")
+    bucket = bucket_factory(seaweed)  # deleted after the mount is down (fixture order)
+    work = tmp_path_factory.mktemp("weed-mount")
+    with weed_mount(seaweed, bucket, work / "mnt", workdir=work / "state") as root:
+        yield MountedBucket(seaweed, bucket, root)
