@@ -15,6 +15,7 @@ opens no listener of its own (``-peer.enable`` and ``-debug`` stay off).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -28,7 +29,7 @@ from pathlib import Path
 from .processes import Child, ServerStartError, child_env
 from .servers import S3Endpoint, find_weed
 
-__all__ = ["fuse_unavailable", "is_fuse_mount", "weed_mount"]
+__all__ = ["fuse_unavailable", "is_fuse_mount", "unmount_dead", "weed_mount"]
 
 log = logging.getLogger(__name__)
 
@@ -50,22 +51,43 @@ def fuse_unavailable() -> str | None:
     return None
 
 
-def is_fuse_mount(directory: Path) -> bool:
-    """Whether ``/proc/self/mountinfo`` lists a FUSE mount exactly at ``directory``."""
-    real = os.path.realpath(directory)
+def _fuse_mounts() -> list[str]:
+    """The mount points of every FUSE mount ``/proc/self/mountinfo`` lists."""
     try:
         mountinfo = Path("/proc/self/mountinfo").read_text()
     except OSError:
-        return False
+        return []
+    found = []
     for line in mountinfo.splitlines():
         fields, _, after = line.partition(" - ")
         parts = fields.split()
-        if len(parts) < 5 or not after:
+        if len(parts) < 5 or not after or not after.split()[0].startswith("fuse"):
             continue
-        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
-        if mount == real and after.split()[0].startswith("fuse"):
-            return True
-    return False
+        found.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4]))
+    return found
+
+
+def is_fuse_mount(directory: Path) -> bool:
+    """Whether ``/proc/self/mountinfo`` lists a FUSE mount exactly at ``directory``."""
+    return os.path.realpath(directory) in _fuse_mounts()
+
+
+def unmount_dead(under: Path) -> list[str]:
+    """Lazily unmount the FUSE mounts below ``under`` whose process is gone (a test run killed
+    with its ``weed mount``: the kernel keeps the mount, and every call on it fails with
+    ENOTCONN, rmtree of pytest's old temporary directories among them); the mount points."""
+    root = os.path.realpath(under).rstrip("/") + "/"
+    dead = []
+    for mount in _fuse_mounts():
+        if not mount.startswith(root):
+            continue
+        try:
+            os.statvfs(mount)  # asks the mount's process (a stat may come from a cache)
+        except OSError as exc:
+            if exc.errno == errno.ENOTCONN:
+                _unmount(Path(mount), lazy=True)
+                dead.append(mount)
+    return dead
 
 
 @contextlib.contextmanager
@@ -113,7 +135,7 @@ def weed_mount(endpoint: S3Endpoint, bucket: str, mountpoint: Path, *, workdir: 
 
 
 def _unmount(mountpoint: Path, *, lazy: bool = False) -> None:
-    if not is_fuse_mount(mountpoint):
+    if not lazy and not is_fuse_mount(mountpoint):
         return
     argv = ["umount", *(["-l"] if lazy else []), str(mountpoint)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)

@@ -51,7 +51,7 @@ import mcsync
 from testbed.azurite import AzuriteEndpoint
 from testbed.azurite import azurite as run_azurite
 from testbed.faultproxy import FaultProxy
-from testbed.fuse import fuse_unavailable, weed_mount
+from testbed.fuse import fuse_unavailable, unmount_dead, weed_mount
 from testbed.servers import S3Endpoint, moto_server, seaweedfs
 
 # --------------------------------------------------------------------------------------------
@@ -221,6 +221,8 @@ def weed_mounted(seaweed: S3Endpoint, bucket_factory: BucketFactory,
     reason = fuse_unavailable()
     if reason is not None:
         pytest.skip(f"no FUSE mount here: {reason}")
+    # a killed earlier session's mounts would break pytest's clean-up of its old directories
+    unmount_dead(tmp_path_factory.getbasetemp().parent)
     bucket = bucket_factory(seaweed)  # deleted after the mount is down (fixture order)
     work = tmp_path_factory.mktemp("weed-mount")
     with weed_mount(seaweed, bucket, work / "mnt", workdir=work / "state") as root:
