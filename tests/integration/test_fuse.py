@@ -200,11 +200,13 @@ KILL_POINTS = ["put:3", "part:2", "part-done:3", "complete:1", "commit:2", "lock
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)
-def test_killed_sync_onto_the_mount_resumes_byte_identical(point, weed_mounted, src):
+def test_killed_sync_onto_the_mount_resumes_byte_identical(point, weed_mounted, src,
+                                                           tmp_path):
     write_tree(src, OBJECTS)
     dst = weed_mounted.root / "run1"
     args = ("sync", str(src), str(dst), "--part-size", "5MiB", "-c", "2", "-q", "--json")
-    killed = crashed_run(point, *args, env=dict(os.environ))
+    acked = tmp_path / "acked"
+    killed = crashed_run(point, *args, env=dict(os.environ), acked=acked)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
 
     # whatever a reader on either side sees after the kill is whole; the rest is hidden
@@ -218,6 +220,10 @@ def test_killed_sync_onto_the_mount_resumes_byte_identical(point, weed_mounted, 
     result = run_cli(*args)  # the same command, run to its end
     assert result.exit_code == 0, result.output
     assert both_views(weed_mounted, "run1") == (OBJECTS, OBJECTS)
+    # the parts the mount held when the run died were kept: at most what was in flight again
+    before = int(acked.read_text()) if acked.exists() else 0
+    resent = before + json.loads(result.stdout)["bytes_sent"] - sum(map(len, OBJECTS.values()))
+    assert resent <= 2 * 5 * MiB, f"{before} written before the kill, {resent} twice"
     assert hidden_objects(weed_mounted) == []  # the killed run's hidden files swept
     state = listed(weed_mounted, "run1/.mcsync/")
     assert not any(k.startswith("lock") for k in state), state
