@@ -3,9 +3,10 @@ mounted target or source: the stand-in for a Meta Storage Direct mount (a bucket
 the pod's namespace through a CSI driver).
 
 :func:`weed_mount` mounts ``/buckets/<bucket>`` of a :func:`testbed.servers.seaweedfs` server's
-filer at a directory, waits until ``/proc/self/mountinfo`` shows a FUSE mount there, and at
-the end unmounts it (``umount``, else ``umount -l``) and stops the ``weed mount`` process by its
-PID. Its cache, socket and log stay in ``workdir``; it talks to the filer on 127.0.0.1 only and
+filer at a directory (by default a new temporary one, out of pytest's tree), waits until
+``/proc/self/mountinfo`` shows a FUSE mount there, and at the end unmounts it (``umount``, else
+``umount -l``) and stops the ``weed mount`` process by its PID. :func:`unmount_dead` takes down
+what a killed run left (a mount whose process is gone). Its cache, socket and log stay in ``workdir``; it talks to the filer on 127.0.0.1 only and
 opens no listener of its own (``-peer.enable`` and ``-debug`` stay off).
 
 :func:`fuse_unavailable` says why no mount can be made here (no ``/dev/fuse``, not root, no
@@ -22,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,9 +31,11 @@ from pathlib import Path
 from .processes import Child, ServerStartError, child_env
 from .servers import S3Endpoint, find_weed
 
-__all__ = ["fuse_unavailable", "is_fuse_mount", "unmount_dead", "weed_mount"]
+__all__ = ["MOUNT_PREFIX", "fuse_unavailable", "is_fuse_mount", "unmount_dead", "weed_mount"]
 
 log = logging.getLogger(__name__)
+
+MOUNT_PREFIX = "mcsync-weed-mount-"  # the temporary directories weed_mount mounts at
 
 
 def fuse_unavailable() -> str | None:
@@ -72,14 +76,15 @@ def is_fuse_mount(directory: Path) -> bool:
     return os.path.realpath(directory) in _fuse_mounts()
 
 
-def unmount_dead(under: Path) -> list[str]:
-    """Lazily unmount the FUSE mounts below ``under`` whose process is gone (a test run killed
-    with its ``weed mount``: the kernel keeps the mount, and every call on it fails with
-    ENOTCONN, rmtree of pytest's old temporary directories among them); the mount points."""
-    root = os.path.realpath(under).rstrip("/") + "/"
+def unmount_dead(under: Path | None = None) -> list[str]:
+    """Lazily unmount the mounts :func:`weed_mount` made (in temporary directories of its own,
+    ``MOUNT_PREFIX``) below ``under`` (default: the temporary directory) whose process is gone:
+    a test run killed with its ``weed mount`` leaves the kernel's mount behind, and every call
+    on it fails with ENOTCONN. The mount points unmounted."""
+    root = os.path.realpath(under or tempfile.gettempdir()).rstrip("/") + "/"
     dead = []
     for mount in _fuse_mounts():
-        if not mount.startswith(root):
+        if not mount.startswith(root) or not os.path.basename(mount).startswith(MOUNT_PREFIX):
             continue
         try:
             os.statvfs(mount)  # asks the mount's process (a stat may come from a cache)
@@ -91,11 +96,16 @@ def unmount_dead(under: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def weed_mount(endpoint: S3Endpoint, bucket: str, mountpoint: Path, *, workdir: Path,
-               timeout: float = 30.0, extra: tuple[str, ...] = ()) -> Iterator[Path]:
+def weed_mount(endpoint: S3Endpoint, bucket: str, mountpoint: Path | None = None, *,
+               workdir: Path, timeout: float = 30.0,
+               extra: tuple[str, ...] = ()) -> Iterator[Path]:
     """Mount bucket ``bucket`` of the SeaweedFS server behind ``endpoint`` at ``mountpoint``
-    (made if missing); yields the mount point once the kernel shows the mount. ``extra``:
-    more ``weed mount`` flags."""
+    (made if missing; by default a new temporary directory, ``MOUNT_PREFIX``, removed after);
+    yields the mount point once the kernel shows the mount. ``extra``: more ``weed mount``
+    flags.
+
+    The default keeps the mount out of pytest's temporary tree, whose clean-up of old runs
+    would otherwise walk into a mount (deleting through it, or failing on a dead one)."""
     if endpoint.filer is None:
         raise ValueError(f"{endpoint.url}: not a SeaweedFS endpoint of testbed.servers "
                          "(no filer address)")
@@ -103,6 +113,9 @@ def weed_mount(endpoint: S3Endpoint, bucket: str, mountpoint: Path, *, workdir: 
     if reason is not None:
         raise ServerStartError(f"cannot mount: {reason}")
     workdir.mkdir(parents=True, exist_ok=True)
+    own_dir = mountpoint is None
+    if mountpoint is None:
+        mountpoint = Path(tempfile.mkdtemp(prefix=MOUNT_PREFIX))
     cache = workdir / "cache"
     cache.mkdir(exist_ok=True)
     mountpoint = Path(os.path.abspath(mountpoint))
@@ -132,6 +145,9 @@ def weed_mount(endpoint: S3Endpoint, bucket: str, mountpoint: Path, *, workdir: 
         child.stop(grace=5.0)
         if is_fuse_mount(mountpoint):  # the process is gone: only a lazy unmount is left
             _unmount(mountpoint, lazy=True)
+        if own_dir and not is_fuse_mount(mountpoint):
+            with contextlib.suppress(OSError):
+                mountpoint.rmdir()  # empty once unmounted; never a walk into a mount
 
 
 def _unmount(mountpoint: Path, *, lazy: bool = False) -> None:

@@ -221,9 +221,8 @@ def weed_mounted(seaweed: S3Endpoint, bucket_factory: BucketFactory,
     reason = fuse_unavailable()
     if reason is not None:
         pytest.skip(f"no FUSE mount here: {reason}")
-    # a killed earlier session's mounts would break pytest's clean-up of its old directories
-    unmount_dead(tmp_path_factory.getbasetemp().parent)
+    unmount_dead()  # a killed earlier session's, which no call can use any more
     bucket = bucket_factory(seaweed)  # deleted after the mount is down (fixture order)
-    work = tmp_path_factory.mktemp("weed-mount")
-    with weed_mount(seaweed, bucket, work / "mnt", workdir=work / "state") as root:
+    # mounted in a temporary directory of its own, out of pytest's tree (testbed.fuse)
+    with weed_mount(seaweed, bucket, workdir=tmp_path_factory.mktemp("weed-mount")) as root:
         yield MountedBucket(seaweed, bucket, root)
