@@ -5,9 +5,10 @@ the pod's namespace through a CSI driver).
 :func:`weed_mount` mounts ``/buckets/<bucket>`` of a :func:`testbed.servers.seaweedfs` server's
 filer at a directory (by default a new temporary one, out of pytest's tree), waits until
 ``/proc/self/mountinfo`` shows a FUSE mount there, and at the end unmounts it (``umount``, else
-``umount -l``) and stops the ``weed mount`` process by its PID. :func:`unmount_dead` takes down
-what a killed run left (a mount whose process is gone). Its cache, socket and log stay in ``workdir``; it talks to the filer on 127.0.0.1 only and
-opens no listener of its own (``-peer.enable`` and ``-debug`` stay off).
+``umount -l``) and stops the ``weed mount`` process by its PID. Its cache, socket and log stay
+in ``workdir``; it talks to the filer on 127.0.0.1 only and opens no listener of its own
+(``-peer.enable`` and ``-debug`` stay off). :func:`unmount_dead` takes down what a killed run
+left (a mount whose process is gone).
 
 :func:`fuse_unavailable` says why no mount can be made here (no ``/dev/fuse``, not root, no
 ``umount``), or None.
