@@ -31,6 +31,7 @@ from .preflight import check_pair
 from .report import SyncReport
 from .resilience import Pacing, pacing_of, resilient
 from .stores.base import LocalTree, ReadStore
+from .stores.local_files import on_this_machine
 from .tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,11 @@ def _watch_files(source: ReadStore, wake: asyncio.Event,
 
     async def run(root: Path) -> None:
         from watchfiles import awatch  # imported on use: only a local source is watched
+
+        if not await asyncio.to_thread(on_this_machine, root):
+            log.info("%s is a network or FUSE mount: files changed on its other side (through "
+                     "the object store) raise no event here, so each cycle's listing finds "
+                     "them, every interval", root)
 
         try:
             async for _ in awatch(root, stop_event=stop, debounce=DEBOUNCE_MS,

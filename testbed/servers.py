@@ -78,6 +78,8 @@ class S3Endpoint:
     ca_bundle: str | None = None  # https: the PEM file of the CA its certificate chains to
     # mutual TLS: the (certificate, key) PEM files every client presents
     client_cert: tuple[str, str] | None = None
+    # SeaweedFS: its filer as ``host:port.grpcPort`` (``weed mount -filer=``: testbed.fuse)
+    filer: str | None = field(default=None, compare=False)
 
     def client(self, **config: Any) -> Any:
         """A new synchronous botocore S3 client for this endpoint (path-style addressing).
@@ -336,7 +338,8 @@ def _seaweedfs_child(
         # volumes a new bucket (= collection) starts with; weed's default is 7
         env_extra = {"WEED_MASTER_VOLUME_GROWTH_COPY_1": str(volume_growth)}
         endpoint = S3Endpoint(
-            url=f"http://{LOOPBACK}:{s3_port}", access_key=access_key, secret_key=secret_key
+            url=f"http://{LOOPBACK}:{s3_port}", access_key=access_key, secret_key=secret_key,
+            filer=f"{LOOPBACK}:{filer}.{filer_grpc}",  # weed's host:port.grpcPort
         )
         child = Child(
             "seaweedfs", argv, workdir / "weed.log", cwd=workdir, env=child_env(env_extra)

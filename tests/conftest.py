@@ -16,6 +16,10 @@ Servers (session-scoped, started on first use, stopped at the end of the run):
   ``testbed.tlsproxy.TlsProxy`` serving ``seaweed`` over https that requires a certificate of
   that CA; its ``endpoint`` (with the client certificate) goes through it. Per test, with
   fresh records of its handshakes: ``mtls_proxy`` (tests/stores/s3/conftest.py).
+* ``weed_mounted`` -- a fresh bucket on ``seaweed`` mounted as a directory with ``weed mount``
+  (FUSE; ``testbed.fuse``), unmounted and its ``weed mount`` stopped by PID after the test:
+  a ``MountedBucket`` (``endpoint``, ``bucket``, ``root``). Skipped where FUSE cannot be
+  mounted (no ``/dev/fuse``, not root), saying why.
 * ``gcs``       -- the GCS emulator (``testbed.gcs``); its URL. ``gcs_bucket``: a fresh,
   uniquely named bucket in it. ``gcs_fake_server`` -- fake-gcs-server over https
   (``testbed.gcs.fake_gcs_server``): a ``GCSServer``, its URL and the CA to trust; skipped
@@ -47,6 +51,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +59,7 @@ import mcsync
 from testbed.azurite import AzuriteEndpoint
 from testbed.azurite import azurite as run_azurite
 from testbed.faultproxy import FaultProxy
+from testbed.fuse import fuse_unavailable, unmount_dead, weed_mount
 from testbed.gcs import GCSServer
 from testbed.servers import S3Endpoint, moto_server, seaweedfs
 from testbed.tls import Authority, KeyPair
@@ -239,3 +245,29 @@ def bucket_factory(request: pytest.FixtureRequest) -> Iterator[BucketFactory]:
             errors.append(f"{name} at {endpoint.url}: {exc}")
     if errors:  # reported as an error at teardown: leaked buckets exhaust SeaweedFS's volumes
         raise RuntimeError("bucket clean-up failed:\n  " + "\n  ".join(errors))
+
+
+# --------------------------------------------------------------------------------------------
+# A bucket mounted as a directory (FUSE)
+
+
+@dataclass(frozen=True)
+class MountedBucket:
+    """A bucket of ``endpoint`` mounted at ``root``: the same bytes as files and as objects."""
+
+    endpoint: S3Endpoint
+    bucket: str
+    root: Path
+
+
+@pytest.fixture
+def weed_mounted(seaweed: S3Endpoint, bucket_factory: BucketFactory,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[MountedBucket]:
+    reason = fuse_unavailable()
+    if reason is not None:
+        pytest.skip(f"no FUSE mount here: {reason}")
+    unmount_dead()  # a killed earlier session's, which no call can use any more
+    bucket = bucket_factory(seaweed)  # deleted after the mount is down (fixture order)
+    # mounted in a temporary directory of its own, out of pytest's tree (testbed.fuse)
+    with weed_mount(seaweed, bucket, workdir=tmp_path_factory.mktemp("weed-mount")) as root:
+        yield MountedBucket(seaweed, bucket, root)

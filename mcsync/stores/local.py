@@ -24,8 +24,8 @@ from .local_files import (
     TMP_MARK,
     LocalCopySource,
     LocalUpload,
-    filesystem_type,
     nameless_file,
+    on_this_machine,
     pread_exact,
     preadinto_exact,
     publish,
@@ -49,8 +49,6 @@ _LIST_BATCH = 256  # entries handed from the walker thread to the event loop at 
 # or FUSE mount (a Meta Storage Direct mount among them) can block for a long time per call,
 # so there every file goes to a thread.
 _INLINE_MAX = 256 * 1024
-_LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs",
-                                "zfs", "bcachefs", "overlay", "ramfs", "jfs", "reiserfs"})
 
 
 class LocalStore:
@@ -68,8 +66,7 @@ class LocalStore:
         self.url = str(self.root)
         # A small file on a local disk is written right on the event loop (a thread hand-off
         # costs more); the root's filesystem is known when the store is made.
-        fs = filesystem_type(self.root)
-        self._inline_max = _INLINE_MAX if fs in _LOCAL_FILESYSTEMS else 0
+        self._inline_max = _INLINE_MAX if on_this_machine(self.root) else 0
         # Hidden files this store is writing now (their paths): never swept.
         self._in_flight: set[str] = set()
         self._paths = RootedPaths(self.root)  # keys as paths, directories checked

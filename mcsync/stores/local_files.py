@@ -159,6 +159,19 @@ class LocalUpload:
         await asyncio.to_thread(drop)
 
 
+# Filesystems on this machine's own disks or memory; anything else (NFS, SMB, a FUSE mount
+# of a bucket such as Meta Storage Direct's) is a mount whose calls may block long.
+LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "zfs",
+                               "bcachefs", "overlay", "ramfs", "jfs", "reiserfs"})
+
+
+def on_this_machine(path: Path) -> bool:
+    """Whether ``path`` is on one of ``LOCAL_FILESYSTEMS``: not a network or FUSE mount, where
+    each call may wait on a server, and where a change made on the other side of the mount (a
+    write through the object store) raises no inotify event here."""
+    return filesystem_type(path) in LOCAL_FILESYSTEMS
+
+
 def filesystem_type(path: Path) -> str | None:
     """The type of the filesystem holding ``path`` (or its nearest existing ancestor); None
     where /proc/self/mountinfo cannot be read (not Linux)."""

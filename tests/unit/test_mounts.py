@@ -1,5 +1,7 @@
 """Which filesystem holds a target root decides whether small files are written inline."""
 
+from pathlib import Path
+
 from mcsync.stores.local_files import mount_fstype
 
 MOUNTINFO = r"""22 1 252:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
@@ -27,3 +29,20 @@ def test_the_last_mount_on_a_point_is_the_visible_one():
 
 def test_no_mount_known():
     assert mount_fstype("", "/x") is None
+
+
+def test_a_fuse_mount_is_not_on_this_machine(monkeypatch):
+    import mcsync.stores.local_files as lf
+
+    monkeypatch.setattr(lf, "filesystem_type", lambda path: "fuse.seaweedfs")
+    assert not lf.on_this_machine(Path("/mnt/bucket"))
+    monkeypatch.setattr(lf, "filesystem_type", lambda path: "ext4")
+    assert lf.on_this_machine(Path("/data"))
+
+
+def test_no_fuse_device_skips_the_mounted_tests_saying_why(monkeypatch):
+    import testbed.fuse
+
+    monkeypatch.setattr(testbed.fuse.sys, "platform", "linux")
+    monkeypatch.setattr(testbed.fuse.os.path, "exists", lambda p: p != "/dev/fuse")
+    assert "no /dev/fuse" in (testbed.fuse.fuse_unavailable() or "")
