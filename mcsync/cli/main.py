@@ -159,6 +159,11 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--min-age", type=DURATION, default=None, metavar="DURATION",
                      help="Leave files modified less than DURATION ago for a later run: they "
                           "may still be written (default 0; 30s with --watch)."),
+        click.option("--shard", "shard", default=None, metavar="I/N|auto",
+                     help="Only the keys of shard I of N (numbered from 0; by a stable hash of "
+                          "the key), with a manifest and lock of their own: one pod of a "
+                          "Kubernetes Indexed Job each. auto: I from JOB_COMPLETION_INDEX, N "
+                          "from JOB_COMPLETIONS."),
         click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
                      show_default=True, metavar="SECONDS",
                      help="On SIGINT/SIGTERM, how long work in flight may take to finish."),
@@ -366,6 +371,11 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
             raise UsageError("--watch keeps a target current; it cannot be a --dry-run")
         if min_age is None:
             min_age = 30.0 if watch else 0.0  # a watch meets files as they are written
+        shard = kw.pop("shard")
+        if shard is not None:
+            from ..shard import parse as parse_shard
+
+            kw["shard"] = parse_shard(shard)
         options = SyncOptions(dry_run=dry_run, server_side_copy=not no_server_side_copy,
                               use_manifest=not no_manifest, delta=not no_delta,
                               include=tuple(kw.pop("include")), exclude=tuple(kw.pop("exclude")),
