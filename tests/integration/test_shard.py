@@ -1,0 +1,104 @@
+"""--shard I/N against a real S3 server (moto): the shards of a Job write exactly the source,
+byte for byte, each key by one shard; the split is the same in a process with another hash
+seed; --shard auto from the Job's variables; two shards as two processes at once on one
+target, neither waiting for the other's lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import mcsync
+from mcsync.shard import shard_of
+
+from .helpers import new_bucket, payload, read_bucket, run_cli, write_tree
+
+ROOT = Path(__file__).parents[2]
+OBJECTS = {f"d{i % 7}/f{i:04}.bin": payload(1 + i % 50, i) for i in range(500)}
+
+
+@pytest.mark.parametrize("count", [1, 3, 8])
+def test_the_shards_together_are_the_source(moto, tmp_path, monkeypatch, count):
+    write_tree(tmp_path / "src", OBJECTS)
+    bucket = new_bucket(moto)
+    for name, value in moto.meta_env().items():
+        monkeypatch.setenv(name, value)
+    dst = f"meta://{bucket}/ds/"
+    seen: list[str] = []
+    for index in range(count):
+        report = mcsync.sync(str(tmp_path / "src"), dst, shard=(index, count))
+        assert report.exit_code == 0, report.failures
+        keys = [o.key for o in report.objects]
+        assert set(keys) == {k for k in OBJECTS if shard_of(k, count) == index}
+        seen += keys
+    assert sorted(seen) == sorted(OBJECTS)  # each key written by one shard, once
+    assert read_bucket(moto, bucket, "ds/") == OBJECTS
+
+
+def test_the_split_is_the_same_under_another_hash_seed():
+    keys = [f"d{i % 7}/f{i:04}.bin" for i in range(300)] + ["日本語/ファイル", "a b/c+d"]
+    code = ("import json, sys\nfrom mcsync.shard import shard_of\n"
+            "print(json.dumps([shard_of(k, 8) for k in json.load(sys.stdin)]))")
+    here = [shard_of(k, 8) for k in keys]
+    for hash_seed in ("0", "1", "4242"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(ROOT))
+        out = subprocess.run([sys.executable, "-c", code], input=json.dumps(keys), env=env,
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+        assert json.loads(out) == here
+
+
+def test_shard_auto_reads_the_job_s_variables(moto, tmp_path):
+    write_tree(tmp_path / "src", OBJECTS)
+    bucket = new_bucket(moto)
+    env = moto.meta_env() | {"JOB_COMPLETION_INDEX": "2", "JOB_COMPLETIONS": "3"}
+    result = run_cli("sync", str(tmp_path / "src"), f"meta://{bucket}/", "--shard", "auto",
+                     "--json", "--quiet", env=env)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert {o["key"] for o in report["objects"]} == {k for k in OBJECTS if shard_of(k, 3) == 2}
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    ({"JOB_COMPLETIONS": "3"}, "JOB_COMPLETION_INDEX is not set"),
+    ({"JOB_COMPLETION_INDEX": "0"}, "JOB_COMPLETIONS is not set"),
+    ({"JOB_COMPLETION_INDEX": "0", "JOB_COMPLETIONS": "three"},
+     "JOB_COMPLETIONS is not a whole number"),
+])
+def test_shard_auto_without_the_variables_is_a_usage_error(tmp_path, monkeypatch, env, says):
+    for name in ("JOB_COMPLETION_INDEX", "JOB_COMPLETIONS"):
+        monkeypatch.delenv(name, raising=False)
+    result = run_cli("sync", str(tmp_path), str(tmp_path / "dst"), "--shard", "auto", env=env)
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("mcsync: error: --shard auto: ") and says in line
+    assert not (tmp_path / "dst").exists()
+
+
+def test_two_shards_in_two_processes_share_a_target(moto, tmp_path):
+    """Each shard holds its own lock: run together, neither is locked out (exit 3)."""
+    write_tree(tmp_path / "src", OBJECTS)
+    bucket = new_bucket(moto)
+    procs = []
+    for index in range(2):
+        # Each with a state directory of its own, as two pods; --tpslimit keeps both running
+        # for a few seconds, so they overlap.
+        env = dict(os.environ, PYTHONPATH=str(ROOT),
+                   XDG_STATE_HOME=str(tmp_path / f"pod-{index}")) | moto.meta_env()
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "mcsync.cli.main", "sync", str(tmp_path / "src"),
+             f"meta://{bucket}/", "--shard", f"{index}/2", "--tpslimit", "100", "--json",
+             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env))
+    began = time.monotonic()
+    outs = [p.communicate(timeout=180) for p in procs]
+    for proc, (_, err) in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, err.decode()[-2000:]
+    reports = [json.loads(out) for out, _ in outs]
+    assert time.monotonic() - began < sum(r["elapsed_s"] for r in reports)  # they overlapped
+    assert sum(r["objects_copied"] for r in reports) == len(OBJECTS)
+    assert read_bucket(moto, bucket) == OBJECTS
