@@ -91,3 +91,9 @@ def suffix(shard: Shard | None) -> str:
     if shard is None or shard[1] == 1:
         return ""
     return f".shard-{shard[0]}-of-{shard[1]}"
+
+
+def of_name(name: str) -> Shard | None:
+    """The shard whose state a file or object is named for (``suffix``'s inverse), or None."""
+    match = re.search(r"\.shard-(\d+)-of-(\d+)\.", name)
+    return (int(match.group(1)), int(match.group(2))) if match else None

@@ -229,17 +229,22 @@ def resume(src: str | None, dst: str | None, **kw: Any) -> None:
     """Finish an interrupted sync. With SRC and DST it is `sync SRC DST`; without, it takes
     the pair whose last run on this machine was interrupted."""
     if src is None or dst is None:
+        from ..shard import of_name
+
         pending = []
         for path in manifest_dir().glob("*.sqlite"):
             status, pair = last_run_status(path), pair_of(path)
             if status and pair and status[1] in ("interrupted", "running"):
-                pending.append((status[0], pair))
+                pending.append((status[0], pair, of_name(path.name)))
         if not pending:
             click.echo("mcsync: error: no interrupted sync found on this machine; "
                        "give SRC and DST", err=True)
             sys.exit(EXIT_USAGE)
-        src, dst = max(pending)[1]
-        click.echo(f"mcsync: resuming {src} -> {dst}", err=True)
+        _, (src, dst), shard = max(pending, key=lambda p: p[0])
+        if shard is not None and kw.get("shard") is None:  # a shard's run resumes as one
+            kw["shard"] = f"{shard[0]}/{shard[1]}"
+        click.echo(f"mcsync: resuming {src} -> {dst}"
+                   + (f" (shard {kw['shard']})" if kw.get("shard") else ""), err=True)
     sys.exit(_run(src, dst, dry_run=False, show_plan=False, **kw))
 
 

@@ -102,3 +102,25 @@ def test_two_shards_in_two_processes_share_a_target(moto, tmp_path):
     assert time.monotonic() - began < sum(r["elapsed_s"] for r in reports)  # they overlapped
     assert sum(r["objects_copied"] for r in reports) == len(OBJECTS)
     assert read_bucket(moto, bucket) == OBJECTS
+
+
+def test_resume_without_addresses_resumes_a_shard_as_that_shard(tmp_path):
+    from mcsync.manifest import Manifest, manifest_dir, pair_of
+
+    write_tree(tmp_path / "src", OBJECTS)
+    first = run_cli("sync", str(tmp_path / "src"), str(tmp_path / "dst"), "--shard", "1/3",
+                    "--quiet")
+    assert first.exit_code == 0, first.output
+    (path,) = manifest_dir().glob("*.shard-1-of-3.sqlite")
+    pair = pair_of(path)
+    assert pair is not None
+    manifest = Manifest(path, *pair)
+    manifest.start_run()  # as a run killed mid-way leaves it: "running"
+    manifest.close()
+    more = {f"new/{i:03}.bin": payload(10, 1000 + i) for i in range(60)}
+    write_tree(tmp_path / "src", more)
+    resumed = run_cli("resume", "--json", "--quiet")
+    assert resumed.exit_code == 0, resumed.output
+    assert "(shard 1/3)" in resumed.stderr
+    copied = {o["key"] for o in json.loads(resumed.stdout)["objects"]}
+    assert copied == {k for k in more if shard_of(k, 3) == 1}

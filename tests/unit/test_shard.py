@@ -11,7 +11,7 @@ from mcsync.config import SyncOptions
 from mcsync.errors import UsageError
 from mcsync.manifest import default_path
 from mcsync.plan import Pair, plan
-from mcsync.shard import holds, parse, shard_key, shard_of, suffix
+from mcsync.shard import holds, of_name, parse, shard_key, shard_of, suffix
 from mcsync.types import ObjectInfo
 
 keys = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=80)
@@ -136,3 +136,9 @@ def test_the_planner_leaves_another_shard_s_keys_alone() -> None:
             delete = plan(Pair(key, None, info), options, server_side=False)
             assert (copy is not None) == (index == mine)
             assert (delete is not None and delete.kind == "delete") == (index == mine)
+
+
+@pytest.mark.parametrize("shard", [None, (0, 1), (0, 2), (7, 8), (12, 100)])
+def test_a_shard_is_read_back_from_its_state_s_name(shard: tuple[int, int] | None) -> None:
+    expect = shard if shard is not None and shard[1] > 1 else None
+    assert of_name(default_path("s3://a/", "meta://b/", suffix(shard)).name) == expect
