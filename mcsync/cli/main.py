@@ -322,6 +322,58 @@ async def _manifests_of(store: Any, tmp: Path) -> list[Path]:
     return found
 
 
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("dst")
+@click.option("--endpoint-url", default=None, metavar="URL")
+@click.option("--profile", default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout.")
+def status(dst: str, endpoint_url: str | None, profile: str | None, as_json: bool) -> None:
+    """Show what the state mcsync keeps at DST says: per pair, or per shard of a pair run with
+    --shard, done / running / failed / interrupted / not started, objects and bytes recorded,
+    failures and time of the newest run, and when the last run that ended well finished."""
+    import tempfile
+
+    from ..status import status as read_status  # the status command's alone
+
+    async def go() -> list[Any]:
+        where = dst if dst.endswith("/") else dst + "/"
+        state = open_store(where + RESERVED_PREFIX,
+                           StoreOptions(endpoint_url=endpoint_url, profile=profile))
+        try:
+            with tempfile.TemporaryDirectory(prefix="mcsync-status-") as tmp:
+                return await read_status(state, Path(tmp))
+        finally:
+            await state.aclose()
+
+    rows = guarded(lambda: run_blocking(go()))
+    if not isinstance(rows, list):
+        sys.exit(rows)
+    if not rows:
+        click.echo(f"mcsync: error: {dst}: no mcsync state there (.mcsync/): nothing was "
+                   "synced to it", err=True)
+        sys.exit(EXIT_USAGE)
+    if as_json:
+        write_stdout(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
+        sys.exit(EXIT_OK)
+
+    def when(t: float | None) -> str:
+        return (datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") if t is not None
+                else "-")
+
+    click.echo(f"{'pair':<20}  {'shard':>7}  {'state':<12}  {'objects':>9}  {'bytes':>10}  "
+               f"{'failed':>6}  {'took':>8}  last success (UTC)")
+    for r in rows:
+        shard = f"{r.shard[0]}/{r.shard[1]}" if r.shard else "-"
+        took = f"{r.elapsed_s:.0f}s" if r.elapsed_s is not None else "-"
+        click.echo(f"{r.pair:<20}  {shard:>7}  {r.state:<12}  {r.objects:>9}  "
+                   f"{format_size(r.bytes):>10}  {r.failed:>6}  {took:>8}  "
+                   f"{when(r.last_success)}" + (f"  ({r.holder})" if r.holder else ""))
+    sources = sorted({(r.pair, r.src) for r in rows if r.src})
+    for pair, src in sources:
+        click.echo(f"{pair}: from {src}", err=True)
+    sys.exit(EXIT_OK)
+
+
 @cli.command(name="ls", epilog=EXIT_CODES_HELP)
 @click.argument("url")
 @click.option("--endpoint-url", default=None, metavar="URL")

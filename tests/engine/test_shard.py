@@ -172,3 +172,42 @@ def test_a_checkpoint_s_markers_wait_for_its_files_in_the_same_shard() -> None:
     assert held == {"run/checkpoint-100/model.safetensors.index.json",
                     "run/checkpoint-100/config.json", "run/checkpoint-100/trainer_state.json"}
     assert not set(contents(dst)) & held
+
+
+def test_status_reads_each_shard_s_state_at_the_target(tmp_path: Path) -> None:
+    import json
+    import time
+
+    from mcsync.status import status
+
+    src, dst = MemoryStore(), MemoryStore(endpoint=MemoryEndpoint("target"))
+    objects = {f"k{i:03}": payload(10 + i, i) for i in range(90)}
+    seed(src, objects)
+    run(src, dst, shard=(0, 4))
+    bad = next(k for k in objects if shard_of(k, 4) == 2)
+    fail = Rule("put", key=bad, error=mcsync.Permanent("refused"))
+    run(src, faulty(dst, Faults([fail])), shard=(2, 4))
+    # shard 3: a run holding its lock now, on another machine
+    holder = {"host": "pod-3", "pid": 7, "started_at": time.time(),
+              "expires_at": time.time() + 600}
+    seed(dst, {target_lock_key(src, dst, (3, 4)): json.dumps(holder).encode()})
+
+    rows = asyncio.run(status(MemoryStore(".mcsync/", endpoint=dst.endpoint), tmp_path))
+    by_shard = {r.shard: r for r in rows}
+    assert sorted(by_shard) == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    mine = [k for k in objects if shard_of(k, 4) == 0]
+    done = by_shard[(0, 4)]
+    assert (done.state, done.objects, done.bytes, done.failed) == (
+        "done", len(mine), sum(len(objects[k]) for k in mine), 0)
+    assert done.last_success is not None and done.src == src.url
+    failed = by_shard[(2, 4)]
+    assert (failed.state, failed.failed) == ("failed", 1)
+    assert failed.objects == sum(1 for k in objects if shard_of(k, 4) == 2) - 1
+    assert failed.last_success is None
+    assert by_shard[(1, 4)].state == "not started"
+    assert (by_shard[(3, 4)].state, by_shard[(3, 4)].holder) == ("running", "pid 7 on pod-3")
+    # an expired lock is a run that died: not running
+    holder["expires_at"] = time.time() - 1
+    seed(dst, {target_lock_key(src, dst, (3, 4)): json.dumps(holder).encode()})
+    rows = asyncio.run(status(MemoryStore(".mcsync/", endpoint=dst.endpoint), tmp_path))
+    assert {r.shard: r.state for r in rows}[(3, 4)] == "not started"

@@ -124,3 +124,29 @@ def test_resume_without_addresses_resumes_a_shard_as_that_shard(tmp_path):
     assert "(shard 1/3)" in resumed.stderr
     copied = {o["key"] for o in json.loads(resumed.stdout)["objects"]}
     assert copied == {k for k in more if shard_of(k, 3) == 1}
+
+
+def test_status_shows_the_shards_of_a_target(moto, tmp_path):
+    write_tree(tmp_path / "src", OBJECTS)
+    bucket = new_bucket(moto)
+    env = moto.meta_env()
+    for index in (0, 2):
+        done = run_cli("sync", str(tmp_path / "src"), f"meta://{bucket}/ds/", "--shard",
+                       f"{index}/3", "--quiet", env=env)
+        assert done.exit_code == 0, done.output
+    shown = run_cli("status", f"meta://{bucket}/ds", env=env)
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+    assert lines[0].split()[:4] == ["pair", "shard", "state", "objects"]
+    states = {line.split()[1]: line.split()[2:4] for line in lines[1:]}
+    assert states == {
+        "0/3": ["done", str(sum(1 for k in OBJECTS if shard_of(k, 3) == 0))],
+        "1/3": ["not", "started"],
+        "2/3": ["done", str(sum(1 for k in OBJECTS if shard_of(k, 3) == 2))]}
+    as_json = json.loads(run_cli("status", f"meta://{bucket}/ds/", "--json", env=env).stdout)
+    assert [r["state"] for r in as_json] == ["done", "not started", "done"]
+    assert sum(r["objects"] for r in as_json) == sum(1 for k in OBJECTS if shard_of(k, 3) != 1)
+    assert sum(r["bytes"] for r in as_json) == sum(
+        len(v) for k, v in OBJECTS.items() if shard_of(k, 3) != 1)
+    nothing = run_cli("status", f"meta://{bucket}/elsewhere/", env=env)
+    assert nothing.exit_code == 2 and "no mcsync state" in nothing.stderr

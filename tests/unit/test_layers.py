@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
      "metrics", "resilience"),
     ("index", "manifest_schema", "manifest", "listing", "checkpoints", "shard", "plan", "spool",
      "lock", "delta_bases", "preflight"),
-    ("scan", "compare", "verify", "delta_planner"),
+    ("scan", "compare", "verify", "delta_planner", "status"),
     ("upload", "compose", "transfer", "manifest_copy", "dispatch"),
     ("driver", "engine", "watching"),
     ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.faults"),
