@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import NotFound
-from .lock import _expires_at, _parsed
+from .lock import expires_at, parsed_holder
 from .shard import Shard, of_name
 from .stores.base import ReadStore
 
@@ -99,7 +99,7 @@ async def status(state: ReadStore, tmp: Path, *, now: float | None = None) -> li
                 entry.manifest.write_bytes(bytes(await state.get(info.key)))
             else:
                 with contextlib.suppress(NotFound):  # released since it was listed
-                    entry.lock = _parsed(bytes(await state.get(info.key)))
+                    entry.lock = parsed_holder(bytes(await state.get(info.key)))
     except NotFound:
         return []
     counts: dict[str, set[int]] = {}
@@ -119,7 +119,7 @@ async def status(state: ReadStore, tmp: Path, *, now: float | None = None) -> li
 
 
 def _row(pair: str, shard: Shard | None, entry: _Found, now: float) -> ShardStatus:
-    held = entry.lock if entry.lock and _expires_at(entry.lock) > now else None
+    held = entry.lock if entry.lock and expires_at(entry.lock) > now else None
     holder = (f"pid {held.get('pid', '?')} on {held.get('host', '?')}" if held is not None
               else None)
     if entry.manifest is None:
