@@ -18,8 +18,8 @@ keys = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=
 
 # Computed once: a change of the hash (or of what is hashed) moves keys between shards, and a
 # Job resumed after an upgrade would copy keys another shard already copied. Pinned.
-PINNED = {("data/train-00000.parquet", 8): 6, ("data/train-00001.parquet", 8): 4,
-          ("a", 3): 2, ("日本語/ファイル.bin", 5): 3,
+PINNED = {("data/train-00000.parquet", 8): 0, ("data/train-00001.parquet", 8): 2,
+          ("a", 3): 1, ("日本語/ファイル.bin", 5): 3,
           ("run/checkpoint-500/model.safetensors", 7): 4}
 
 
@@ -142,3 +142,15 @@ def test_the_planner_leaves_another_shard_s_keys_alone() -> None:
 def test_a_shard_is_read_back_from_its_state_s_name(shard: tuple[int, int] | None) -> None:
     expect = shard if shard is not None and shard[1] > 1 else None
     assert of_name(default_path("s3://a/", "meta://b/", suffix(shard)).name) == expect
+
+
+def test_the_quick_test_of_shard_key_covers_every_checkpoint_directory_known_by_name() -> None:
+    """shard_key skips keys holding none of "step", "iter_", "checkpoint-": a framework
+    recognised by its directory's name alone must be one whose names all hold one of them."""
+    from mcsync.checkpoints import FRAMEWORKS
+
+    by_name = {f.name: f.directory for f in FRAMEWORKS
+               if f.directory is not None and f.contains is None}
+    assert by_name == {"DeepSpeed": r"global_step\d+", "Megatron-LM": r"iter_\d{7}",
+                       "NeMo": r".*step=\d+.*", "Hugging Face Trainer": r"checkpoint-\d+"}, (
+        "a checkpoint directory known by name changed: update shard_key's quick test")
