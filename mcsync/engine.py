@@ -63,7 +63,7 @@ ManifestFactory = Callable[[Path, str, str], Manifest]
 
 
 def target_lock_key(src: ReadStore, dst: ReadStore, shard: Shard | None = None) -> str:
-    """Each shard of a pair has a lock of its own (none for 1 of 1: the pair's), so shards
+    """Each shard of a pair has a lock of its own (1 of 1 takes the pair's), so shards
     never wait for each other."""
     return f"{RESERVED_PREFIX}lock-{pair_id(src.url, dst.url)}{suffix(shard)}.json"
 

@@ -32,7 +32,7 @@ REFRESH_EVERY_S = 300.0
 
 
 def target_manifest_key(src: ReadStore, dst: ReadStore, shard: Shard | None = None) -> str:
-    """Each shard's manifest has a copy of its own (none for 1 of 1: the pair's)."""
+    """Each shard's manifest has a copy of its own (1 of 1 keeps the pair's)."""
     return f"{RESERVED_PREFIX}manifest-{pair_id(src.url, dst.url)}{suffix(shard)}.sqlite"
 
 
