@@ -96,6 +96,9 @@ class SyncOptions:
     # ("08:00,100MiB 20:00,off"; --bwlimit; None: no cap). See mcsync.ratelimit.
     tps_limit: float | None = None
     bw_limit: str | None = None
+    # One shard of the keys, (index, count) numbered from 0 (--shard I/N): this run touches
+    # only the keys that hash to it, with a manifest and lock of its own (mcsync.shard).
+    shard: tuple[int, int] | None = None
     # For s3:// on both sides unless a side has its own (--client-cert, --client-key; see
     # StoreOptions): fields last, so that positional uses of the others stay as they were.
     client_cert: str | None = None
@@ -106,6 +109,14 @@ class SyncOptions:
             if not isinstance(getattr(self, side), StoreOptions | None):
                 raise TypeError(f"{side} must be mcsync.StoreOptions, got "
                                 f"{type(getattr(self, side)).__name__}")
+        if self.shard is not None:
+            if (not isinstance(self.shard, tuple) or len(self.shard) != 2 or not all(
+                    isinstance(n, int) and not isinstance(n, bool) for n in self.shard)):
+                raise UsageError(f"shard must be (index, count), two integers, got "
+                                 f"{self.shard!r}")
+            if not 0 <= self.shard[0] < self.shard[1]:
+                raise UsageError(f"--shard {self.shard[0]}/{self.shard[1]}: the index goes "
+                                 "from 0 to count - 1 (as JOB_COMPLETION_INDEX)")
         if self.concurrency < 1:
             raise UsageError(f"--concurrency must be at least 1, got {self.concurrency}")
         if self.part_concurrency < 1:

@@ -45,6 +45,7 @@ from .preflight import check_stores, writable_pair
 from .report import RunTotals, SyncReport
 from .resilience import Pacing, pacing_of, resilient
 from .retry import RetryPolicy, retrying
+from .shard import Shard, suffix
 from .spool import Spool
 from .stores.base import (
     ReadStore,
@@ -61,8 +62,10 @@ log = logging.getLogger(__name__)
 ManifestFactory = Callable[[Path, str, str], Manifest]
 
 
-def target_lock_key(src: ReadStore, dst: ReadStore) -> str:
-    return f"{RESERVED_PREFIX}lock-{pair_id(src.url, dst.url)}.json"
+def target_lock_key(src: ReadStore, dst: ReadStore, shard: Shard | None = None) -> str:
+    """Each shard of a pair has a lock of its own (1 of 1 takes the pair's), so shards
+    never wait for each other."""
+    return f"{RESERVED_PREFIX}lock-{pair_id(src.url, dst.url)}{suffix(shard)}.json"
 
 
 async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOptions,
@@ -98,7 +101,8 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
         # checks pass, and what was read is used only once the lock is held. A local target
         # costs no round trip to wait for.
         early = locking and target.facts.round_trips
-        held = (asyncio.create_task(read_lock(target, target_lock_key(source, target)))
+        held = (asyncio.create_task(read_lock(target, target_lock_key(source, target,
+                                                                    options.shard)))
                 if early else None)
         try:
             if preflight:
@@ -120,7 +124,9 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
 
 
 def manifest_path(source: ReadStore, target: ReadStore, options: SyncOptions) -> Path:
-    return Path(options.manifest) if options.manifest else default_path(source.url, target.url)
+    if options.manifest:
+        return Path(options.manifest)
+    return default_path(source.url, target.url, suffix(options.shard))
 
 
 def pair_lock(source: ReadStore, target: Store, options: SyncOptions, *,
@@ -130,7 +136,7 @@ def pair_lock(source: ReadStore, target: Store, options: SyncOptions, *,
     its lock object, being read already."""
     path = manifest_path(source, target, options)
     return run_lock(path.with_name(path.name + ".lock"), target,
-                    target_lock_key(source, target), held=held)
+                    target_lock_key(source, target, options.shard), held=held)
 
 
 async def _store(where: str | ReadStore, options: StoreOptions,
@@ -158,7 +164,8 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
     # A copy just fetched from the target is there: no need to look for it again.
     look = check_manifest_copy
     if options.use_manifest and (path.exists() or not options.dry_run):
-        if not path.exists() and (data := await manifest_copy.fetch(src, dst)) is not None:
+        if not path.exists() and (
+                data := await manifest_copy.fetch(src, dst, options.shard)) is not None:
             manifest_copy.install(data, path)
             look = False
         manifest = manifest_factory(path, src.url, dst.url)
@@ -201,7 +208,7 @@ class _Run:
         # A killed run's upload of the manifest's copy is the keeper's to abort.
         self.keeper = (manifest_copy.Keeper(src, dst, writing, options,
                                           open_uploads.pop(manifest_copy.target_manifest_key(
-                                              src, dst), None))
+                                              src, dst, options.shard), None))
                        if writing is not None else None)
         holdings = (ManifestHoldings(manifest, writing=writing is not None)
                     if manifest is not None else None)
@@ -228,7 +235,8 @@ class _Run:
         trust = (self.manifest is not None and self.manifest.established
                  and not (self.options.delete or self.options.verify or self.options.checksum)
                  and (not self.look
-                      or await manifest_copy.kept(self.src, self.dst, self.limits)))
+                      or await manifest_copy.kept(self.src, self.dst, self.limits,
+                                                  self.options.shard)))
         deletes, markers = Spool(), Spool()  # held back until every copy is done
         main = asyncio.current_task()
         self.pacing.listeners.append(self._throttled)

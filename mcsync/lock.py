@@ -25,7 +25,8 @@ from .errors import ConfigError, Locked, MCSyncError, NotFound
 from .stores.base import Store
 from .tasks import cancel_and_wait
 
-__all__ = ["Locked", "read_lock", "run_lock"]  # Locked lives in errors; named here as before
+# Locked lives in errors; named here as before
+__all__ = ["Locked", "expires_at", "parsed_holder", "read_lock", "run_lock"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def _when(t: object, fmt: str) -> str:
         return "?"
 
 
-def _parsed(data: bytes) -> dict[str, object]:
+def parsed_holder(data: bytes) -> dict[str, object]:
     """A holder as a lock names it; {} for a lock file or object that holds anything else
     (empty, truncated by a crash, not JSON, not an object)."""
     try:
@@ -56,7 +57,7 @@ def _parsed(data: bytes) -> dict[str, object]:
     return info if isinstance(info, dict) else {}
 
 
-def _expires_at(info: dict[str, object]) -> float:
+def expires_at(info: dict[str, object]) -> float:
     value = info.get("expires_at", 0)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
@@ -72,7 +73,7 @@ def _local_lock(path: Path):  # type: ignore[no-untyped-def]
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            info = _parsed(os.pread(fd, 4096, 0))
+            info = parsed_holder(os.pread(fd, 4096, 0))
             raise Locked(f"another run of this sync holds {path} ({_describe(info)})") from None
         try:
             os.ftruncate(fd, 0)
@@ -87,7 +88,7 @@ def _local_lock(path: Path):  # type: ignore[no-untyped-def]
 async def read_lock(dst: Store, target_key: str) -> dict[str, object]:
     """The target's lock object ({} when there is none, or it names nothing)."""
     try:
-        return _parsed(bytes(await dst.get(target_key)))
+        return parsed_holder(bytes(await dst.get(target_key)))
     except NotFound:
         return {}
 
@@ -103,10 +104,10 @@ async def run_lock(local_path: Path, dst: Store, target_key: str, *, ttl: float 
         # target lock left by this host belongs to a run that died: take it over at once. A
         # lock object that names no holder or no expiry (damaged) blocks nothing.
         foreign = bool(current) and current.get("host") != me["host"]
-        if foreign and _expires_at(current) > time.time():
+        if foreign and expires_at(current) > time.time():
             raise Locked(f"another run of this sync holds the target lock {target_key} "
                          f"({_describe(current)}); it expires at "
-                         f"{_when(_expires_at(current), '%H:%M:%S')}")
+                         f"{_when(expires_at(current), '%H:%M:%S')}")
         await dst.put(target_key, json.dumps(me).encode())
 
         async def renew() -> None:

@@ -185,8 +185,9 @@ def manifest_dir() -> Path:
     return state / "mcsync" / "manifests"
 
 
-def default_path(src_url: str, dst_url: str) -> Path:
-    return manifest_dir() / f"{pair_id(src_url, dst_url)}.sqlite"
+def default_path(src_url: str, dst_url: str, suffix: str = "") -> Path:
+    """``suffix``: a shard's (``shard.suffix``), so each shard of a pair has its own."""
+    return manifest_dir() / f"{pair_id(src_url, dst_url)}{suffix}.sqlite"
 
 
 def pair_of(path: Path) -> tuple[str, str] | None:

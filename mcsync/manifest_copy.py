@@ -19,6 +19,7 @@ from .config import SyncOptions
 from .errors import MCSyncError, NotFound
 from .limits import Limits
 from .manifest import Manifest, OpenUpload, pair_id
+from .shard import Shard, suffix
 from .stores.base import ReadStore, Store
 from .types import RESERVED_PREFIX, ObjectInfo, PartRef
 from .upload import Journal, abort_left_open
@@ -30,23 +31,24 @@ log = logging.getLogger(__name__)
 REFRESH_EVERY_S = 300.0
 
 
-def target_manifest_key(src: ReadStore, dst: ReadStore) -> str:
-    return f"{RESERVED_PREFIX}manifest-{pair_id(src.url, dst.url)}.sqlite"
+def target_manifest_key(src: ReadStore, dst: ReadStore, shard: Shard | None = None) -> str:
+    """Each shard's manifest has a copy of its own (1 of 1 keeps the pair's)."""
+    return f"{RESERVED_PREFIX}manifest-{pair_id(src.url, dst.url)}{suffix(shard)}.sqlite"
 
 
-async def _copy_of(src: ReadStore, dst: Store) -> bytes | None:
+async def _copy_of(src: ReadStore, dst: Store, shard: Shard | None = None) -> bytes | None:
     """The target's copy, or None when there is none; other errors raised (``fetch``)."""
     try:
-        return bytes(await dst.get(target_manifest_key(src, dst)))
+        return bytes(await dst.get(target_manifest_key(src, dst, shard)))
     except NotFound:
         return None
 
 
-async def fetch(src: ReadStore, dst: Store) -> bytes | None:
+async def fetch(src: ReadStore, dst: Store, shard: Shard | None = None) -> bytes | None:
     """The target's copy (the local manifest is missing), or None when there is none or it
     cannot be read (a warning: the run then lists the target instead)."""
     try:
-        return await _copy_of(src, dst)
+        return await _copy_of(src, dst, shard)
     except MCSyncError as exc:
         log.warning("could not fetch the manifest copy at the target: %s", exc)
         return None
@@ -61,17 +63,19 @@ def install(data: bytes, path: Path) -> None:
     log.info("manifest fetched from the target (%d bytes)", len(data))
 
 
-async def _head_copy(src: ReadStore, dst: Store, limits: Limits | None = None) -> None:
+async def _head_copy(src: ReadStore, dst: Store, limits: Limits | None = None,
+                     shard: Shard | None = None) -> None:
     async with limits.requests if limits is not None else contextlib.nullcontext():
-        await dst.head(target_manifest_key(src, dst))
+        await dst.head(target_manifest_key(src, dst, shard))
 
 
-async def kept(src: ReadStore, dst: Store, limits: Limits | None = None) -> bool:
+async def kept(src: ReadStore, dst: Store, limits: Limits | None = None,
+               shard: Shard | None = None) -> bool:
     """Does the target still hold the copy? A manifest stands in for a listing of the target
     only then: a target emptied or replaced since (a wiped prefix, a new directory) is listed,
     not trusted."""
     try:
-        await _head_copy(src, dst, limits)
+        await _head_copy(src, dst, limits, shard)
     except NotFound:
         log.info("%s holds no copy of this pair's manifest: listing it", dst.url)
         return False
@@ -93,7 +97,7 @@ class Keeper:
         self.manifest = manifest
         self.options = options
         self.stale = stale
-        self.key = target_manifest_key(src, dst)
+        self.key = target_manifest_key(src, dst, options.shard)
 
     async def abort_stale(self) -> None:
         """Abort the upload of the copy a killed run left (once)."""

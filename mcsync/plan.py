@@ -11,6 +11,7 @@ from .checkpoints import MARKERS
 from .config import SyncOptions
 from .events import ActionKind
 from .manifest import ManifestEntry
+from .shard import holds
 from .types import RESERVED_PREFIX, ObjectInfo
 
 # "compare" (only with --checksum): metadata is no evidence either way; the engine reads and
@@ -63,10 +64,13 @@ class Action:
 def plan(pair: Pair, options: SyncOptions, *, server_side: bool,
          target_listed: bool = True, files: bool = False) -> Action | None:
     """The action for one key, or None when the key is not ours to touch (filtered out, or a
-    target-only key without --delete). ``target_listed`` is False when the manifest stands in
-    for a listing of the target; ``files``: the target is a file system."""
+    target-only key without --delete, or another shard's key). ``target_listed`` is False when
+    the manifest stands in for a listing of the target; ``files``: the target is a file
+    system."""
     if pair.key.startswith(RESERVED_PREFIX) or not options.selects(pair.key):
         return None
+    if options.shard is not None and not holds(options.shard, pair.key):
+        return None  # another shard's: it copies, skips, records and deletes it
     src, dst, known = pair.src, pair.dst, pair.known
     if src is None:
         if dst is None:

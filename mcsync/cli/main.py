@@ -176,6 +176,11 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--min-age", type=DURATION, default=None, metavar="DURATION",
                      help="Leave files modified less than DURATION ago for a later run: they "
                           "may still be written (default 0; 30s with --watch)."),
+        click.option("--shard", "shard", default=None, metavar="I/N|auto",
+                     help="Only the keys of shard I of N (numbered from 0; by a stable hash of "
+                          "the key), with a manifest and lock of their own: one pod of a "
+                          "Kubernetes Indexed Job each. auto: I from JOB_COMPLETION_INDEX, N "
+                          "from JOB_COMPLETIONS."),
         click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
                      show_default=True, metavar="SECONDS",
                      help="On SIGINT/SIGTERM, how long work in flight may take to finish."),
@@ -241,17 +246,22 @@ def resume(src: str | None, dst: str | None, **kw: Any) -> None:
     """Finish an interrupted sync. With SRC and DST it is `sync SRC DST`; without, it takes
     the pair whose last run on this machine was interrupted."""
     if src is None or dst is None:
+        from ..shard import of_name
+
         pending = []
         for path in manifest_dir().glob("*.sqlite"):
             status, pair = last_run_status(path), pair_of(path)
             if status and pair and status[1] in ("interrupted", "running"):
-                pending.append((status[0], pair))
+                pending.append((status[0], pair, of_name(path.name)))
         if not pending:
             click.echo("mcsync: error: no interrupted sync found on this machine; "
                        "give SRC and DST", err=True)
             sys.exit(EXIT_USAGE)
-        src, dst = max(pending)[1]
-        click.echo(f"mcsync: resuming {src} -> {dst}", err=True)
+        _, (src, dst), shard = max(pending, key=lambda p: p[0])
+        if shard is not None and kw.get("shard") is None:  # a shard's run resumes as one
+            kw["shard"] = f"{shard[0]}/{shard[1]}"
+        click.echo(f"mcsync: resuming {src} -> {dst}"
+                   + (f" (shard {kw['shard']})" if kw.get("shard") else ""), err=True)
     sys.exit(_run(src, dst, dry_run=False, show_plan=False, **kw))
 
 
@@ -332,6 +342,58 @@ async def _manifests_of(store: Any, tmp: Path) -> list[Path]:
     return found
 
 
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("dst")
+@click.option("--endpoint-url", default=None, metavar="URL")
+@click.option("--profile", default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout.")
+def status(dst: str, endpoint_url: str | None, profile: str | None, as_json: bool) -> None:
+    """Show what the state mcsync keeps at DST says: per pair, or per shard of a pair run with
+    --shard, done / running / failed / interrupted / not started, objects and bytes recorded,
+    failures and time of the newest run, and when the last run that ended well finished."""
+    import tempfile
+
+    from ..status import status as read_status  # the status command's alone
+
+    async def go() -> list[Any]:
+        where = dst if dst.endswith("/") else dst + "/"
+        state = open_store(where + RESERVED_PREFIX,
+                           StoreOptions(endpoint_url=endpoint_url, profile=profile))
+        try:
+            with tempfile.TemporaryDirectory(prefix="mcsync-status-") as tmp:
+                return await read_status(state, Path(tmp))
+        finally:
+            await state.aclose()
+
+    rows = guarded(lambda: run_blocking(go()))
+    if not isinstance(rows, list):
+        sys.exit(rows)
+    if not rows:
+        click.echo(f"mcsync: error: {dst}: no mcsync state there (.mcsync/): nothing was "
+                   "synced to it", err=True)
+        sys.exit(EXIT_USAGE)
+    if as_json:
+        write_stdout(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
+        sys.exit(EXIT_OK)
+
+    def when(t: float | None) -> str:
+        return (datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") if t is not None
+                else "-")
+
+    click.echo(f"{'pair':<20}  {'shard':>7}  {'state':<12}  {'objects':>9}  {'bytes':>10}  "
+               f"{'failed':>6}  {'took':>8}  last success (UTC)")
+    for r in rows:
+        shard = f"{r.shard[0]}/{r.shard[1]}" if r.shard else "-"
+        took = f"{r.elapsed_s:.0f}s" if r.elapsed_s is not None else "-"
+        click.echo(f"{r.pair:<20}  {shard:>7}  {r.state:<12}  {r.objects:>9}  "
+                   f"{format_size(r.bytes):>10}  {r.failed:>6}  {took:>8}  "
+                   f"{when(r.last_success)}" + (f"  ({r.holder})" if r.holder else ""))
+    sources = sorted({(r.pair, r.src) for r in rows if r.src})
+    for pair, src in sources:
+        click.echo(f"{pair}: from {src}", err=True)
+    sys.exit(EXIT_OK)
+
+
 @cli.command(name="ls", epilog=EXIT_CODES_HELP)
 @click.argument("url")
 @click.option("--endpoint-url", default=None, metavar="URL")
@@ -389,6 +451,11 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
             raise UsageError("--watch keeps a target current; it cannot be a --dry-run")
         if min_age is None:
             min_age = 30.0 if watch else 0.0  # a watch meets files as they are written
+        shard = kw.pop("shard")
+        if shard is not None:
+            from ..shard import parse as parse_shard
+
+            kw["shard"] = parse_shard(shard)
         options = SyncOptions(dry_run=dry_run, server_side_copy=not no_server_side_copy,
                               use_manifest=not no_manifest, delta=not no_delta,
                               include=tuple(kw.pop("include")), exclude=tuple(kw.pop("exclude")),

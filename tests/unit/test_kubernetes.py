@@ -1,7 +1,8 @@
 """deploy/kubernetes/: every manifest is valid against the Kubernetes API schemas (those that
 kubernetes-validate ships: no cluster, no network), strictly (an unknown or misspelt field
-fails), and says what the README promises: a CronJob of incremental syncs and a training pod
-with mcsync as its sidecar, run with options the command really has."""
+fails), and says what the README promises: a CronJob of incremental syncs, a training pod
+with mcsync as its sidecar and an Indexed Job of shards, run with options the command really
+has."""
 
 from __future__ import annotations
 
@@ -55,13 +56,30 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_manifests_are_there() -> None:
     kinds = sorted(d["kind"] for _, d in documents())
-    assert kinds == ["CronJob", "Pod", "Secret"]
+    assert kinds == ["CronJob", "Job", "Pod", "Secret"]
     assert (DEPLOY / "README.md").exists()
 
 
 @pytest.mark.parametrize(("name", "doc"), documents(), ids=[n for n, _ in documents()])
 def test_every_manifest_is_valid(name: str, doc: dict[str, Any], offline: None) -> None:
     validate(doc)
+
+
+@pytest.mark.parametrize("mistake", ["misspelt field", "wrong type", "missing field",
+                                     "an indexed job's field misspelt"])
+def test_an_invalid_indexed_job_is_refused(mistake: str, offline: None) -> None:
+    doc = copy.deepcopy(by_kind("Job"))
+    spec = doc["spec"]
+    if mistake == "misspelt field":
+        spec["completionsMode"] = spec.pop("completionMode")
+    elif mistake == "wrong type":
+        spec["completions"] = "eight"
+    elif mistake == "missing field":
+        del spec["template"]["spec"]["containers"]
+    else:
+        spec["backoffLimitPerIndexes"] = spec.pop("backoffLimitPerIndex")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(doc)
 
 
 @pytest.mark.parametrize("mistake", ["misspelt field", "wrong type", "missing field",
@@ -172,6 +190,43 @@ def test_the_training_pod_runs_mcsync_as_a_watching_sidecar() -> None:
         assert c["resources"]["requests"] and c["resources"]["limits"], c["name"]
 
 
+def test_the_indexed_job_runs_one_shard_per_index() -> None:
+    job = by_kind("Job")
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] > 1 and 1 <= spec["parallelism"] <= spec["completions"]
+    assert spec["backoffLimitPerIndex"] >= 1
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    container = mcsync_container(pod)
+    args = check_command(container)
+    assert args[args.index("--shard") + 1] == "auto"
+    env = env_of(container)
+    # Kubernetes sets JOB_COMPLETION_INDEX, not the count: the template says it, the same.
+    assert env["JOB_COMPLETIONS"]["value"] == str(spec["completions"])
+    assert "JOB_COMPLETION_INDEX" not in env
+    check_credentials(container, ("MCSYNC_META_", "AWS_"))
+    assert mounted_on_empty_dir(pod, container, env["XDG_STATE_HOME"]["value"])
+    assert pod["terminationGracePeriodSeconds"] > GRACE_DEFAULT_S
+    # 2 (configuration) fails the Job; 1 and 3 are retried per index; 130 is not counted
+    rules = {tuple(r["onExitCodes"]["values"]): r["action"]
+             for r in spec["podFailurePolicy"]["rules"] if "onExitCodes" in r}
+    assert rules == {(2,): "FailJob", (130,): "Ignore"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+
+
+def test_shard_auto_in_the_job_s_environment_names_its_shard() -> None:
+    """What the pod's environment gives --shard auto is a shard it accepts."""
+    from mcsync.shard import parse
+
+    spec = by_kind("Job")["spec"]
+    count = spec["completions"]
+    env = {"JOB_COMPLETIONS": env_of(mcsync_container(spec["template"]["spec"]))[
+        "JOB_COMPLETIONS"]["value"]}
+    for index in range(count):  # Kubernetes numbers the pods 0 .. completions - 1
+        assert parse("auto", env | {"JOB_COMPLETION_INDEX": str(index)}) == (index, count)
+
+
 def test_the_readme_shows_what_the_manifests_run() -> None:
     readme = (DEPLOY.parents[1] / "README.md").read_text()
     assert "deploy/kubernetes" in readme and "## Kubernetes" in readme
@@ -185,3 +240,8 @@ def test_the_readme_shows_what_the_manifests_run() -> None:
     for name in ("cronjob.yaml", "training-with-sidecar.yaml", "--watch", "--metrics-addr",
                  "--metrics-file"):
         assert name in section, name
+    indexed = readme.split("### Kubernetes Indexed Jobs", 1)[1].split("\n## ", 1)[0]
+    for name in ("indexed-job.yaml", "--shard auto", "JOB_COMPLETION_INDEX", "JOB_COMPLETIONS",
+                 "completionMode: Indexed"):
+        assert name in indexed, name
+    assert "indexed-job.yaml" in local
