@@ -22,6 +22,7 @@ from ..config import (
     format_size,
     parse_duration,
     parse_size,
+    parse_workers,
 )
 from ..errors import UsageError
 from ..limits import Limits
@@ -95,6 +96,7 @@ SIZE = _Parsed("size", parse_size, int)
 DURATION = _Parsed("duration", parse_duration, float)
 RATE = _Parsed("rate", _rate)
 ADDR = _Parsed("host:port", _addr, tuple)
+WORKERS = _Parsed("workers", parse_workers, int)
 
 
 def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -159,6 +161,11 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--min-age", type=DURATION, default=None, metavar="DURATION",
                      help="Leave files modified less than DURATION ago for a later run: they "
                           "may still be written (default 0; 30s with --watch)."),
+        click.option("--workers", type=WORKERS, default=0, metavar="N|auto",
+                     help="Move whole objects (up to the multipart threshold) in N worker "
+                          "processes on this machine (auto: the cores available); larger "
+                          "objects, deltas and resumed uploads stay in the main process. Each "
+                          "worker gets 1/N of --concurrency and --memory-limit."),
         click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
                      show_default=True, metavar="SECONDS",
                      help="On SIGINT/SIGTERM, how long work in flight may take to finish."),

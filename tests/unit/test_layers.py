@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
      "delta_bases", "preflight"),
     ("scan", "compare", "verify", "delta_planner"),
     ("upload", "compose", "transfer", "manifest_copy", "dispatch"),
-    ("driver", "engine", "watching"),
+    ("workers", "driver", "engine", "watching"),
     ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.faults"),
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
