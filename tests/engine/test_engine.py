@@ -461,3 +461,13 @@ def test_scope_prefix_stays_within_the_run(pair, tmp_path):
     assert by_key["run-a/2/w.bin"].bytes_sent == 0
     assert by_key["run-b/1/w.bin"].bytes_sent == 4 * PART
     assert contents(dst) == contents(src)
+
+
+def test_workers_with_store_objects_are_refused_in_one_line(pair, tmp_path):
+    """A worker process opens its own stores from addresses: a store object cannot go to it."""
+    src, dst = pair
+    seed(src, {"a": b"a"})
+    with pytest.raises(mcsync.UsageError) as refused:
+        sync(src, dst, tmp_path, workers=2)
+    assert "\n" not in str(refused.value) and "addresses" in str(refused.value)
+    assert contents(dst) == {}
