@@ -56,7 +56,7 @@ from .stores.base import (
 from .stores.registry import StoreOptions, open_store
 from .tasks import cancel_and_wait
 from .types import RESERVED_PREFIX, ObjectInfo
-from .workers import Addresses, LocalWorkers
+from .workers import Addresses, LocalWorkers, refuse_in_a_starting_worker
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,8 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
     its stores from: ``src`` and ``dst`` as addresses, or, for store objects opened from
     addresses (the command's), ``addresses``."""
     stop = stop or asyncio.Event()
+    if options.workers:
+        refuse_in_a_starting_worker()
     if options.workers and addresses is None:
         if not (isinstance(src, str) and isinstance(dst, str)):
             raise UsageError("workers: give SRC and DST as addresses, not store objects: a "

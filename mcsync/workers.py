@@ -37,6 +37,7 @@ from multiprocessing.util import Finalize
 
 from .config import SyncOptions
 from .dispatch import Dispatch, Outcome, kind_of
+from .errors import UsageError
 from .events import BytesMoved, Event, ObjectFailed
 from .limits import Limits
 from .plan import Action
@@ -85,6 +86,16 @@ def reopenable(source: ReadStore, target: ReadStore,
         return dataclasses.replace(options, workers=0), None
     return options, Addresses(source.url, target.url, options.store_options("source"),
                               options.store_options("target"))
+
+
+def refuse_in_a_starting_worker() -> None:
+    """A worker process starts by importing the caller's main script (``spawn``): a script
+    that calls ``mcsync.sync(..., workers=N)`` unguarded would start a sync in each worker.
+    Refused there, before any lock or listing, with what to change."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise UsageError("workers: a worker process is importing the script that started the "
+                         "sync; call mcsync.sync(..., workers=N) under "
+                         "if __name__ == '__main__':")
 
 
 def worker_options(options: SyncOptions, n: int) -> SyncOptions:
