@@ -188,3 +188,32 @@ def test_workers_refusals_are_one_line_before_anything_moves(source_tree, tmp_pa
         assert code == 2, err
         assert says in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "dst").exists() or not any((tmp_path / "dst").rglob("*.bin"))
+
+
+def test_sigterm_lets_the_workers_tasks_finish_and_the_rerun_completes(source_tree, seaweed,
+                                                                       seaweed_proxy):
+    bucket = new_bucket(seaweed)
+    stall = seaweed_proxy.add(Rule(Stall(0.1), op="PutObject"))
+    env = seaweed_proxy.endpoint.meta_env()
+    args = command(source_tree, f"meta://{bucket}/run/", "--workers", "3", "-c", "6")
+    proc = subprocess.Popen(args, env=dict(os.environ) | env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(seaweed_proxy.exchanges("PutObject")) >= 30)
+        workers = workers_of(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    report = json.loads(out)
+    assert report["interrupted"] and report["objects_copied"] < len(OBJECTS)
+    assert not any(Path(f"/proc/{p}").exists() for p in workers), "workers outlived the run"
+
+    seaweed_proxy.remove(stall)
+    code, again, err = run(args, env)
+    assert code == 0, err
+    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
+    # What the stopped run reported done was recorded: not copied again.
+    assert again["objects_copied"] <= len(OBJECTS) - report["objects_copied"]
