@@ -128,8 +128,9 @@ class SyncReport:
     parts_in_flight_peak: int = 0
     parts_in_flight_limit_peak: int = 0
     # --workers: the tasks (batches of whole objects) worker processes ran, those given to a
-    # fresh worker because the one running them died, and each of those named (the first
-    # 1000: "task 7 (40 objects, a/0001 .. a/0040): worker 4242 died (signal 9)").
+    # fresh pool because a worker process died (a pool breaks whole: the tasks of the other
+    # workers in flight too), and each of those named (the first 1000: "task 7 (32 objects,
+    # a/0001 .. a/0032): a worker process died (...); run again on a fresh pool").
     tasks: int = 0
     tasks_retried: int = 0
     retried_tasks: tuple[str, ...] = ()

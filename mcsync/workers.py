@@ -328,7 +328,10 @@ class LocalWorkers:
             return self._failed(task, f"a worker process died running it {task.tries} times")
         self.tasks_retried += 1
         if len(self.retried) < MAX_NAMED:
-            self.retried.append(f"{task.name()}: its worker process died")
+            # A process pool breaks whole: the dead worker's task and those the other workers
+            # were running go to the fresh pool alike.
+            self.retried.append(f"{task.name()}: a worker process died ({exc}); run again "
+                                "on a fresh pool")
         return None
 
     def _failed(self, task: _Task, why: str) -> list[Outcome]:
