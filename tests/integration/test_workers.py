@@ -217,3 +217,18 @@ def test_sigterm_lets_the_workers_tasks_finish_and_the_rerun_completes(source_tr
     assert read_bucket(seaweed, bucket, "run/") == OBJECTS
     # What the stopped run reported done was recorded: not copied again.
     assert again["objects_copied"] <= len(OBJECTS) - report["objects_copied"]
+
+
+def test_the_library_takes_workers_with_addresses(source_tree, tmp_path):
+    import mcsync
+
+    report = mcsync.sync(str(source_tree), str(tmp_path / "dst"), workers="auto",
+                         part_size=5 * MiB)
+    assert report.ok and report.objects_copied == len(OBJECTS) and report.tasks >= 1
+    for key, data in OBJECTS.items():
+        assert (tmp_path / "dst" / key).read_bytes() == data
+    # One file as SRC: nothing to share out, moved without workers.
+    one = mcsync.sync(str(source_tree / "data/0/item-0001.bin"), str(tmp_path / "one") + "/",
+                      workers=2)
+    assert one.ok and one.objects_copied == 1 and one.tasks == 0
+    assert (tmp_path / "one/item-0001.bin").read_bytes() == SMALL["data/0/item-0001.bin"]
