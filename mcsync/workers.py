@@ -263,9 +263,11 @@ class LocalWorkers:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._batch:
+        # Actions whose driver task was cancelled (a stop's grace over) are not sent.
+        batch = [(a, f) for a, f in self._batch if not f.cancelled()]
+        self._batch, self._batch_bytes = [], 0
+        if not batch:
             return
-        batch, self._batch, self._batch_bytes = self._batch, [], 0
         self._numbered += 1
         task = _Task(self._numbered, [a for a, _ in batch], [f for _, f in batch])
         sending = asyncio.create_task(self._send(task))
