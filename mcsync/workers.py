@@ -195,7 +195,7 @@ def _start_worker(addresses: Addresses, options: SyncOptions, parent: int) -> No
 def _die_with(parent: int) -> None:
     """SIGKILL when the driver dies (Linux): a worker outliving a killed driver would still
     write objects that no manifest will hear of while the next run starts."""
-    with contextlib.suppress(OSError, AttributeError):
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # no prctl: not Linux
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # died before prctl took effect
         os._exit(1)
