@@ -17,7 +17,7 @@ import pytest
 
 from testbed.faultproxy import Rule, Stall
 
-from .helpers import new_bucket, payload, read_bucket, run_cli, write_tree
+from .helpers import new_bucket, payload, put_objects, read_bucket, run_cli, write_tree
 
 MiB = 1 << 20
 SMALL = {f"data/{i // 100}/item-{i:04d}.bin": payload(1000 + 37 * i, i) for i in range(300)}
@@ -76,19 +76,22 @@ TOTALS = ("objects_copied", "objects_failed", "objects_skipped", "bytes_copied",
           "bytes_changed", "bytes_transferred", "exit_code", "interrupted")
 
 
-def test_three_workers_write_each_key_once_and_report_as_one_process(source_tree, seaweed,
-                                                                    seaweed_proxy):
-    bucket, alone = new_bucket(seaweed), new_bucket(seaweed)
-    env = seaweed_proxy.endpoint.meta_env()
+@pytest.mark.parametrize("server", ["moto", "seaweed"])
+def test_three_workers_write_each_key_once_and_report_as_one_process(source_tree, server,
+                                                                    request):
+    ep = request.getfixturevalue(server)
+    proxy = request.getfixturevalue(f"{server}_proxy")
+    bucket, alone = new_bucket(ep), new_bucket(ep)
+    env = proxy.endpoint.meta_env()
     code, report, err = run(command(source_tree, f"meta://{bucket}/run/", "--workers", "3"), env)
     assert code == 0, err
-    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
+    assert read_bucket(ep, bucket, "run/") == OBJECTS
 
     # Each small object one PUT, each large one one multipart upload (from the driver).
-    puts = Counter(e.key for e in seaweed_proxy.exchanges("PutObject") if e.bucket == bucket
+    puts = Counter(e.key for e in proxy.exchanges("PutObject") if e.bucket == bucket
                    and not e.key.startswith("run/.mcsync/"))
     assert puts == Counter({f"run/{k}": 1 for k in SMALL})
-    creates = Counter(e.key for e in seaweed_proxy.exchanges("CreateMultipartUpload")
+    creates = Counter(e.key for e in proxy.exchanges("CreateMultipartUpload")
                       if e.bucket == bucket and not e.key.startswith("run/.mcsync/"))
     assert creates == Counter({f"run/{k}": 1 for k in LARGE})
     assert report["tasks"] >= len(SMALL) // 32 and report["tasks_retried"] == 0
@@ -232,3 +235,28 @@ def test_the_library_takes_workers_with_addresses(source_tree, tmp_path):
                       workers=2)
     assert one.ok and one.objects_copied == 1 and one.tasks == 0
     assert (tmp_path / "one/item-0001.bin").read_bytes() == SMALL["data/0/item-0001.bin"]
+
+
+@pytest.mark.parametrize("server", ["moto", "seaweed"])
+def test_server_side_copies_and_deletes_go_to_workers(server, request):
+    """One endpoint on both sides: every object is one CopyObject, sent by a worker (the large
+    ones too: one request up to 5 GiB), and --delete's deletes go to workers as well."""
+    ep = request.getfixturevalue(server)
+    proxy = request.getfixturevalue(f"{server}_proxy")
+    src, dst = new_bucket(ep), new_bucket(ep)
+    put_objects(ep, src, OBJECTS, "in/")
+    extra = {f"gone/{i}.bin": b"old" for i in range(40)}
+    put_objects(ep, dst, extra, "out/")
+    code, report, err = run([sys.executable, "-m", "mcsync.cli.main", "sync", f"meta://{src}/in/",
+                             f"meta://{dst}/out/", "--workers", "3", "--delete", "--json",
+                             "--quiet"], proxy.endpoint.meta_env())
+    assert code == 0, err
+    assert read_bucket(ep, dst, "out/") == OBJECTS
+    assert report["objects_server_copied"] == len(OBJECTS)
+    assert report["objects_deleted"] == len(extra) and report["tasks"] >= 1
+    copies = Counter(e.key for e in proxy.exchanges("CopyObject") if e.bucket == dst)
+    assert copies == Counter({f"out/{k}": 1 for k in OBJECTS})
+    # One request per key deleted (obstore sends a DeleteObjects of one key), and one more:
+    # the run's lock object, released at its end.
+    deletes = [e for e in proxy.exchanges("DeleteObject*") if e.bucket == dst]
+    assert len(deletes) == len(extra) + 1, proxy.summary()
