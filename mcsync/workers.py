@@ -49,8 +49,9 @@ from .types import MiB
 
 log = logging.getLogger(__name__)
 
-# A task closes at this many bytes or this many objects, whichever comes first: small objects
-# cost a request each, large ones their bytes. A part-full task goes after LINGER_S.
+# A task closes at this many bytes or this many objects (or a worker's requests in flight, if
+# more), whichever comes first: small objects cost a request each, large ones their bytes. A
+# part-full task goes after LINGER_S.
 TASK_BYTES = 64 * MiB
 TASK_OBJECTS = 32
 LINGER_S = 0.05
@@ -234,8 +235,10 @@ class LocalWorkers:
         self.options = worker_options(options, n)
         self.emit = emit
         self.stop = stop
+        # A task holds enough objects to keep its worker's requests busy.
+        self.task_objects = max(TASK_OBJECTS, self.options.concurrency)
         # Actions handed to workers and not yet come back, at most: the driver waits for room.
-        self.room = asyncio.Semaphore(n * TASKS_AHEAD * TASK_OBJECTS)
+        self.room = asyncio.Semaphore(n * TASKS_AHEAD * self.task_objects)
         self._batch: list[tuple[Action, asyncio.Future[Outcome]]] = []
         self._batch_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -253,7 +256,7 @@ class LocalWorkers:
         fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._batch.append((action, fut))
         self._batch_bytes += action.size
-        if len(self._batch) >= TASK_OBJECTS or self._batch_bytes >= TASK_BYTES:
+        if len(self._batch) >= self.task_objects or self._batch_bytes >= TASK_BYTES:
             self._flush()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(LINGER_S, self._flush)
