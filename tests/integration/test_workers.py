@@ -94,7 +94,8 @@ def test_three_workers_write_each_key_once_and_report_as_one_process(source_tree
     creates = Counter(e.key for e in proxy.exchanges("CreateMultipartUpload")
                       if e.bucket == bucket and not e.key.startswith("run/.mcsync/"))
     assert creates == Counter({f"run/{k}": 1 for k in LARGE})
-    assert report["tasks"] >= len(SMALL) // 32 and report["tasks_retried"] == 0
+    # More tasks than workers (of 43 objects each: 128 requests in flight split 3 ways).
+    assert report["tasks"] >= 2 * 3 and report["tasks_retried"] == 0
 
     code, single, err = run(command(source_tree, f"meta://{alone}/run/"), env)
     assert code == 0, err
