@@ -69,11 +69,6 @@ class Addresses:
     source_options: StoreOptions
     target_options: StoreOptions
 
-    @classmethod
-    def of(cls, source: str, target: str, options: SyncOptions) -> Addresses:
-        return cls(source, target, options.store_options("source"),
-                   options.store_options("target"))
-
 
 def reopenable(source: ReadStore, target: ReadStore,
                options: SyncOptions) -> tuple[SyncOptions, Addresses | None]:
