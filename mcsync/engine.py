@@ -56,7 +56,7 @@ from .stores.base import (
 from .stores.registry import StoreOptions, open_store
 from .tasks import cancel_and_wait
 from .types import RESERVED_PREFIX, ObjectInfo
-from .workers import Addresses, LocalWorkers, refuse_in_a_starting_worker
+from .workers import Addresses, LocalWorkers, folds_case, refuse_in_a_starting_worker
 
 log = logging.getLogger(__name__)
 
@@ -233,13 +233,21 @@ class _Run:
         # a dry run).
         self.workers = (LocalWorkers(addresses, options, options.workers, self.sink.emit, stop)
                         if addresses is not None and options.workers and not options.dry_run
-                        else None)
+                        and not self._folds_case(dst) else None)
         self.driver = Driver(src, dst, options, manifest=manifest, dispatch=self.dispatch,
                              holdings=holdings, sink=self.sink, stats=self.stats,
                              completion=Completion(src, min_age_s=options.min_age_s,
                                                    atomic_renames=src.facts.atomic_renames),
                              stop=stop, listing=listing, workers=self.workers)
         self.interrupted = False
+
+    @staticmethod
+    def _folds_case(dst: Store) -> bool:
+        if not folds_case(dst):
+            return False
+        log.warning("%s: its filesystem folds case, so one process writes it: moving every "
+                    "object without worker processes", dst.url)
+        return True
 
     async def run(self) -> SyncReport:
         writing = self.manifest is not None and not self.options.dry_run

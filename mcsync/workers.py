@@ -45,6 +45,7 @@ from .resilience import Pacing, resilient
 from .stores.base import ReadStore, Store
 from .stores.registry import StoreOptions, open_store
 from .stores.single import is_one_object
+from .stores.wrap import innermost
 from .types import MiB
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,19 @@ def reopenable(source: ReadStore, target: ReadStore,
         return dataclasses.replace(options, workers=0), None
     return options, Addresses(source.url, target.url, options.store_options("source"),
                               options.store_options("target"))
+
+
+def folds_case(target: ReadStore) -> bool:
+    """Does ``target`` (a directory whose filesystem folds case) tell two keys apart only by
+    what one process remembers writing? Its whole objects then stay in the driver's process:
+    two workers could each write one of two names that differ only by case, one file."""
+    probe = getattr(innermost(target), "folds_case", None)
+    if not callable(probe):
+        return False
+    try:
+        return bool(probe())
+    except OSError:  # cannot tell: as if it did
+        return True
 
 
 def refuse_in_a_starting_worker() -> None:

@@ -548,6 +548,12 @@ class LocalStore:
 
         await asyncio.to_thread(probe)
 
+    def folds_case(self) -> bool:
+        """Whether this filesystem finds a file by another case of its name (then only one
+        process may write here: ``_claim_name`` keeps the names this process wrote). A probe
+        file in the root, made once; blocking."""
+        return self._folds_names()
+
     def _folds_names(self) -> bool:
         """Whether the root's filesystem finds a file by another case of its name: a probe
         file in the root, made once (blocking), before the first file is written."""

@@ -261,3 +261,18 @@ def test_server_side_copies_and_deletes_go_to_workers(server, request):
     # the run's lock object, released at its end.
     deletes = [e for e in proxy.exchanges("DeleteObject*") if e.bucket == dst]
     assert len(deletes) == len(extra) + 1, proxy.summary()
+
+
+def test_a_target_that_folds_case_is_written_by_the_driver_alone(source_tree, tmp_path,
+                                                                 monkeypatch, caplog):
+    """Names that differ only by case are told apart by what one process wrote: on such a
+    filesystem no worker process writes."""
+    import mcsync
+    from mcsync.stores.local import LocalStore
+
+    monkeypatch.setattr(LocalStore, "_folds_case", staticmethod(lambda probe: True))
+    report = mcsync.sync(str(source_tree), str(tmp_path / "dst"), workers=3, part_size=5 * MiB)
+    assert report.ok and report.objects_copied == len(OBJECTS) and report.tasks == 0
+    assert "folds case" in caplog.text
+    for key, data in OBJECTS.items():
+        assert (tmp_path / "dst" / key).read_bytes() == data
