@@ -92,10 +92,15 @@ async def async_sync(src: str | ReadStore, dst: str | Store, options: SyncOption
     ``ConfigError`` before anything moves, ``Locked`` when another run holds the pair;
     per-object failures are in the report (``failures``, ``exit_code`` 1)."""
     from .engine import run_sync
+    from .workers import reopenable
 
     opts = _options(options, overrides)
     async with _opened(src, dst, opts) as (source, target):
-        return await run_sync(source, target, opts, _sink(on_event), stop=stop)
+        addresses = None
+        if opts.workers and isinstance(src, str) and isinstance(dst, str):
+            opts, addresses = reopenable(source, target, opts)
+        return await run_sync(source, target, opts, _sink(on_event), stop=stop,
+                              addresses=addresses)
 
 
 def sync(src: str | ReadStore, dst: str | Store, options: SyncOptions | None = None, *,
@@ -178,6 +183,10 @@ def _options(options: SyncOptions | None, overrides: dict[str, Any]) -> SyncOpti
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TypeError(f"unknown option {name!r} (not a field of mcsync.SyncOptions){hint}")
+    if overrides.get("workers") == "auto":  # as --workers auto: the cores available
+        from .config import available_cores
+
+        overrides["workers"] = available_cores()
     for name in ("include", "exclude"):
         if isinstance(overrides.get(name), str):
             overrides[name] = (overrides[name],)

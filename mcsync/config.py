@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -18,8 +19,8 @@ from .errors import UsageError
 from .retry import RetryPolicy
 from .types import Capabilities, GiB, KiB, MiB
 
-__all__ = ["GiB", "KiB", "MiB", "StoreOptions", "SyncOptions", "format_size", "parse_duration",
-           "parse_size"]
+__all__ = ["GiB", "KiB", "MiB", "StoreOptions", "SyncOptions", "available_cores", "format_size",
+           "parse_duration", "parse_size", "parse_workers"]
 
 DEFAULT_CONCURRENCY = 128
 DEFAULT_PART_CONCURRENCY = 8
@@ -96,6 +97,9 @@ class SyncOptions:
     # ("08:00,100MiB 20:00,off"; --bwlimit; None: no cap). See mcsync.ratelimit.
     tps_limit: float | None = None
     bw_limit: str | None = None
+    # Worker processes on this machine that move whole objects (--workers; 0: all in this
+    # process). Multipart uploads, block deltas and resumed uploads stay in this process.
+    workers: int = 0
     # One shard of the keys, (index, count) numbered from 0 (--shard I/N): this run touches
     # only the keys that hash to it, with a manifest and lock of its own (mcsync.shard).
     shard: tuple[int, int] | None = None
@@ -137,6 +141,12 @@ class SyncOptions:
             raise UsageError(
                 f"--memory-limit must be at least 5 MiB, got {format_size(self.memory_limit)}"
             )
+        if self.workers < 0:
+            raise UsageError(f"--workers must be at least 1 (or auto), got {self.workers}")
+        if self.workers and (self.tps_limit or self.bw_limit):
+            # Each worker process would pace itself: N times the limit asked for.
+            raise UsageError("--workers cannot be combined with --tpslimit or --bwlimit yet: "
+                             "each worker process would keep its own limit")
 
     def store_options(self, side: Literal["source", "target"]) -> StoreOptions:
         """What the store of one side, opened from its address, is told."""
@@ -179,6 +189,26 @@ class SyncOptions:
         if self.include and not any(matches(p) for p in self.include):
             return False
         return not any(matches(p) for p in self.exclude)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container's cpuset
+    narrows), as ``--workers auto`` takes them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def parse_workers(text: str) -> int:
+    """``--workers``: a number of worker processes, or ``auto`` (the cores available)."""
+    s = text.strip().lower()
+    if s == "auto":
+        return available_cores()
+    if not s.isdigit() or int(s) < 1:
+        raise UsageError(f"--workers must be a number of processes (1 or more) or auto, "
+                         f"got {text!r}")
+    return int(s)
 
 
 _UNITS = {"": 1, "b": 1, "k": KiB, "kb": KiB, "kib": KiB, "m": MiB, "mb": MiB, "mib": MiB,

@@ -33,7 +33,7 @@ from .limits import Limits
 from .manifest import ManifestEntry, OpenUpload
 from .plan import Action, Pair
 from .stores.base import ReadStore, Store
-from .transfer import Transfer
+from .transfer import NotWhole, Transfer
 from .upload import Journal
 
 if TYPE_CHECKING:
@@ -47,12 +47,14 @@ class Outcome:
     """What one action came to. ``event`` ends it in the report (None: interrupted, to be
     resumed by a later run); ``record`` is the object record to commit (with its block
     hashes, from which the chunk index is kept); ``forget``: the key's record goes (a
-    delete)."""
+    delete); ``handed_back``: a worker process's dispatch (whole objects only) met an object
+    that goes in parts: nothing was written, the driver's process moves it."""
 
     key: str
     event: ObjectDone | ObjectFailed | ObjectDeferred | None
     record: ManifestEntry | None = None
     forget: bool = False
+    handed_back: bool = False
 
     @property
     def interrupted(self) -> bool:
@@ -65,14 +67,17 @@ class Dispatch:
     def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, limits: Limits,
                  emit: Callable[[Event], None], *, journal: Journal | None,
                  known: Holdings | None, open_uploads: dict[str, OpenUpload],
-                 stop: asyncio.Event) -> None:
+                 stop: asyncio.Event, whole_only: bool = False) -> None:
+        """``whole_only``: a worker process's, which has no journal: an action that is not
+        one request comes back ``handed_back``."""
         self.src = src
         self.dst = dst
         self.options = options
         self.limits = limits
         self.emit = emit
         self._transfer = Transfer(src, dst, options, limits, emit, journal=journal, stop=stop,
-                                  open_uploads=open_uploads, known=known)
+                                  open_uploads=open_uploads, known=known,
+                                  whole_only=whole_only)
 
     async def run(self, action: Action) -> Outcome:
         """Carry out ``action``; every error of the object is in the outcome, none raised."""
@@ -80,6 +85,8 @@ class Dispatch:
             done = await self._transfer.run(action)
         except Interrupted:
             return Outcome(action.key, None)
+        except NotWhole:
+            return Outcome(action.key, None, handed_back=True)
         except PreconditionFailed as exc:  # changed again while its new version was copied
             return Outcome(action.key, ObjectDeferred(
                 action.key, action.size, f"still being written: {exc}; a later run takes it"))
@@ -108,6 +115,10 @@ class Dispatch:
         except (MCSyncError, OSError) as exc:
             return ObjectFailed.of(pair.key, "copy", src.size, exc,
                                    f"comparing content: {describe(exc)}")
+
+    def is_whole(self, action: Action) -> bool:
+        """One request, never journalled: what a worker process may take."""
+        return self._transfer.is_whole(action)
 
     def may_go_as_delta(self, action: Action) -> bool:
         return self._transfer.may_go_as_delta(action)

@@ -33,6 +33,7 @@ from .types import RESERVED_PREFIX, ObjectInfo
 
 if TYPE_CHECKING:
     from .compare import Verdict
+    from .workers import LocalWorkers
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,10 @@ class Driver:
                  manifest: Manifest | None, dispatch: Dispatch,
                  holdings: ManifestHoldings | None, sink: EventSink, stats: StatsCollector,
                  completion: Completion, stop: asyncio.Event,
-                 listing: Handoff[ObjectInfo] | None = None) -> None:
+                 listing: Handoff[ObjectInfo] | None = None,
+                 workers: LocalWorkers | None = None) -> None:
+        """``workers``: worker processes that take the actions of one request each (see
+        ``workers``); everything else is dispatched here."""
         self.src = src
         self.dst = dst
         self.options = options
@@ -58,6 +62,7 @@ class Driver:
         self.completion = completion
         self.stop = stop
         self.listing = listing
+        self.workers = workers
         # Objects in motion at once; their parts share the requests limit beneath.
         self.objects = asyncio.Semaphore(options.concurrency)
         self.interrupted = False
@@ -142,8 +147,7 @@ class Driver:
                 if is_commit_marker(action.key):
                     markers.add(action)  # written last, see commit_markers
                     continue
-                await self.objects.acquire()
-                tg.create_task(self._execute(action))
+                await self._start(tg, action)
             else:
                 self.sink.emit(ListingDone())
 
@@ -228,10 +232,31 @@ class Driver:
             for action in actions:
                 if self.stop.is_set():
                     break
-                await self.objects.acquire()
-                tg.create_task(self._execute(action))
+                await self._start(tg, action)
 
     # -- one object -------------------------------------------------------------------------------
+
+    async def _start(self, tg: asyncio.TaskGroup, action: Action) -> None:
+        """Set ``action`` going once there is room: on a worker process when it is one
+        request, else here."""
+        workers = self.workers
+        if workers is not None and self.dispatch.is_whole(action):
+            await workers.room.acquire()
+            tg.create_task(self._on_worker(workers, action))
+            return
+        await self.objects.acquire()
+        tg.create_task(self._execute(action))
+
+    async def _on_worker(self, workers: LocalWorkers, action: Action) -> None:
+        try:
+            outcome = await workers.run(action)
+        finally:
+            workers.room.release()
+        if outcome.handed_back:  # grew past one request since it was listed: moved here
+            await self.objects.acquire()
+            await self._execute(action)
+            return
+        self.commit(outcome)
 
     async def _execute(self, action: Action) -> None:
         try:

@@ -25,6 +25,7 @@ from .dispatch import Dispatch
 from .driver import Driver
 from .errors import (
     ListingOrderError,
+    UsageError,
     first_error,
 )
 from .events import (
@@ -56,6 +57,7 @@ from .stores.base import (
 from .stores.registry import StoreOptions, open_store
 from .tasks import cancel_and_wait
 from .types import RESERVED_PREFIX, ObjectInfo
+from .workers import Addresses, LocalWorkers, folds_case, refuse_in_a_starting_worker
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,8 @@ def target_lock_key(src: ReadStore, dst: ReadStore, shard: Shard | None = None) 
 async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOptions,
                    sink: EventSink | None = None, *, stop: asyncio.Event | None = None,
                    manifest_factory: ManifestFactory = Manifest, preflight: bool = True,
-                   check_manifest_copy: bool = True) -> SyncReport:
+                   check_manifest_copy: bool = True,
+                   addresses: Addresses | None = None) -> SyncReport:
     """Sync ``src`` to ``dst``, each an address or a store object (the caller keeps a store it
     passed in: it is not closed here). Raises UsageError/ConfigError (exit 2) before any byte
     moves when either side cannot be used, and Locked (exit 3) when another run holds the
@@ -80,8 +83,18 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
     ``manifest_factory`` opens the pair's manifest (tests hand in one that crashes). A watch's
     later cycles skip the stores' checks (``preflight``) and, mostly, the look for the
     manifest's copy at the target (``check_manifest_copy``): they cost a listing of the source
-    and nothing at the target."""
+    and nothing at the target. ``options.workers`` needs the addresses a worker process opens
+    its stores from: ``src`` and ``dst`` as addresses, or, for store objects opened from
+    addresses (the command's), ``addresses``."""
     stop = stop or asyncio.Event()
+    if options.workers:
+        refuse_in_a_starting_worker()
+    if options.workers and addresses is None:
+        if not (isinstance(src, str) and isinstance(dst, str)):
+            raise UsageError("workers: give SRC and DST as addresses, not store objects: a "
+                             "worker process opens its own stores from them")
+        addresses = Addresses(src, dst, options.store_options("source"),
+                              options.store_options("target"))
     async with contextlib.AsyncExitStack() as opened:
         source = await _store(src, options.store_options("source"), opened)
         target = await _store(dst, options.store_options("target"), opened)
@@ -109,7 +122,8 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
                 await check_stores(source, target, options)
             if not locking:
                 return await _run_with_manifest(source, target, options, sink, stop, path,
-                                                manifest_factory, check_manifest_copy)
+                                                manifest_factory, check_manifest_copy,
+                                                addresses=addresses)
             # The source is listed while the lock is taken too: each page of a listing is a
             # round trip, and a source's listing needs nothing the lock guards (the target's
             # state and the manifest). Locked out, it is dropped unread.
@@ -117,7 +131,7 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
                         pair_lock(source, target, options, held=held)):
                 return await _run_with_manifest(source, target, options, sink, stop, path,
                                                 manifest_factory, check_manifest_copy,
-                                                Handoff(listing))
+                                                Handoff(listing), addresses=addresses)
         finally:
             await cancel_and_wait(held, quiet=True)
     raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
@@ -158,7 +172,8 @@ async def close_quietly(store: ReadStore) -> None:
 async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
                              sink: EventSink | None, stop: asyncio.Event, path: Path,
                              manifest_factory: ManifestFactory, check_manifest_copy: bool,
-                             listing: Handoff[ObjectInfo] | None = None) -> SyncReport:
+                             listing: Handoff[ObjectInfo] | None = None, *,
+                             addresses: Addresses | None = None) -> SyncReport:
     """``listing``: the source's, started already (see run_sync)."""
     manifest: Manifest | None = None
     # A copy just fetched from the target is there: no need to look for it again.
@@ -178,7 +193,7 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
     try:  # each side may need to switch to an ordered listing once
         return await retrying(
             lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop, look,
-                         listing).run(),
+                         listing, addresses).run(),
             RetryPolicy.immediate(3), retry_on=ListingOrderError, before_retry=list_in_order)
     finally:
         if manifest is not None:
@@ -192,7 +207,8 @@ class _Run:
 
     def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, sink: EventSink,
                  manifest: Manifest | None, stop: asyncio.Event, look: bool,
-                 listing: Handoff[ObjectInfo] | None = None) -> None:
+                 listing: Handoff[ObjectInfo] | None = None,
+                 addresses: Addresses | None = None) -> None:
         self.look = look  # for the manifest's copy at the target before trusting the manifest
         self.src = src
         self.dst = dst
@@ -215,12 +231,25 @@ class _Run:
         self.dispatch = Dispatch(src, dst, options, self.limits, self.sink.emit,
                                  journal=writing, known=holdings, open_uploads=open_uploads,
                                  stop=stop)
+        # --workers: worker processes take the actions of one request each (nothing moves in
+        # a dry run).
+        self.workers = (LocalWorkers(addresses, options, options.workers, self.sink.emit, stop)
+                        if addresses is not None and options.workers and not options.dry_run
+                        and not self._folds_case(dst) else None)
         self.driver = Driver(src, dst, options, manifest=manifest, dispatch=self.dispatch,
                              holdings=holdings, sink=self.sink, stats=self.stats,
                              completion=Completion(src, min_age_s=options.min_age_s,
                                                    atomic_renames=src.facts.atomic_renames),
-                             stop=stop, listing=listing)
+                             stop=stop, listing=listing, workers=self.workers)
         self.interrupted = False
+
+    @staticmethod
+    def _folds_case(dst: Store) -> bool:
+        if not folds_case(dst):
+            return False
+        log.warning("%s: its filesystem folds case, so one process writes it: moving every "
+                    "object without worker processes", dst.url)
+        return True
 
     async def run(self) -> SyncReport:
         writing = self.manifest is not None and not self.options.dry_run
@@ -266,6 +295,8 @@ class _Run:
         finally:
             self.pacing.listeners.remove(self._throttled)
             await cancel_and_wait(watchdog, uploader)
+            if self.workers is not None:
+                await self.workers.aclose()
             deletes.close()
             markers.close()
             if self.manifest is not None:
@@ -273,6 +304,10 @@ class _Run:
         p = self.pacing
         throttled, retried, expired = (p.throttled - p.run_began[0], p.retried - p.run_began[1],
                                        p.expired - p.run_began[2])
+        w = self.workers
+        if w is not None:  # the workers' requests, counted in their processes
+            throttled, retried, expired = (throttled + w.throttled, retried + w.requests_retried,
+                                           expired + w.expired)
         report = self.stats.finish(RunTotals(
             interrupted=self.interrupted or self.driver.interrupted or self.stop.is_set(),
             manifest=str(self.manifest.path) if self.manifest is not None else None,
@@ -283,7 +318,9 @@ class _Run:
             requests_in_flight_low=p.lowest_limit() if throttled else None,
             requests_in_flight_end=p.current_limit() if throttled else None,
             parts_in_flight_peak=self.limits.parts.most_busy,
-            parts_in_flight_limit_peak=self.limits.parts.peak))
+            parts_in_flight_limit_peak=self.limits.parts.peak,
+            tasks=w.tasks if w else 0, tasks_retried=w.tasks_retried if w else 0,
+            retried_tasks=tuple(w.retried) if w else ()))
         if keeper is not None and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
                                      ("failed" if report.objects_failed else "ok"),

@@ -80,6 +80,9 @@ class RunTotals:
     requests_in_flight_end: int | None = None
     parts_in_flight_peak: int = 0
     parts_in_flight_limit_peak: int = 0
+    tasks: int = 0
+    tasks_retried: int = 0
+    retried_tasks: tuple[str, ...] = ()
 
 
 @dataclass
@@ -124,6 +127,13 @@ class SyncReport:
     requests_in_flight_end: int | None = None  # ...and where it had grown back to at the end
     parts_in_flight_peak: int = 0
     parts_in_flight_limit_peak: int = 0
+    # --workers: the tasks (batches of whole objects) worker processes ran, those given to a
+    # fresh pool because a worker process died (a pool breaks whole: the tasks of the other
+    # workers in flight too), and each of those named (the first 1000: "task 7 (32 objects,
+    # a/0001 .. a/0032): a worker process died (...); run again on a fresh pool").
+    tasks: int = 0
+    tasks_retried: int = 0
+    retried_tasks: tuple[str, ...] = ()
     elapsed_s: float = 0.0
     failures: list[ObjectFailure] = field(default_factory=list)  # the first MAX_LISTED_FAILURES
     deferred: list[tuple[str, str]] = field(default_factory=list)  # (key, why), the first 1000

@@ -55,6 +55,11 @@ SERVER_COPY_MIN_PART = 512 * 1024 * 1024  # objects beyond one CopyObject: copie
 LARGE_OBJECT = 1024 * 1024  # a whole object this large takes a slot of Limits.parts
 
 
+class NotWhole(Exception):
+    """A transfer that takes whole objects only (a worker process's) met one that would go in
+    parts, as a delta or resumed: the driver's process moves it, which journals uploads."""
+
+
 @dataclass(frozen=True, slots=True)
 class Done:
     """A finished action: what the report says, and what the manifest records."""
@@ -70,10 +75,12 @@ class Transfer:
                  emit: Callable[[Event], None], *, journal: Journal | None = None,
                  stop: asyncio.Event | None = None,
                  open_uploads: dict[str, OpenUpload] | None = None,
-                 known: Holdings | None = None) -> None:
+                 known: Holdings | None = None, whole_only: bool = False) -> None:
         """``journal``: where open uploads are recorded (None for a dry run); ``known``: the
         records and chunk index a delta composes from; ``open_uploads``: those a killed run
-        left, to take up."""
+        left, to take up; ``whole_only``: raise NotWhole for an object that is not one
+        request (a worker process, which has no journal)."""
+        self.whole_only = whole_only
         self.src = src
         self.dst = dst
         self.options = options
@@ -145,9 +152,23 @@ class Transfer:
         """Could this action go as a block delta (before looking at any byte)?"""
         return not self.delta_sender.refused and self.delta_planner.possible(action)
 
+    def is_whole(self, action: Action) -> bool:
+        """Is ``action`` one request, never journalled: a delete, a copy of an object up to
+        the multipart threshold (never a delta: see _write) or a server-side copy of one
+        CopyObject?"""
+        if action.kind == "delete":
+            return True
+        if action.src is None:
+            return False
+        if action.kind == "server_copy":
+            return action.src.size <= self.dst.caps.max_copy_size
+        return action.kind == "copy" and action.src.size <= self.options.multipart_threshold
+
     async def _write(self, action: Action) -> Done:
         src = action.src
         assert src is not None
+        if self.whole_only and not self.is_whole(action):  # a new version, grown past it
+            raise NotWhole(action.key)
         if action.kind == "server_copy":
             return await self._server_copy(action, src)
         if src.size <= self.options.multipart_threshold:

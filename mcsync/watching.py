@@ -57,6 +57,9 @@ async def watch(source: ReadStore, target: ReadStore, options: SyncOptions,
                 on_cycle: Callable[[Cycle], Awaitable[None] | None] | None = None,
                 manifest_factory: ManifestFactory = Manifest) -> Cycle | None:
     """Run cycles of ``source`` → ``target`` until ``stop`` is set; the last cycle."""
+    if options.workers:
+        raise UsageError("--workers cannot be combined with --watch yet: a watch's cycles run "
+                         "in one process")
     # One retry layer and one set of rate limits for the whole watch, its lock among it.
     pacing = pacing_of(source) or pacing_of(target) or Pacing.for_options(options)
     source, target = resilient(source, pacing), resilient(target, pacing)

@@ -22,6 +22,7 @@ from ..config import (
     format_size,
     parse_duration,
     parse_size,
+    parse_workers,
 )
 from ..errors import UsageError
 from ..limits import Limits
@@ -95,6 +96,7 @@ SIZE = _Parsed("size", parse_size, int)
 DURATION = _Parsed("duration", parse_duration, float)
 RATE = _Parsed("rate", _rate)
 ADDR = _Parsed("host:port", _addr, tuple)
+WORKERS = _Parsed("workers", parse_workers, int)
 
 
 _client_cert_options = (
@@ -181,6 +183,11 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "the key), with a manifest and lock of their own: one pod of a "
                           "Kubernetes Indexed Job each. auto: I from JOB_COMPLETION_INDEX, N "
                           "from JOB_COMPLETIONS."),
+        click.option("--workers", type=WORKERS, default=0, metavar="N|auto",
+                     help="Move whole objects (up to the multipart threshold) in N worker "
+                          "processes on this machine (auto: the cores available); larger "
+                          "objects, deltas and resumed uploads stay in the main process. Each "
+                          "worker gets 1/N of --concurrency and --memory-limit."),
         click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
                      show_default=True, metavar="SECONDS",
                      help="On SIGINT/SIGTERM, how long work in flight may take to finish."),

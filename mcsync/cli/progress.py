@@ -166,6 +166,9 @@ def summary(report: SyncReport) -> str:
     if report.requests_throttled:
         parts.append(f"throttled {report.requests_throttled}x: requests in flight down to "
                      f"{report.requests_in_flight_low}, back to {report.requests_in_flight_end}")
+    if report.tasks_retried:
+        parts.append(f"{counted(report.tasks_retried, 'task')} of {report.tasks} run again: a "
+                     "worker process died")
     if report.bytes_reused:
         sent = "to send" if report.dry_run else "sent"
         parts.append(f"delta: {format_size(report.bytes_changed)} changed, "

@@ -30,6 +30,7 @@ from ..report import SyncReport, report_json
 from ..stores.base import ReadStore
 from ..stores.registry import StoreOptions, open_store
 from ..stores.single import open_pair
+from ..workers import reopenable
 from .progress import FailureLines, LogProgress, TerminalProgress, cycle_line, summary
 
 if TYPE_CHECKING:
@@ -93,8 +94,10 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
             for store, role in zip(pair, roles, strict=True):
                 opened.append(store if metrics is None else metrics.wrap(store, role))
             if watch_interval_s is None:
-                return await run_sync(opened[0], opened[1], options, FanOut(sinks), stop=stop,
-                                      manifest_factory=seams.open_manifest)
+                run_options, addresses = reopenable(pair[0], pair[1], options)
+                return await run_sync(opened[0], opened[1], run_options, FanOut(sinks),
+                                      stop=stop, manifest_factory=seams.open_manifest,
+                                      addresses=addresses)
             from ..watching import watch  # watchfiles only for a watch
 
             return await watch(opened[0], opened[1], options, FanOut(sinks), stop,

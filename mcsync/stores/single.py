@@ -66,6 +66,12 @@ def one_object(store: ReadStore, *, shown: str, real: str, url: str,
                 without=without)
 
 
+def is_one_object(store: ReadStore) -> bool:
+    """Is ``store`` a view of one object made by ``open_pair`` (which its address alone does
+    not reopen)?"""
+    return isinstance(getattr(store, "_hooks", None), _OneObject)
+
+
 async def open_pair(src: str, dst: str, open_source: Opener, open_target: Opener,
                     source_options: StoreOptions, target_options: StoreOptions, *,
                     delete: bool = False) -> tuple[ReadStore, ReadStore]:

@@ -104,3 +104,30 @@ def test_an_upload_the_journal_names_is_resumed_from_its_parts() -> None:
     assert second.record is not None and second.record.dst_size == len(data)
     assert len(sent) == 2, "only the two parts the journal did not name were sent"
     assert second.event.result.bytes_sent == 2 * PART
+
+
+def test_a_whole_objects_only_dispatch_hands_back_what_would_go_in_parts() -> None:
+    """A worker process's dispatch (no journal) moves objects of one request and hands back,
+    having written nothing, one that is larger: the source's new version included."""
+    src, dst = MemoryStore("src"), MemoryStore("dst")
+    seed(src, {"big.bin": payload(PART + 1, 3), "small.bin": b"small", "grows.bin": b"x"})
+    options = SyncOptions(part_size=PART)
+    events = list[Event]()
+
+    async def run() -> list[Outcome]:
+        dispatch = Dispatch(src, dst, options, Limits(8, options.memory_limit), events.append,
+                            journal=None, known=None, open_uploads={}, stop=asyncio.Event(),
+                            whole_only=True)
+        listed = await src.head("grows.bin")
+        seed(src, {"grows.bin": payload(PART + 7, 4)})  # changed after it was listed
+        stale = Action("copy", "grows.bin", listed, None, "new")
+        assert dispatch.is_whole(stale) and not dispatch.is_whole(
+            Action("copy", "big.bin", await src.head("big.bin"), None, "new"))
+        return [await _copy(dispatch, src, "big.bin"), await _copy(dispatch, src, "small.bin"),
+                await dispatch.run(stale)]
+
+    big, small, grown = asyncio.run(run())
+    assert big.handed_back and big.event is None and big.record is None
+    assert grown.handed_back and grown.record is None
+    assert not small.handed_back and isinstance(small.event, ObjectDone)
+    assert contents(dst) == {"small.bin": b"small"}

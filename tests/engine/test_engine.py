@@ -461,3 +461,65 @@ def test_scope_prefix_stays_within_the_run(pair, tmp_path):
     assert by_key["run-a/2/w.bin"].bytes_sent == 0
     assert by_key["run-b/1/w.bin"].bytes_sent == 4 * PART
     assert contents(dst) == contents(src)
+
+
+def test_workers_with_store_objects_are_refused_in_one_line(pair, tmp_path):
+    """A worker process opens its own stores from addresses: a store object cannot go to it."""
+    src, dst = pair
+    seed(src, {"a": b"a"})
+    with pytest.raises(mcsync.UsageError) as refused:
+        sync(src, dst, tmp_path, workers=2)
+    assert "\n" not in str(refused.value) and "addresses" in str(refused.value)
+    assert contents(dst) == {}
+
+
+def test_the_driver_commits_what_workers_return_and_moves_what_they_hand_back(
+        pair, tmp_path, monkeypatch):
+    """The executor seam in one process: a stand-in for LocalWorkers runs each task through a
+    whole-objects-only dispatch on the same stores. An object that grew past one request after
+    it was listed comes back handed back, and the driver sends it in parts itself (journalled);
+    every object is recorded, so a second run moves nothing."""
+    from mcsync import engine
+    from mcsync.dispatch import Dispatch, Outcome
+    from mcsync.limits import Limits
+    from mcsync.workers import Addresses
+
+    src, dst = pair
+    seed(src, {**{f"small/{i:02d}": payload(100 + i, i) for i in range(30)}, "grows": b"x"})
+    grown = payload(2 * PART + 3, 99)
+    ran: list[list[str]] = []
+
+    class InProcessWorkers:
+        def __init__(self, addresses, options, n, emit, stop):
+            self.room = asyncio.Semaphore(8)
+            self.tasks, self.tasks_retried, self.retried = 0, 0, []
+            self.throttled = self.requests_retried = self.expired = 0
+            self.dispatch = Dispatch(src, dst, options, Limits(4, options.memory_limit), emit,
+                                     journal=None, known=None, open_uploads={}, stop=stop,
+                                     whole_only=True)
+
+        async def run(self, action) -> Outcome:
+            if action.key == "grows":  # rewritten at the source after it was listed
+                seed(src, {"grows": grown})
+            ran.append([action.key])
+            self.tasks += 1
+            return await self.dispatch.run(action)
+
+        async def aclose(self) -> None:
+            pass
+
+    monkeypatch.setattr(engine, "LocalWorkers", InProcessWorkers)
+    here = Addresses("src", "dst", mcsync.StoreOptions(), mcsync.StoreOptions())
+
+    async def go() -> mcsync.SyncReport:
+        options = mcsync.SyncOptions(part_size=PART, workers=2,
+                                     manifest=str(tmp_path / "manifest.sqlite"))
+        return await engine.run_sync(src, dst, options, addresses=here)
+
+    report = asyncio.run(go())
+    assert report.ok and report.tasks == 31, report.failures
+    assert sorted(k for [k] in ran) == sorted(contents(src))
+    assert contents(dst) == contents(src) and contents(dst)["grows"] == grown
+    assert report.objects_copied == 31
+    again = asyncio.run(go())
+    assert again.objects_copied == 0 and again.tasks == 0

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from mcsync.config import GiB, MiB, SyncOptions, parse_size
@@ -37,3 +39,22 @@ def test_bad_options_are_usage_errors():
         SyncOptions(concurrency=0)
     with pytest.raises(UsageError):
         SyncOptions(part_size=1 * MiB)
+
+
+def test_workers_auto_is_the_cores_this_process_may_run_on():
+    from mcsync.config import parse_workers
+
+    assert parse_workers("auto") == len(os.sched_getaffinity(0))
+    assert parse_workers(" 3 ") == 3
+    for bad in ("0", "-2", "many", ""):
+        with pytest.raises(UsageError, match="--workers"):
+            parse_workers(bad)
+
+
+def test_workers_refuse_the_limits_each_worker_would_keep_for_itself():
+    assert SyncOptions(workers=4).workers == 4
+    for limit in ({"tps_limit": 100.0}, {"bw_limit": "50MiB"}):
+        with pytest.raises(UsageError, match="--workers cannot be combined"):
+            SyncOptions(workers=2, **limit)
+    with pytest.raises(UsageError, match="--workers"):
+        SyncOptions(workers=-1)

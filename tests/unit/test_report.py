@@ -72,3 +72,17 @@ def test_a_failure_unpacks_as_the_key_and_error_pair_it_was() -> None:
     key, error = failure
     assert (key, error) == ("k", "k: slow down") and failure[1] == "k: slow down"
     assert dict([failure]) == {"k": "k: slow down"}
+
+
+def test_the_tasks_of_worker_processes_are_in_the_report_and_its_summary():
+    from mcsync.cli.progress import summary
+    from mcsync.report import RunTotals
+
+    stats = StatsCollector("src/", "dst/")
+    named = ("task 3 (32 objects, a .. b): a worker process died (...); run again on a fresh "
+             "pool",)
+    report = stats.finish(RunTotals(tasks=12, tasks_retried=1, retried_tasks=named))
+    doc = json.loads(report_json(report.to_dict()))
+    assert (doc["tasks"], doc["tasks_retried"], doc["retried_tasks"]) == (12, 1, list(named))
+    assert "1 task of 12 run again: a worker process died" in summary(report)
+    assert "run again" not in summary(StatsCollector("src/", "dst/").finish())
