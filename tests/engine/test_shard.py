@@ -6,8 +6,6 @@ checkpoint each stay in one shard."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import random
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,27 +17,10 @@ from mcsync.engine import target_lock_key
 from mcsync.manifest import default_path
 from mcsync.manifest_copy import target_manifest_key
 from mcsync.shard import shard_of
-from mcsync.stores.memory import MemoryEndpoint, MemoryObject, MemoryStore
+from mcsync.stores.memory import MemoryEndpoint, MemoryStore
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 
-MiB = 1 << 20
-PART = 5 * MiB
-
-
-def payload(size: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(size)
-
-
-def seed(store: MemoryStore, objects: dict[str, bytes]) -> None:
-    for key, data in objects.items():
-        store.endpoint.objects[store.prefix + key] = MemoryObject(
-            data, hashlib.md5(data).hexdigest(), store.endpoint.clock())
-
-
-def contents(store: MemoryStore) -> dict[str, bytes]:
-    cut = len(store.prefix)
-    return {k[cut:]: o.data for k, o in store.endpoint.objects.items()
-            if k.startswith(store.prefix) and not k[cut:].startswith(".mcsync/")}
+from .test_engine import PART, contents, payload, seed
 
 
 def state(store: MemoryStore) -> set[str]:
