@@ -33,7 +33,7 @@ from .types import RESERVED_PREFIX, ObjectInfo
 
 if TYPE_CHECKING:
     from .compare import Verdict
-    from .workers import LocalWorkers
+    from .workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Driver:
                  holdings: ManifestHoldings | None, sink: EventSink, stats: StatsCollector,
                  completion: Completion, stop: asyncio.Event,
                  listing: Handoff[ObjectInfo] | None = None,
-                 workers: LocalWorkers | None = None) -> None:
+                 workers: Workers | None = None) -> None:
         """``workers``: worker processes that take the actions of one request each (see
         ``workers``); everything else is dispatched here."""
         self.src = src
@@ -247,7 +247,7 @@ class Driver:
         await self.objects.acquire()
         tg.create_task(self._execute(action))
 
-    async def _on_worker(self, workers: LocalWorkers, action: Action) -> None:
+    async def _on_worker(self, workers: Workers, action: Action) -> None:
         try:
             outcome = await workers.run(action)
         finally:

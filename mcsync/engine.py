@@ -57,7 +57,8 @@ from .stores.base import (
 from .stores.registry import StoreOptions, open_store
 from .tasks import cancel_and_wait
 from .types import RESERVED_PREFIX, ObjectInfo
-from .workers import Addresses, LocalWorkers, folds_case, refuse_in_a_starting_worker
+from .worker_runner import Addresses
+from .workers import Workers, folds_case, open_pool, refuse_in_a_starting_worker
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +234,7 @@ class _Run:
                                  stop=stop)
         # --workers: worker processes take the actions of one request each (nothing moves in
         # a dry run).
-        self.workers = (LocalWorkers(addresses, options, options.workers, self.sink.emit, stop)
+        self.workers = (Workers(open_pool(addresses, options), options, self.sink.emit, stop)
                         if addresses is not None and options.workers and not options.dry_run
                         and not self._folds_case(dst) else None)
         self.driver = Driver(src, dst, options, manifest=manifest, dispatch=self.dispatch,

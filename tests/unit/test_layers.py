@@ -27,8 +27,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("index", "manifest_schema", "manifest", "listing", "checkpoints", "shard", "plan", "spool",
      "lock", "delta_bases", "preflight"),
     ("scan", "compare", "verify", "delta_planner", "status"),
-    ("upload", "compose", "transfer", "manifest_copy", "dispatch"),
-    ("workers", "driver", "engine", "watching"),
+    ("upload", "compose", "transfer", "manifest_copy", "dispatch", "worker_runner"),
+    ("local_pool", "workers", "driver", "engine", "watching"),
     ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.faults"),
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

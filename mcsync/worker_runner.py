@@ -1,0 +1,128 @@
+"""What a worker runs, wherever it runs (a local process, a Ray actor): its stores, reopened
+from ``Addresses``, and a dispatch unit with no manifest; a task's planned actions in, a
+``TaskResult`` out.
+
+What crosses to a worker: the two addresses and each side's ``StoreOptions`` once, when it
+starts (credentials come from the environment and config files the worker inherits, as the
+driver's did: never in a task), then, per task, the planned actions. What comes back: the
+outcomes (each record with its block hashes, each event), the bytes moved per key, and the
+worker's request counters for the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .config import SyncOptions
+from .dispatch import Dispatch, Outcome
+from .events import BytesMoved, Event
+from .limits import Limits
+from .plan import Action
+from .resilience import Pacing, resilient
+from .stores.base import ReadStore, Store
+from .stores.registry import StoreOptions, open_store
+from .types import MiB
+
+
+@dataclass(frozen=True, slots=True)
+class Addresses:
+    """What a worker opens its stores from: each side's address and options."""
+
+    source: str
+    target: str
+    source_options: StoreOptions
+    target_options: StoreOptions
+
+
+def worker_options(options: SyncOptions, n: int) -> SyncOptions:
+    """A worker's share of the run's limits: requests in flight and memory split N ways (a
+    worker never holds less than 5 MiB; the driver keeps the whole budget for what it moves
+    itself)."""
+    return dataclasses.replace(
+        options, workers=0, concurrency=max(1, -(-options.concurrency // n)),
+        memory_limit=max(options.memory_limit // n, 5 * MiB))
+
+
+class WorkerLost(Exception):
+    """A worker died running a task (OOM, SIGKILL, its node gone): the task may go to another."""
+
+
+class WorkerUnavailable(Exception):
+    """No worker could be started or reached to run a task."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    """What a worker sends back for one task."""
+
+    outcomes: list[Outcome]
+    moved: list[tuple[str, int]]  # BytesMoved, in order
+    throttled: int
+    retried: int
+    expired: int
+
+
+class TaskRunner:
+    """A worker's stores and dispatch unit, opened at its first task, kept for the next ones
+    on one event loop of its own."""
+
+    def __init__(self, addresses: Addresses, options: SyncOptions) -> None:
+        self.addresses = addresses
+        self.options = options
+        self.runner = asyncio.Runner(loop_factory=loop_factory())
+        self.stores: list[ReadStore] = []
+        self.dispatch: Dispatch | None = None
+        self.pacing = Pacing.for_options(options)
+        self.moved: list[tuple[str, int]] = []
+
+    def _open(self) -> Dispatch:
+        a = self.addresses
+        src = resilient(open_store(a.source, a.source_options), self.pacing)
+        dst = resilient(open_store(a.target, a.target_options), self.pacing)
+        self.stores = [src, dst]
+        assert isinstance(dst, Store)
+        return Dispatch(src, dst, self.options,
+                        Limits(self.options.concurrency, self.options.memory_limit),
+                        self._emit, journal=None, known=None, open_uploads={},
+                        stop=asyncio.Event(), whole_only=True)
+
+    def _emit(self, event: Event) -> None:
+        if isinstance(event, BytesMoved):
+            self.moved.append((event.key, event.nbytes))
+
+    def run(self, actions: list[Action]) -> TaskResult:
+        """One task, start to end (blocking: the worker's loop is its own)."""
+        return self.runner.run(self._run(actions))
+
+    async def _run(self, actions: list[Action]) -> TaskResult:
+        if self.dispatch is None:
+            self.dispatch = self._open()
+        p = self.pacing
+        before = (p.throttled, p.retried, p.expired)
+        self.moved = []
+        async with asyncio.TaskGroup() as tg:
+            running = [tg.create_task(self.dispatch.run(action)) for action in actions]
+        return TaskResult([t.result() for t in running], self.moved,
+                          p.throttled - before[0], p.retried - before[1], p.expired - before[2])
+
+    def close(self) -> None:
+        async def closing() -> None:
+            for store in self.stores:
+                with contextlib.suppress(Exception):
+                    await store.aclose()
+
+        with contextlib.suppress(Exception):
+            self.runner.run(closing())
+            self.runner.close()
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        return None
+    return uvloop.new_event_loop
