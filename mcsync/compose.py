@@ -26,6 +26,7 @@ from .events import Event
 from .limits import Limits
 from .manifest import OpenUpload, WrittenPart
 from .plan import Action
+from .shard import Shard, suffix
 from .stores.base import (
     Composer,
     CopySource,
@@ -42,6 +43,13 @@ from .upload import MovePart, Uploaded, UploadPlan, Uploads
 log = logging.getLogger(__name__)
 
 STAGING_PREFIX = f"{RESERVED_PREFIX}stage/"  # a block delta's staging objects at the target
+
+
+def staging_space(shard: Shard | None) -> str:
+    """Where one run's staging objects live: a shard has its own, beside (not under) the
+    unsharded run's, so a shard's sweep after a kill never clears another's part in flight."""
+    tag = suffix(shard)
+    return f"{RESERVED_PREFIX}stage{tag}/" if tag else STAGING_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +144,7 @@ class DeltaSender:
         assert spec.old_start is not None
         dst = self.dst
         assert isinstance(dst, ServerSideCopier) and isinstance(upload, PartCopyUpload)
-        stage_key = (f"{_staging_prefix(key)}"
+        stage_key = (f"{self._staging_prefix(key)}"
                      f"{xxhash.xxh3_64_hexdigest(upload.upload_id.encode())}-{spec.number}")
         new = ByteRange(spec.rng.start + spec.stage, spec.rng.end)
         # Shielded: a part cancelled while its staging upload is being created must not leave
@@ -173,11 +181,16 @@ class DeltaSender:
                     await asyncio.shield(dst.delete(stage_key))
 
     async def clear_staging(self, key: str) -> None:
-        await self._clear(_staging_prefix(key))
+        await self._clear(self._staging_prefix(key))
 
     async def sweep(self) -> None:
-        """After an interrupted run: the staging objects a killed delta may have left."""
-        await self._clear(STAGING_PREFIX)
+        """After an interrupted run: the staging objects a killed delta of this run's pair
+        (or shard) may have left."""
+        await self._clear(staging_space(self.options.shard))
+
+    def _staging_prefix(self, key: str) -> str:
+        """Where the staging objects of ``key``'s delta live."""
+        return f"{staging_space(self.options.shard)}{xxhash.xxh3_64_hexdigest(key.encode())}-"
 
     async def _clear(self, prefix: str) -> None:
         if not isinstance(self.dst, ScratchSpace):
@@ -189,11 +202,6 @@ class DeltaSender:
                 await asyncio.shield(self.dst.clear(prefix))
         except (MCSyncError, OSError) as exc:
             log.warning("could not clear %s at the target: %s", prefix, exc)
-
-
-def _staging_prefix(key: str) -> str:
-    """Where the staging objects of ``key``'s delta live."""
-    return f"{STAGING_PREFIX}{xxhash.xxh3_64_hexdigest(key.encode())}-"
 
 
 @contextlib.contextmanager

@@ -192,3 +192,27 @@ def test_status_reads_each_shard_s_state_at_the_target(tmp_path: Path) -> None:
     seed(dst, {target_lock_key(src, dst, (3, 4)): json.dumps(holder).encode()})
     rows = asyncio.run(status(MemoryStore(".mcsync/", endpoint=dst.endpoint), tmp_path))
     assert {r.shard: r.state for r in rows}[(3, 4)] == "not started"
+
+
+def test_a_shards_sweep_clears_its_own_staging_space_only(tmp_path):
+    """After a kill, a shard's run sweeps the staging objects its deltas may have left; another
+    shard's, in flight beside it, are not its to clear."""
+    from mcsync.compose import DeltaSender, staging_space
+    from mcsync.limits import Limits
+
+    dst = MemoryStore("ckpt", endpoint=MemoryEndpoint("t"))
+    spaces = {shard: staging_space(shard) for shard in (None, (0, 2), (1, 2))}
+    assert len(set(spaces.values())) == 3
+    assert not any(a != b and b.startswith(a) for a in spaces.values() for b in spaces.values())
+    for space in spaces.values():
+        seed(dst, {f"{space}0123-1": b"staged"})
+
+    async def sweep(shard: tuple[int, int] | None) -> None:
+        options = mcsync.SyncOptions(shard=shard)
+        await DeltaSender(dst, dst, options, Limits(4, options.memory_limit),
+                          lambda event: None).sweep()
+
+    asyncio.run(sweep((0, 2)))
+    assert state(dst) == {f"{spaces[None]}0123-1", f"{spaces[1, 2]}0123-1"}
+    asyncio.run(sweep(None))
+    assert state(dst) == {f"{spaces[1, 2]}0123-1"}
