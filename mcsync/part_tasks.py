@@ -33,6 +33,7 @@ from .limits import Limits
 from .manifest import WrittenPart
 from .part_sender import PartSender
 from .stores.base import ReadStore, Store, Upload
+from .tasks import cancel_and_wait, fail_waiting
 from .types import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -139,13 +140,7 @@ class RemoteParts:
         try:
             results = await self.tasks.send_parts([j for j, _ in batch])
         except BaseException as exc:
-            for _, fut in batch:
-                if fut.done():
-                    continue
-                if isinstance(exc, asyncio.CancelledError):
-                    fut.cancel()
-                else:
-                    fut.set_exception(exc)
+            fail_waiting((f for _, f in batch), exc)
             raise
         if results:
             log.debug("%s: parts %s sent by worker %s", batch[0][0].key,
@@ -160,10 +155,7 @@ class RemoteParts:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for sending in list(self._sending):
-            sending.cancel()
-        if self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
+        await cancel_and_wait(*self._sending, quiet=True)
 
 
 class WorkerParts:

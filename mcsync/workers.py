@@ -36,6 +36,7 @@ from .plan import Action
 from .stores.base import ReadStore
 from .stores.single import is_one_object
 from .stores.wrap import innermost
+from .tasks import fail_waiting
 from .worker_runner import (
     Addresses,
     TaskItem,
@@ -190,13 +191,7 @@ class Workers:
         try:
             outcomes = await self._outcomes(task)
         except BaseException as exc:
-            for fut in task.futures:
-                if fut.done():
-                    continue
-                if isinstance(exc, asyncio.CancelledError):
-                    fut.cancel()
-                else:
-                    fut.set_exception(exc)
+            fail_waiting(task.futures, exc)
             raise
         for fut, outcome in zip(task.futures, outcomes, strict=True):
             if not fut.done():
