@@ -15,6 +15,20 @@ hashes it as the driver would (the same ``PartSender``: the record's block hashe
 single-process run's), puts the part and returns its receipt, its chunk digests and, for a
 source that keeps a CRC32C, the part's CRC for the driver's check before Complete. Errors come
 back as values, so one part's failure is the driver's to act on (abort, or a new version).
+
+Which objects: every copy in parts through the client, from the multipart threshold up (not
+deltas, not server-side copies in parts: no byte of theirs passes through a client). A larger
+threshold would save an object just past it the reopens (S3: a ListParts per worker that takes
+a part of it, 4 requests becoming at most 4 + workers) but leave a data set of 10-100 MiB shards
+on the driver's one core, which is what workers are for. One object's parts in flight stay
+``--part-concurrency`` (and the driver's goodput slots, ``Limits.parts``, which bound the parts
+of all uploads), spread over the workers. Uploads into files (``FileTarget``) stay in the
+driver: a worker's reopened file upload would hold a descriptor that the ``Upload`` protocol
+cannot give back but by ``abort``, which deletes the file.
+
+A killed driver takes its workers with it; the same command takes the journalled upload up
+and sends only the parts no journal names (those in flight at the kill among them: the server
+may hold them already, the journal cannot say).
 """
 
 from __future__ import annotations
