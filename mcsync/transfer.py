@@ -295,8 +295,8 @@ class Transfer:
         """``check_crc``: a source that keeps a CRC32C (GCS) is checked against it before
         Complete; parts are then read whole (a streamed part is not summed)."""
         return PartSender(self.src, key, src, cut_digests, self.limits,
-                           streams=self._streams() and not check_crc, check_crc=check_crc,
-                           threads=self.options.part_concurrency)
+                          streams=self._streams() and not check_crc, check_crc=check_crc,
+                          threads=self.options.part_concurrency)
 
     # -- server side ---------------------------------------------------------------------------
 
