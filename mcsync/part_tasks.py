@@ -21,8 +21,8 @@ deltas, not server-side copies in parts: no byte of theirs passes through a clie
 threshold would save an object just past it the reopens (S3: a ListParts per worker that takes
 a part of it, 4 requests becoming at most 4 + workers) but leave a data set of 10-100 MiB shards
 on the driver's one core, which is what workers are for. One object's parts in flight stay
-``--part-concurrency`` (and the driver's goodput slots, ``Limits.parts``, which bound the parts
-of all uploads), spread over the workers. Uploads into files (``FileTarget``) stay in the
+``--part-concurrency`` (and the driver's goodput slots and memory budget, which bound the parts
+of all uploads as in one process), spread over the workers. Uploads into files (``FileTarget``) stay in the
 driver: a worker's reopened file upload would hold a descriptor that the ``Upload`` protocol
 cannot give back but by ``abort``, which deletes the file.
 
@@ -52,7 +52,9 @@ from .types import ObjectInfo
 
 log = logging.getLogger(__name__)
 
-LINGER_S = 0.01  # a part task not yet full goes after this long
+# A part task not yet full goes after this long: parts come back to the upload's window a
+# few at a time, and each waiting part is megabytes idle (a task costs ~1 ms; a part, tens).
+LINGER_S = 0.005
 KEEP_UPLOADS = 64  # upload handles a worker keeps reopened (S3: one ListParts each)
 
 
