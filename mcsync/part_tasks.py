@@ -21,10 +21,10 @@ deltas, not server-side copies in parts: no byte of theirs passes through a clie
 threshold would save an object just past it the reopens (S3: a ListParts per worker that takes
 a part of it, 4 requests becoming at most 4 + workers) but leave a data set of 10-100 MiB shards
 on the driver's one core, which is what workers are for. One object's parts in flight stay
-``--part-concurrency`` (and the driver's goodput slots and memory budget, which bound the parts
-of all uploads as in one process), spread over the workers. Uploads into files (``FileTarget``) stay in the
-driver: a worker's reopened file upload would hold a descriptor that the ``Upload`` protocol
-cannot give back but by ``abort``, which deletes the file.
+``--part-concurrency`` (and the driver's goodput slots and memory budget, which bound the
+parts of all uploads as in one process), spread over the workers. Uploads into files
+(``FileTarget``) stay in the driver: a worker's reopened file upload would hold a descriptor
+that the ``Upload`` protocol cannot give back but by ``abort``, which deletes the file.
 
 A killed driver takes its workers with it; the same command takes the journalled upload up
 and sends only the parts no journal names (those in flight at the kill among them: the server
