@@ -31,6 +31,7 @@ from .events import (
 )
 from .limits import Limits
 from .manifest import ManifestEntry, OpenUpload
+from .part_tasks import PartTasks
 from .plan import Action, Pair
 from .stores.base import ReadStore, Store
 from .transfer import NotWhole, Transfer
@@ -67,9 +68,11 @@ class Dispatch:
     def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, limits: Limits,
                  emit: Callable[[Event], None], *, journal: Journal | None,
                  known: Holdings | None, open_uploads: dict[str, OpenUpload],
-                 stop: asyncio.Event, whole_only: bool = False) -> None:
+                 stop: asyncio.Event, whole_only: bool = False,
+                 part_tasks: PartTasks | None = None) -> None:
         """``whole_only``: a worker process's, which has no journal: an action that is not
-        one request comes back ``handed_back``."""
+        one request comes back ``handed_back``; ``part_tasks``: workers that send the parts
+        of what this process uploads in parts (``part_tasks``)."""
         self.src = src
         self.dst = dst
         self.options = options
@@ -77,7 +80,7 @@ class Dispatch:
         self.emit = emit
         self._transfer = Transfer(src, dst, options, limits, emit, journal=journal, stop=stop,
                                   open_uploads=open_uploads, known=known,
-                                  whole_only=whole_only)
+                                  whole_only=whole_only, part_tasks=part_tasks)
 
     async def run(self, action: Action) -> Outcome:
         """Carry out ``action``; every error of the object is in the outcome, none raised."""

@@ -229,14 +229,14 @@ class _Run:
                        if writing is not None else None)
         holdings = (ManifestHoldings(manifest, writing=writing is not None)
                     if manifest is not None else None)
-        self.dispatch = Dispatch(src, dst, options, self.limits, self.sink.emit,
-                                 journal=writing, known=holdings, open_uploads=open_uploads,
-                                 stop=stop)
-        # --workers: worker processes take the actions of one request each (nothing moves in
-        # a dry run).
+        # --workers: worker processes take the actions of one request each and the parts of
+        # copies in parts (nothing moves in a dry run).
         self.workers = (Workers(open_pool(addresses, options), options, self.sink.emit, stop)
                         if addresses is not None and options.workers and not options.dry_run
                         and not self._folds_case(dst) else None)
+        self.dispatch = Dispatch(src, dst, options, self.limits, self.sink.emit,
+                                 journal=writing, known=holdings, open_uploads=open_uploads,
+                                 stop=stop, part_tasks=self.workers)
         self.driver = Driver(src, dst, options, manifest=manifest, dispatch=self.dispatch,
                              holdings=holdings, sink=self.sink, stats=self.stats,
                              completion=Completion(src, min_age_s=options.min_age_s,

@@ -21,8 +21,14 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.util import Finalize
 
 from .config import SyncOptions
-from .plan import Action
-from .worker_runner import Addresses, TaskResult, TaskRunner, WorkerLost, WorkerUnavailable
+from .worker_runner import (
+    Addresses,
+    TaskItem,
+    TaskResult,
+    TaskRunner,
+    WorkerLost,
+    WorkerUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +55,9 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def _run_task(actions: list[Action]) -> TaskResult:
+def _run_task(items: list[TaskItem]) -> TaskResult:
     assert _runner is not None, "not a worker process"
-    return _runner.run(actions)
+    return _runner.run(items)
 
 
 class LocalPool:
@@ -66,10 +72,10 @@ class LocalPool:
     def describe(self) -> str:
         return f"{self.size} local worker processes"
 
-    async def run(self, actions: list[Action]) -> TaskResult:
+    async def run(self, items: list[TaskItem]) -> TaskResult:
         pool = self._pool_now()
         try:
-            result = await asyncio.wrap_future(pool.submit(_run_task, actions))
+            result = await asyncio.wrap_future(pool.submit(_run_task, items))
         except BrokenProcessPool as exc:
             if self._pool is pool:
                 log.warning("a worker process died (%s); its tasks go to a fresh pool", exc)

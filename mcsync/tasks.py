@@ -1,10 +1,11 @@
 """Ending background tasks: ``cancel_and_wait``, the one way mcsync stops a task it started
 (a lock's renewer, a listing's pump, a run's watchdog and manifest uploader, a watch's file
-watcher)."""
+watcher); ``fail_waiting``, what the futures waiting on a task that failed are told."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -30,6 +31,18 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any] | None, quiet: bool = False)
     errors = [e for e in map(_outcome, live) if e is not None]
     if errors and not quiet:
         raise errors[0]
+
+
+def fail_waiting(futures: Iterable[asyncio.Future[Any]], exc: BaseException) -> None:
+    """The futures still waiting on work that ended with ``exc``: cancelled when it was
+    cancelled, else given its error (a batch sent as one task answers each of its items)."""
+    for fut in futures:
+        if fut.done():
+            continue
+        if isinstance(exc, asyncio.CancelledError):
+            fut.cancel()
+        else:
+            fut.set_exception(exc)
 
 
 def _outcome(task: asyncio.Task[Any]) -> BaseException | None:

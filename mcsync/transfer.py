@@ -16,10 +16,8 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from . import checksums
 from .chunking import Layout, group_parts
 from .compose import Composed, DeltaSender
 from .config import SyncOptions
@@ -27,27 +25,27 @@ from .delta import Part
 from .delta_planner import DeltaPlanner, Holdings
 from .errors import IntegrityError, MCSyncError, NotFound, PreconditionFailed, SourceGone
 from .events import BytesMoved, Event
-from .hashing import block_digest_async, chunk_digests_async
+from .hashing import block_digest_async
 from .limits import Limits
 from .manifest import ManifestEntry, OpenUpload, WrittenPart, entry_for
+from .part_sender import PartSender
+from .part_tasks import PartTasks, RemoteParts, parts_per_task
 from .plan import Action
 from .report import ObjectResult
 from .retry import RetryPolicy, retrying
 from .scan import cut
 from .stores.base import (
     FileTarget,
-    FileUpload,
     PartCopyUpload,
     RangeStreamer,
-    ReadsInto,
     ReadStore,
     ServerSideCopier,
     Store,
     Upload,
 )
-from .streaming import STREAM_PART_SIZE, drain_into
-from .types import Buffer, ByteRange, ObjectInfo, PartRef
-from .upload import Journal, UploadPlan, Uploads
+from .streaming import STREAM_PART_SIZE
+from .types import ByteRange, ObjectInfo
+from .upload import Journal, MovePart, UploadPlan, Uploads
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +73,17 @@ class Transfer:
                  emit: Callable[[Event], None], *, journal: Journal | None = None,
                  stop: asyncio.Event | None = None,
                  open_uploads: dict[str, OpenUpload] | None = None,
-                 known: Holdings | None = None, whole_only: bool = False) -> None:
+                 known: Holdings | None = None, whole_only: bool = False,
+                 part_tasks: PartTasks | None = None) -> None:
         """``journal``: where open uploads are recorded (None for a dry run); ``known``: the
         records and chunk index a delta composes from; ``open_uploads``: those a killed run
         left, to take up; ``whole_only``: raise NotWhole for an object that is not one
-        request (a worker process, which has no journal)."""
+        request (a worker process, which has no journal); ``part_tasks``: workers that send
+        the parts of a copy in parts (``part_tasks``; not into files: see there)."""
         self.whole_only = whole_only
+        # A file upload reopened by a worker would hold a descriptor that the Upload protocol
+        # cannot give back but by abort, which deletes the file: files stay in this process.
+        self.part_tasks = part_tasks if not isinstance(dst, FileTarget) else None
         self.src = src
         self.dst = dst
         self.options = options
@@ -268,12 +271,19 @@ class Transfer:
         dst = self.dst
         opener = (lambda: dst.open_file(action.key, src.size, mtime=src.mtime)) \
             if sender.streams and isinstance(dst, FileTarget) else None
+        remote = None
+        if self.part_tasks is not None and not sender.streams:  # the parts go to workers
+            remote = RemoteParts(self.part_tasks, sender, parts_per_task(
+                self.part_tasks, len(specs), group, self.options.part_concurrency))
+        move: MovePart = remote if remote is not None else sender
         try:
-            uploaded = await self.uploads.run(plan, prior, sender, n_chunks=len(chunks),
+            uploaded = await self.uploads.run(plan, prior, move, n_chunks=len(chunks),
                                               before_complete=sender.verify,
                                               open_upload=opener)
         finally:
             sender.close()
+            if remote is not None:
+                await remote.aclose()
         digests = [d for d in uploaded.digests if d is not None]
         if len(digests) != len(chunks):
             raise IntegrityError(f"{self.src.url}{action.key}: {len(chunks) - len(digests)} "
@@ -281,12 +291,12 @@ class Transfer:
         return self._done(action, src, uploaded.written, uploaded.sent, digests, layout)
 
     def _part_sender(self, key: str, src: ObjectInfo, cut_digests: list[bytes] | None, *,
-                     check_crc: bool) -> _PartSender:
+                     check_crc: bool) -> PartSender:
         """``check_crc``: a source that keeps a CRC32C (GCS) is checked against it before
         Complete; parts are then read whole (a streamed part is not summed)."""
-        return _PartSender(self.src, key, src, cut_digests, self.limits,
-                           streams=self._streams() and not check_crc, check_crc=check_crc,
-                           threads=self.options.part_concurrency)
+        return PartSender(self.src, key, src, cut_digests, self.limits,
+                          streams=self._streams() and not check_crc, check_crc=check_crc,
+                          threads=self.options.part_concurrency)
 
     # -- server side ---------------------------------------------------------------------------
 
@@ -340,84 +350,3 @@ class Transfer:
                               bytes_changed=None if server else (
                                   src.size if changed is None else changed))
         return Done(result, entry)
-
-
-class _PartSender:
-    """Moves the parts whose bytes pass through the client, for one object: a ranged GET then
-    UploadPart, or, into a file, the range streamed in as it arrives (one worker thread per
-    part in flight: a streamed part holds its thread until done). Hashes every chunk; checks a
-    GCS source's CRC32C over the whole object before Complete."""
-
-    def __init__(self, store: ReadStore, key: str, src: ObjectInfo,
-                 cut_digests: list[bytes] | None, limits: Limits, *, streams: bool,
-                 check_crc: bool, threads: int) -> None:
-        self.store = store
-        self.key = key
-        self.src = src
-        self.cut_digests = cut_digests
-        self.limits = limits
-        self.streams = streams
-        self.check_crc = check_crc
-        self.n_parts = 0
-        self._crcs: dict[int, tuple[int, int]] = {}
-        self._threads = threads
-        self._pool: ThreadPoolExecutor | None = None
-
-    async def __call__(self, spec: Part, upload: Upload) -> WrittenPart:
-        rng = spec.rng
-        chunks = list(spec.chunks or (rng,))
-        # One request slot from read to acknowledgement: a part read ahead of a free slot to
-        # send it would only hold memory.
-        async with self.limits.requests:
-            if self.streams and isinstance(upload, FileUpload) and isinstance(
-                    self.store, RangeStreamer):
-                # Into the hidden file as the bytes arrive; a part failing a check is never
-                # journalled, so never completed.
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self._threads, "mcsync-stream")
-                body = await self.store.open_range(self.key, rng, expect=self.src)
-                pieces = await asyncio.get_running_loop().run_in_executor(
-                    self._pool, drain_into, body, upload, rng, chunks)
-                self._check_second_read(spec, pieces)
-                ref = upload.part_written(spec.number, rng.length)
-            elif isinstance(self.store, ReadsInto):  # into a buffer of the run's, reused
-                with self.limits.buffers.lent(rng.length) as buf:
-                    data: Buffer = await self.store.read_into(self.key, rng, buf, expect=self.src)
-                    ref, pieces = await self._send(spec, upload, data, chunks)
-                    del data
-            else:
-                data = await self.store.get(self.key, rng, expect=self.src)
-                ref, pieces = await self._send(spec, upload, data, chunks)
-                del data
-        return WrittenPart.of(ref, pieces)
-
-    async def _send(self, spec: Part, upload: Upload, data: Buffer,
-                    chunks: list[ByteRange]) -> tuple[PartRef, list[bytes]]:
-        """Hash a part read whole, check it, and send it."""
-        pieces = await chunk_digests_async(data, spec.rng.start, chunks)
-        self._check_second_read(spec, pieces)
-        if self.check_crc:
-            self._crcs[spec.number] = (await checksums.crc32c_async(data), len(data))
-        return await upload.put_part(spec.number, spec.rng.start, data), pieces
-
-    def _check_second_read(self, spec: Part, pieces: list[bytes]) -> None:
-        """Cutting by content read these bytes once already: a second read that hashes
-        differently is never sent."""
-        first = spec.first_chunk
-        if self.cut_digests is not None and first is not None and (
-                pieces != self.cut_digests[first:first + len(pieces)]):
-            raise IntegrityError(f"{self.store.url}{self.key}: bytes {spec.rng.start}-"
-                                 f"{spec.rng.end} read differently twice")
-
-    async def verify(self) -> None:
-        """Before Complete: the parts' CRC32Cs, combined, are the source's (when every part
-        was read by this run; parts kept from a killed one were checked by none)."""
-        if not self.check_crc or len(self._crcs) != self.n_parts:
-            return
-        crcs = [self._crcs[n] for n in sorted(self._crcs)]
-        checksums.verify(self.src.crc32c, checksums.combine_parts(crcs),
-                         f"{self.store.url}{self.key}")
-
-    def close(self) -> None:
-        if self._pool is not None:  # a thread still draining a cancelled part ends with it
-            self._pool.shutdown(wait=False)

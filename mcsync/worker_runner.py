@@ -4,8 +4,9 @@ from ``Addresses``, and a dispatch unit with no manifest; a task's planned actio
 
 What crosses to a worker: the two addresses and each side's ``StoreOptions`` once, when it
 starts (credentials come from the environment and config files the worker inherits, as the
-driver's did: never in a task), then, per task, the planned actions. What comes back: the
-outcomes (each record with its block hashes, each event), the bytes moved per key, and the
+driver's did: never in a task), then, per task, the planned actions, or the part jobs of an
+upload the driver opened (``part_tasks``). What comes back: the outcomes (each record with its
+block hashes, each event; a ``PartSent`` per part job), the bytes moved per key, and the
 worker's request counters for the report.
 """
 
@@ -21,11 +22,15 @@ from .config import SyncOptions
 from .dispatch import Dispatch, Outcome
 from .events import BytesMoved, Event
 from .limits import Limits
+from .part_tasks import PartJob, PartSent, WorkerParts
 from .plan import Action
 from .resilience import Pacing, resilient
 from .stores.base import ReadStore, Store
 from .stores.registry import StoreOptions, open_store
 from .types import MiB
+
+# What a task carries: planned actions of one request each, or parts of an upload.
+TaskItem = Action | PartJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +64,7 @@ class WorkerUnavailable(Exception):
 class TaskResult:
     """What a worker sends back for one task."""
 
-    outcomes: list[Outcome]
+    outcomes: list[Outcome | PartSent]  # one per item of the task, in order
     moved: list[tuple[str, int]]  # BytesMoved, in order
     throttled: int
     retried: int
@@ -76,6 +81,7 @@ class TaskRunner:
         self.runner = asyncio.Runner(loop_factory=loop_factory())
         self.stores: list[ReadStore] = []
         self.dispatch: Dispatch | None = None
+        self.parts: WorkerParts | None = None
         self.pacing = Pacing.for_options(options)
         self.moved: list[tuple[str, int]] = []
 
@@ -85,28 +91,28 @@ class TaskRunner:
         dst = resilient(open_store(a.target, a.target_options), self.pacing)
         self.stores = [src, dst]
         assert isinstance(dst, Store)
-        return Dispatch(src, dst, self.options,
-                        Limits(self.options.concurrency, self.options.memory_limit),
-                        self._emit, journal=None, known=None, open_uploads={},
-                        stop=asyncio.Event(), whole_only=True)
+        limits = Limits(self.options.concurrency, self.options.memory_limit)
+        self.parts = WorkerParts(src, dst, limits)
+        return Dispatch(src, dst, self.options, limits, self._emit, journal=None, known=None,
+                        open_uploads={}, stop=asyncio.Event(), whole_only=True)
 
     def _emit(self, event: Event) -> None:
         if isinstance(event, BytesMoved):
             self.moved.append((event.key, event.nbytes))
 
-    def run(self, actions: list[Action]) -> TaskResult:
+    def run(self, items: list[TaskItem]) -> TaskResult:
         """One task, start to end (blocking: the worker's loop is its own)."""
-        return self.runner.run(self._run(actions))
+        return self.runner.run(self._run(items))
 
-    async def _run(self, actions: list[Action]) -> TaskResult:
+    async def _run(self, items: list[TaskItem]) -> TaskResult:
         if self.dispatch is None:
             self.dispatch = self._open()
+        assert self.parts is not None
         p = self.pacing
         before = (p.throttled, p.retried, p.expired)
         self.moved = []
-        async with asyncio.TaskGroup() as tg:
-            running = [tg.create_task(self.dispatch.run(action)) for action in actions]
-        return TaskResult([t.result() for t in running], self.moved,
+        outcomes = await run_items(self.dispatch, self.parts, items)
+        return TaskResult(outcomes, self.moved,
                           p.throttled - before[0], p.retried - before[1], p.expired - before[2])
 
     def close(self) -> None:
@@ -118,6 +124,17 @@ class TaskRunner:
         with contextlib.suppress(Exception):
             self.runner.run(closing())
             self.runner.close()
+
+
+async def run_items(dispatch: Dispatch, parts: WorkerParts,
+                    items: list[TaskItem]) -> list[Outcome | PartSent]:
+    """A task's items run at once, each result in its item's place (none raises)."""
+    async def one(item: TaskItem) -> Outcome | PartSent:
+        return await (parts.send(item) if isinstance(item, PartJob) else dispatch.run(item))
+
+    async with asyncio.TaskGroup() as tg:
+        running = [tg.create_task(one(item)) for item in items]
+    return [t.result() for t in running]
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -9,7 +9,9 @@ than workers, sent as workers free up: DistCp's dynamic strategy) and returns ea
 Where the tasks run is a ``WorkerPool``: processes on this machine (``local_pool``), each
 running a ``worker_runner.TaskRunner``. Multipart uploads, block deltas and uploads a killed run
 left stay in the driver's process, which journals them: a worker has no journal, so an object
-that grew past one request since it was listed comes back ``handed_back``.
+that grew past one request since it was listed comes back ``handed_back``. The parts of a copy
+in parts the driver opened go to workers all the same, as part tasks (``part_tasks``:
+``send_parts``), retried like any task.
 
 A task whose worker died goes to another, each at most ``MAX_TRIES`` times, and the report
 names it. A killed driver takes its workers with it; the same command resumes as any run does.
@@ -27,13 +29,22 @@ from typing import Protocol
 
 from .config import SyncOptions
 from .dispatch import Outcome, kind_of
-from .errors import UsageError
+from .errors import Interrupted, Transient, UsageError
 from .events import BytesMoved, Event, ObjectFailed
+from .part_tasks import PartJob, PartSent
 from .plan import Action
 from .stores.base import ReadStore
 from .stores.single import is_one_object
 from .stores.wrap import innermost
-from .worker_runner import Addresses, TaskResult, WorkerLost, WorkerUnavailable, worker_options
+from .tasks import fail_waiting
+from .worker_runner import (
+    Addresses,
+    TaskItem,
+    TaskResult,
+    WorkerLost,
+    WorkerUnavailable,
+    worker_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +67,7 @@ class WorkerPool(Protocol):
 
     def describe(self) -> str: ...
 
-    async def run(self, actions: list[Action]) -> TaskResult: ...
+    async def run(self, items: list[TaskItem]) -> TaskResult: ...
 
     async def aclose(self, *, wait: bool) -> None: ...
 
@@ -109,13 +120,17 @@ def refuse_in_a_starting_worker() -> None:
 @dataclass
 class _Task:
     number: int
-    actions: list[Action]
-    futures: list[asyncio.Future[Outcome]]
+    actions: list[TaskItem]
+    futures: list[asyncio.Future[Outcome]]  # none for part jobs: ``send_parts`` awaits them
     tries: int = 0
 
     def name(self) -> str:
-        first, last = self.actions[0].key, self.actions[-1].key
-        keys = first if first == last else f"{first} .. {last}"
+        first, last = self.actions[0], self.actions[-1]
+        if isinstance(first, PartJob):
+            numbers = ", ".join(str(j.part.number) for j in self.actions
+                                if isinstance(j, PartJob))
+            return f"task {self.number} (parts {numbers} of {first.key})"
+        keys = first.key if first.key == last.key else f"{first.key} .. {last.key}"
         return f"task {self.number} ({len(self.actions)} objects, {keys})"
 
 
@@ -127,6 +142,8 @@ class Workers:
     def __init__(self, pool: WorkerPool, options: SyncOptions,
                  emit: Callable[[Event], None], stop: asyncio.Event) -> None:
         self.pool = pool
+        self.size = pool.size
+        self.task_bytes = TASK_BYTES
         self.emit = emit
         self.stop = stop
         # A task holds enough objects to keep its worker's requests busy.
@@ -174,19 +191,22 @@ class Workers:
         try:
             outcomes = await self._outcomes(task)
         except BaseException as exc:
-            for fut in task.futures:
-                if fut.done():
-                    continue
-                if isinstance(exc, asyncio.CancelledError):
-                    fut.cancel()
-                else:
-                    fut.set_exception(exc)
+            fail_waiting(task.futures, exc)
             raise
         for fut, outcome in zip(task.futures, outcomes, strict=True):
             if not fut.done():
+                assert isinstance(outcome, Outcome)
                 fut.set_result(outcome)
 
-    async def _outcomes(self, task: _Task) -> list[Outcome]:
+    async def send_parts(self, jobs: list[PartJob]) -> list[PartSent]:
+        """One task of part jobs (``part_tasks.RemoteParts`` batched them), run on a worker
+        and on another when its worker died; a ``PartSent`` per job."""
+        self._numbered += 1
+        results = await self._outcomes(_Task(self._numbered, list(jobs), []))
+        assert all(isinstance(r, PartSent) for r in results)
+        return [r for r in results if isinstance(r, PartSent)]
+
+    async def _outcomes(self, task: _Task) -> list[Outcome | PartSent]:
         while True:
             task.tries += 1
             try:
@@ -208,11 +228,12 @@ class Workers:
                 self.emit(BytesMoved(key, nbytes))
             return result.outcomes
 
-    def _after_death(self, task: _Task, exc: WorkerLost) -> list[Outcome] | None:
+    def _after_death(self, task: _Task, exc: WorkerLost) -> list[Outcome | PartSent] | None:
         """A worker died under ``task``: another takes it (None), unless the run is stopping
         or the task has had its tries."""
-        if self.stop.is_set():  # interrupted: the next run takes these
-            return [Outcome(a.key, None) for a in task.actions]
+        if self.stop.is_set():  # interrupted: the next run takes these (an upload stays open)
+            return [PartSent(a.part.number, None, error=Interrupted(f"{task.name()}: stopped"))
+                    if isinstance(a, PartJob) else Outcome(a.key, None) for a in task.actions]
         if task.tries >= MAX_TRIES:
             return self._failed(task, f"a worker died running it {task.tries} times ({exc})")
         self.tasks_retried += 1
@@ -220,8 +241,10 @@ class Workers:
             self.retried.append(f"{task.name()}: {exc}; run again")
         return None
 
-    def _failed(self, task: _Task, why: str) -> list[Outcome]:
-        return [Outcome(a.key, ObjectFailed(a.key, kind_of(a), a.size, f"{task.name()}: {why}",
+    def _failed(self, task: _Task, why: str) -> list[Outcome | PartSent]:
+        return [PartSent(a.part.number, None, error=Transient(f"{task.name()}: {why}"))
+                if isinstance(a, PartJob) else
+                Outcome(a.key, ObjectFailed(a.key, kind_of(a), a.size, f"{task.name()}: {why}",
                                             "WorkerDied", retryable=True))
                 for a in task.actions]
 

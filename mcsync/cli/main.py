@@ -184,10 +184,11 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "Kubernetes Indexed Job each. auto: I from JOB_COMPLETION_INDEX, N "
                           "from JOB_COMPLETIONS."),
         click.option("--workers", type=WORKERS, default=0, metavar="N|auto",
-                     help="Move whole objects (up to the multipart threshold) in N worker "
-                          "processes on this machine (auto: the cores available); larger "
-                          "objects, deltas and resumed uploads stay in the main process. Each "
-                          "worker gets 1/N of --concurrency and --memory-limit."),
+                     help="Move objects in N worker processes on this machine (auto: the "
+                          "cores available): small ones whole, larger ones by their parts "
+                          "(the main process opens and completes each upload); deltas and "
+                          "uploads into local files stay in the main process. Each worker "
+                          "gets 1/N of --concurrency and --memory-limit."),
         click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
                      show_default=True, metavar="SECONDS",
                      help="On SIGINT/SIGTERM, how long work in flight may take to finish."),

@@ -5,6 +5,7 @@ server, each in milliseconds. Every transfer is checked byte for byte; faults co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import random
 from collections import Counter
@@ -473,55 +474,124 @@ def test_workers_with_store_objects_are_refused_in_one_line(pair, tmp_path):
     assert contents(dst) == {}
 
 
-def test_the_driver_commits_what_workers_return_and_moves_what_they_hand_back(
-        pair, tmp_path, monkeypatch):
-    """The executor seam in one process: a pool whose tasks run through a whole-objects-only
-    dispatch on the same stores, behind the real ``Workers``. An object that grew past one
-    request after it was listed comes back handed back, and the driver sends it in parts itself
-    (journalled); every object is recorded, so a second run moves nothing."""
-    from mcsync import engine
+def in_process_pool(src, dst, ran: list[list[Any]], before: Callable[[list[Any]], None]):
+    """The executor seam in one process: a pool whose tasks run as a worker's do (a
+    whole-objects-only dispatch and a ``WorkerParts`` on the same stores), behind the real
+    ``Workers``; ``ran`` gets each task's items."""
     from mcsync.dispatch import Dispatch
     from mcsync.limits import Limits
-    from mcsync.worker_runner import Addresses, TaskResult
-
-    src, dst = pair
-    seed(src, {**{f"small/{i:02d}": payload(100 + i, i) for i in range(30)}, "grows": b"x"})
-    grown = payload(2 * PART + 3, 99)
-    ran: list[list[str]] = []
+    from mcsync.part_tasks import WorkerParts
+    from mcsync.worker_runner import TaskResult, run_items
 
     class InProcessPool:
         size = 2
 
         def __init__(self, options):
-            self.dispatch = Dispatch(src, dst, options, Limits(4, options.memory_limit),
-                                     lambda event: None, journal=None, known=None,
-                                     open_uploads={}, stop=asyncio.Event(), whole_only=True)
+            limits = Limits(4, options.memory_limit)
+            self.dispatch = Dispatch(src, dst, options, limits, lambda event: None,
+                                     journal=None, known=None, open_uploads={},
+                                     stop=asyncio.Event(), whole_only=True)
+            self.parts = WorkerParts(src, dst, limits)
 
         def describe(self) -> str:
             return "in this process"
 
-        async def run(self, actions) -> TaskResult:
-            if any(a.key == "grows" for a in actions):  # rewritten after it was listed
-                seed(src, {"grows": grown})
-            ran.append([a.key for a in actions])
-            outcomes = [await self.dispatch.run(a) for a in actions]
-            return TaskResult(outcomes, [], 0, 0, 0)
+        async def run(self, items) -> TaskResult:
+            before(items)
+            ran.append(list(items))
+            return TaskResult(await run_items(self.dispatch, self.parts, items), [], 0, 0, 0)
 
         async def aclose(self, *, wait: bool) -> None:
             pass
 
-    monkeypatch.setattr(engine, "open_pool", lambda addresses, options: InProcessPool(options))
+    return InProcessPool
+
+
+def run_with_pool(monkeypatch, pool, src, dst, manifest: Path,
+                  **options: Any) -> mcsync.SyncReport:
+    from mcsync import engine
+    from mcsync.worker_runner import Addresses
+
+    monkeypatch.setattr(engine, "open_pool", lambda addresses, options: pool(options))
     here = Addresses("src", "dst", mcsync.StoreOptions(), mcsync.StoreOptions())
 
     async def go() -> mcsync.SyncReport:
-        options = mcsync.SyncOptions(part_size=PART, workers=2,
-                                     manifest=str(tmp_path / "manifest.sqlite"))
-        return await engine.run_sync(src, dst, options, addresses=here)
+        opts = mcsync.SyncOptions(part_size=PART, workers=2, manifest=str(manifest), **options)
+        return await engine.run_sync(src, dst, opts, addresses=here)
 
-    report = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_the_driver_commits_what_workers_return_and_moves_what_they_hand_back(
+        pair, tmp_path, monkeypatch):
+    """An object that grew past one request after it was listed comes back handed back; the
+    driver opens and journals its upload and its parts go to the pool as part tasks. Every
+    object is recorded, so a second run moves nothing."""
+    from mcsync.part_tasks import PartJob
+
+    src, dst = pair
+    seed(src, {**{f"small/{i:02d}": payload(100 + i, i) for i in range(30)}, "grows": b"x"})
+    grown = payload(2 * PART + 3, 99)
+    ran: list[list[Any]] = []
+
+    def rewrite(items) -> None:
+        if any(getattr(a, "kind", "") == "copy" and a.key == "grows" for a in items):
+            seed(src, {"grows": grown})  # rewritten after it was listed
+
+    pool = in_process_pool(src, dst, ran, rewrite)
+    report = run_with_pool(monkeypatch, pool, src, dst, tmp_path / "manifest.sqlite")
     assert report.ok and report.tasks == len(ran) >= 1, report.failures
-    assert sorted(k for task in ran for k in task) == sorted(contents(src))
+    whole = [a.key for task in ran for a in task if not isinstance(a, PartJob)]
+    assert sorted(whole) == sorted(contents(src))
+    parts = [j for task in ran for j in task if isinstance(j, PartJob)]
+    assert sorted(j.part.number for j in parts) == [1, 2, 3]
+    assert {j.key for j in parts} == {"grows"} and len({j.upload_id for j in parts}) == 1
     assert contents(dst) == contents(src) and contents(dst)["grows"] == grown
     assert report.objects_copied == 31
-    again = asyncio.run(go())
+    ran.clear()
+    again = run_with_pool(monkeypatch, pool, src, dst, tmp_path / "manifest.sqlite")
     assert again.objects_copied == 0 and again.tasks == 0
+
+
+def records(manifest: Path) -> dict[str, tuple]:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(manifest)) as db:
+        return {row[0]: row[1:] for row in db.execute(
+            "SELECT key, block_size, block_hashes, chunk_sizes, chunker, xxh3, dst_size "
+            "FROM objects")}
+
+
+@pytest.mark.parametrize("chunker", ["fixed", "cdc"])
+def test_parts_sent_by_workers_are_recorded_as_one_process_records_them(
+        pair, tmp_path, monkeypatch, chunker):
+    """Large objects split across the pool by parts (2 workers: each object's parts in two
+    tasks or more), the records' block hashes exactly those of a run without workers
+    (with a content-defined cut, the workers' reads checked against the driver's cut)."""
+    from mcsync.part_tasks import PartJob
+
+    src, dst = pair
+    big = {"big/a.bin": payload(3 * PART - 5, 7), "big/b.bin": payload(2 * PART + 9, 8)}
+    seed(src, big | {"small.bin": b"small"})
+    ran: list[list[Any]] = []
+    pool = in_process_pool(src, dst, ran, lambda items: None)
+    report = run_with_pool(monkeypatch, pool, src, dst, tmp_path / "w.sqlite", chunker=chunker)
+    assert report.ok and contents(dst) == contents(src), report.failures
+    part_tasks = [t for t in ran if isinstance(t[0], PartJob)]
+    sent = sorted((j.key, j.part.number) for t in part_tasks for j in t)
+    assert len(sent) == len(set(sent)) and {k for k, _ in sent} == set(big)
+    if chunker == "fixed":
+        assert sent == sorted((k, n) for k, d in big.items()
+                              for n in range(1, -(-len(d) // PART) + 1))
+    # 2 workers: each object's parts in tasks of at most half of them, so both take some.
+    for key in big:
+        tasks = [t for t in part_tasks if t[0].key == key]
+        assert len(tasks) >= 2 and all(len(t) <= -(-sum(map(len, tasks)) // 2) for t in tasks)
+
+    alone = MemoryStore("dst", endpoint=MemoryEndpoint("c"))
+    single = sync(src, alone, tmp_path, manifest=str(tmp_path / "one.sqlite"), part_size=PART,
+                  chunker=chunker)
+    assert single.ok and single.tasks == 0
+    mine, theirs = records(tmp_path / "w.sqlite"), records(tmp_path / "one.sqlite")
+    assert mine == theirs and set(mine) >= set(big)
+    assert all(len(mine[k][1]) > 16 for k in big)  # several block hashes each

@@ -27,7 +27,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("index", "manifest_schema", "manifest", "listing", "checkpoints", "shard", "plan", "spool",
      "lock", "delta_bases", "preflight"),
     ("scan", "compare", "verify", "delta_planner", "status"),
-    ("upload", "compose", "transfer", "manifest_copy", "dispatch", "worker_runner"),
+    ("upload", "compose", "part_sender", "part_tasks", "transfer", "manifest_copy", "dispatch",
+     "worker_runner"),
     ("local_pool", "workers", "driver", "engine", "watching"),
     ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.faults"),
 ]

@@ -294,3 +294,26 @@ def test_a_delta_from_a_corrupted_gcs_object_keeps_the_old_version(gcs_env, gcs_
     assert "CRC32C mismatch" in report["failures"][0]["error"]
     assert target.read() == {"optimizer.bin": old}
     assert not target.leftovers()
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["crc32c-right", "crc32c-wrong"])
+def test_a_multipart_object_sent_by_workers_is_checked_against_its_crc32c(
+        gcs_env, gcs_bucket, seaweed, bucket_factory, wrong):
+    """``--workers``: the parts go to worker processes, which sum each part's CRC32C for the
+    driver to check against GCS's before Complete: one that differs commits nothing."""
+    data = payload(BIG, 8)
+    seed(gcs_env, gcs_bucket, {"big.bin": data, "small.bin": b"small"})
+    if wrong:
+        set_wrong_crc32c(gcs_env, gcs_bucket, "big.bin",
+                         checksums.to_base64(checksums.crc32c(data) ^ 2))
+    bucket = bucket_factory(seaweed)
+    report = sync(f"gs://{gcs_bucket}/", f"meta://{bucket}/copy/", "--workers", "2",
+                  env=seaweed.meta_env(), code=1 if wrong else 0)
+    assert report["tasks"] >= 3  # the small object's and at least two of the parts'
+    if wrong:
+        assert [f["key"] for f in report["failures"]] == ["big.bin"]
+        assert "CRC32C" in report["failures"][0]["error"]
+        assert read_bucket(seaweed, bucket, "copy/") == {"small.bin": b"small"}
+        assert open_uploads(seaweed, bucket) == []
+    else:
+        assert read_bucket(seaweed, bucket, "copy/") == {"big.bin": data, "small.bin": b"small"}
