@@ -24,7 +24,7 @@ from typing import TypeVar
 from ..config import StoreOptions
 from ..errors import MCSyncError, NotFound, UsageError, as_config_error
 from ..types import ObjectInfo
-from .base import LocalTree, ReadStore
+from .base import LevelLister, LocalTree, ReadStore
 from .registry import parse_url
 from .wrap import Op, Rename, wrap
 
@@ -61,9 +61,10 @@ class _OneObject:
 
 def one_object(store: ReadStore, *, shown: str, real: str, url: str,
                without: tuple[type, ...] = ()) -> ReadStore:
-    """``store`` seen as holding one object, ``real``, under the key ``shown``."""
+    """``store`` seen as holding one object, ``real``, under the key ``shown`` (its levels are
+    not listed: they would show the directory's other files)."""
     return wrap(store, _OneObject(store, real), name="One", keys=Rename(shown, real), url=url,
-                without=without)
+                without=(*without, LevelLister))
 
 
 def is_one_object(store: ReadStore) -> bool:

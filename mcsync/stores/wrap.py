@@ -27,11 +27,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iter
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
-from ..types import Buffer, ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
+from ..types import Buffer, ByteRange, Capabilities, Level, ObjectInfo, PartClaim, PartRef
 from .base import (
     Composer,
     FileTarget,
     FileUpload,
+    LevelLister,
     LocalTree,
     PartCopyUpload,
     RangeStreamer,
@@ -295,6 +296,19 @@ class _Tree:
         return self._inner.root
 
 
+class _Levels:
+    _inner: Any
+    _hooks: Hooks
+    _keys: Rename | None
+
+    async def list_level(self, prefix: str) -> Level:
+        level: Level = await self._hooks.call(Op("list_level", prefix),
+                                              lambda: self._inner.list_level(prefix))
+        if self._keys is None:
+            return level
+        return replace(level, files=tuple(self._keys.outer(f) for f in level.files))
+
+
 class _Sweeper:
     _inner: Any
     _hooks: Hooks
@@ -316,6 +330,7 @@ _STORE_MIXINS: tuple[tuple[type, type], ...] = (
     (ScratchSpace, _Scratch),
     (FileTarget, _File),
     (LocalTree, _Tree),
+    (LevelLister, _Levels),
     (TempFileSweeper, _Sweeper),
 )
 
