@@ -333,11 +333,10 @@ class Completion:
     async def _is_one(self, framework: Framework, directory: str,
                       first_name: str | None) -> bool:
         name = directory.rsplit("/", 1)[-1]
-        if framework.directory is not None and not re.fullmatch(framework.directory, name):
-            return False
         marker = framework.contains
-        if marker is None:
-            return True
-        if any(c in marker for c in "*?["):
-            return first_name is not None and fnmatch.fnmatchcase(first_name, marker)
-        return await self._src.has(f"{directory}/{marker}")
+        if marker is None or any(c in marker for c in "*?["):
+            return framework.recognises(name, () if first_name is None else (first_name,))
+        # A plain name is looked for (a HEAD, unless the listing passed it) only in a
+        # directory whose name matched.
+        return (framework.recognises(name, (marker,))
+                and await self._src.has(f"{directory}/{marker}"))

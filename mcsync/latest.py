@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from .checkpoints import FRAMEWORKS, IN_THE_MAKING, Source, examine
 from .errors import NoCheckpoint
 from .stores.base import LevelLister, ReadStore
-from .stores.wrap import Op, wrap
+from .stores.wrap import PassThrough, unstarted, wrap
 from .types import Level, ObjectInfo
 
 __all__ = ["Chosen", "choose", "only_chosen", "step_of"]
 
-T = TypeVar("T")
 _STEP = re.compile(r"(?:step|iter)[_=-]?(\d+)", re.IGNORECASE)
 _LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
 _LOOKED_FOR = ("checkpoint directories of " + ", ".join(f.name for f in FRAMEWORKS)
@@ -179,7 +177,7 @@ class _Levels:
                 break  # past it: keys come in byte order
 
 
-class _OnlyChosen:
+class _OnlyChosen(PassThrough):
     """Hooks that make a store's listing the chosen checkpoint and its marker, and pass every
     other operation through."""
 
@@ -187,16 +185,8 @@ class _OnlyChosen:
         self._levels = _Levels(inner)
         self._chosen = chosen
 
-    async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
-        return await fn()
-
-    def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
-        return fn()
-
     async def listing(self, entries: AsyncIterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
-        aclose = getattr(entries, "aclose", None)
-        if aclose is not None:
-            await aclose()  # never started: the whole source is not listed
+        await unstarted(entries)  # the whole source is not listed
         marker = self._chosen.marker
         if marker is not None and marker.key < self._chosen.directory:
             yield marker

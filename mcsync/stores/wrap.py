@@ -44,7 +44,7 @@ from .base import (
     TempFileSweeper,
 )
 
-__all__ = ["Hooks", "Op", "Rename", "inner_of", "innermost", "wrap"]
+__all__ = ["Hooks", "Op", "PassThrough", "Rename", "inner_of", "innermost", "unstarted", "wrap"]
 
 T = TypeVar("T")
 
@@ -86,6 +86,27 @@ class Hooks(Protocol):
     def listing(self, entries: AsyncIterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
         """The inner store's listing, handed on entry by entry."""
         ...
+
+
+class PassThrough:
+    """Hooks that pass every operation through as it is: a view that changes one thing (its
+    listing: ``stores.single``, ``latest``) overrides that alone."""
+
+    async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
+        return await fn()
+
+    def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
+        return fn()
+
+    def listing(self, entries: AsyncIterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
+        return entries
+
+
+async def unstarted(entries: AsyncIterator[ObjectInfo]) -> None:
+    """Close the inner store's listing, never started, that a view lists in place of."""
+    aclose = getattr(entries, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def wrap(store: ReadStore, hooks: Hooks, *, name: str = "Wrapped", keys: Rename | None = None,
