@@ -164,6 +164,7 @@ def main() -> int:
         expect[name] = {f"{CHOSEN}/{k}": v for k, v in chosen.items()}
     nbytes = sum(files[f"{CHOSEN}/{k}"].stat().st_size for k in chosen)
 
+    shutil.rmtree(workdir / "weed", ignore_errors=True)  # a fresh server: a reused --workdir
     runs: list[dict[str, Any]] = []
     link_note = "127.0.0.1, uncapped"
     with ExitStack() as stack:
