@@ -43,7 +43,9 @@ class Chosen:
     """The checkpoint a run restores: its directory (a key prefix ending in "/"), whose it is,
     its step (None: no number in its name), the marker beside it that names it (copied too),
     and the newer checkpoints passed over as not complete (prefix, why). ``source``: what
-    the choice read of the source, so the run's completion checks ask nothing again."""
+    the choice read of the source, so the run's completion checks ask nothing again, and
+    ``levels`` the level it listed last (the chosen directory's, when it was looked into), so
+    the run's listing does not ask for it again."""
 
     directory: str
     framework: str
@@ -51,6 +53,7 @@ class Chosen:
     marker: ObjectInfo | None = None
     passed_over: tuple[tuple[str, str], ...] = ()
     source: Source | None = field(default=None, compare=False, repr=False)
+    levels: _Levels | None = field(default=None, compare=False, repr=False)
 
     def holds(self, key: str) -> bool:
         return key.startswith(self.directory) or (
@@ -86,7 +89,8 @@ async def choose(store: ReadStore, *, atomic_renames: bool = False) -> Chosen:
         newer = tuple((d, f"{framework.marker} names {name}") for d in root.dirs
                       if framework.recognises(d[:-1], ()) and step is not None
                       and (n := step_of(d[:-1])) is not None and n > step)
-        return Chosen(name + "/", framework.name, step, files[framework.marker], newer, src)
+        return Chosen(name + "/", framework.name, step, files[framework.marker], newer, src,
+                      levels)
     candidates = [d for d in root.dirs
                   if not any(fnmatch.fnmatchcase(d[:-1], p) for p in IN_THE_MAKING)]
     numbered = sorted(((n, d) for d in candidates if (n := step_of(d[:-1])) is not None),
@@ -95,7 +99,7 @@ async def choose(store: ReadStore, *, atomic_renames: bool = False) -> Chosen:
     for step, d in numbered:
         found = await _complete(levels, src, d, passed)
         if found is not None:
-            return Chosen(d, found, step, None, tuple(passed), src)
+            return Chosen(d, found, step, None, tuple(passed), src, levels)
     newest: tuple[float, str, str] | None = None
     for d in candidates:
         if step_of(d[:-1]) is not None:
@@ -106,7 +110,7 @@ async def choose(store: ReadStore, *, atomic_renames: bool = False) -> Chosen:
             if newest is None or mtime > newest[0]:
                 newest = (mtime, d, found)
     if newest is not None:
-        return Chosen(newest[1], newest[2], None, None, tuple(passed), src)
+        return Chosen(newest[1], newest[2], None, None, tuple(passed), src, levels)
     why = "; ".join(f"{d}: {reason}" for d, reason in passed[:3])
     raise NoCheckpoint(f"{store.url}: no complete checkpoint: looked for {_LOOKED_FOR}"
                        + (f"; passed over {why}" if why else ""))
@@ -134,10 +138,13 @@ class _Levels:
 
     def __init__(self, store: ReadStore) -> None:
         self.store = store
+        self._last: tuple[str, Level] | None = None  # the level got last, until it is used
 
     async def get(self, prefix: str) -> Level:
         if isinstance(self.store, LevelLister):
-            return await self.store.list_level(prefix)
+            level = await self.store.list_level(prefix)
+            self._last = (prefix, level)
+            return level
         files: list[ObjectInfo] = []
         dirs: list[str] = []
         async for info in self._flat(prefix):
@@ -154,7 +161,8 @@ class _Levels:
             async for info in self._flat(prefix):
                 yield info
             return
-        level = await self.store.list_level(prefix)
+        last, self._last = self._last, None
+        level = last[1] if last and last[0] == prefix else await self.store.list_level(prefix)
         files = iter(level.files)
         pending = next(files, None)
         for d in level.dirs:
@@ -182,7 +190,7 @@ class _OnlyChosen(PassThrough):
     other operation through."""
 
     def __init__(self, inner: ReadStore, chosen: Chosen) -> None:
-        self._levels = _Levels(inner)
+        self._levels = chosen.levels or _Levels(inner)
         self._chosen = chosen
 
     async def listing(self, entries: AsyncIterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
