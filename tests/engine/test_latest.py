@@ -196,3 +196,36 @@ def test_step_numbers() -> None:
     assert [step_of(n) for n in ("global_step1200", "iter_0001200", "checkpoint-1200",
                                  "step=1200", "epoch=3-step=1200-consumed=9", "100", "final")
             ] == [1200, 1200, 1200, 1200, 1200, 100, None]
+
+
+def test_nemo_passes_over_a_checkpoint_marked_unfinished(tmp_path: Path) -> None:
+    def nemo(step: int) -> dict[str, bytes]:
+        d = f"megatron_gpt--val_loss=1.2-step={step}-consumed_samples={step * 8}.0/"
+        return {d + "model_weights/common.pt": payload(900, step),
+                d + "model_config.yaml": b"cfg %d" % step}
+
+    writing = nemo(300)
+    marker = next(iter(writing)).split("/")[0] + "-unfinished"
+    src, dst = stores({**nemo(100), **nemo(200), **writing, marker: b""})
+    report = run(src, dst, tmp_path)
+    assert contents(dst) == nemo(200)
+    assert report.latest_checkpoint.startswith("megatron_gpt--val_loss=1.2-step=200-")
+
+
+def test_orbax_in_the_making_is_never_chosen(tmp_path: Path) -> None:
+    def orbax(name: str, committed: bool = True) -> dict[str, bytes]:
+        files = {f"{name}/_CHECKPOINT_METADATA": b"{}",
+                 f"{name}/default/array.zarr": payload(1200, len(name))}
+        return files | ({f"{name}/commit_success.txt": b"ok"} if committed else {})
+
+    src, dst = stores({**orbax("100"), **orbax("200"), **orbax("300", committed=False),
+                       **orbax("400.orbax-checkpoint-tmp-1733", committed=False)})
+    report = run(src, dst, tmp_path)
+    assert (contents(dst), report.latest_checkpoint) == (orbax("200"), "200/")
+    assert [d for d, _ in passed_over_of(src)] == ["300/"]
+
+
+def passed_over_of(src: MemoryStore) -> tuple[tuple[str, str], ...]:
+    from mcsync.latest import choose
+
+    return asyncio.run(choose(src)).passed_over
