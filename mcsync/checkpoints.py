@@ -21,7 +21,7 @@ import bisect
 import fnmatch
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 
 from .errors import MCSyncError, NotFound
@@ -72,8 +72,17 @@ class Source:
     listed: Listed = field(default_factory=Listed)
     _present: dict[str, bool] = field(default_factory=dict)
     _text: dict[str, str | None] = field(default_factory=dict)
+    _levels: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def level(self, directory: str, names: Collection[str]) -> None:
+        """The files directly in ``directory`` ("": the root) are ``names``, as a listing of
+        that one level showed: whether a file is there is answered from them, no HEAD."""
+        self._levels[directory] = frozenset(names)
 
     async def has(self, key: str) -> bool:
+        parent, _, name = key.rpartition("/")
+        if parent in self._levels:
+            return name in self._levels[parent]
         if key not in self._present:
             known = self.listed.holds(key)
             if known is not None:
@@ -172,14 +181,36 @@ class Framework:
     directory: str | None = None
     contains: str | None = None
     marker: str | None = None  # the file that says "complete": written after all the others
+    # A marker beside the checkpoints that names the one to load (``--latest-checkpoint``
+    # copies that one): its text → the directory's name.
+    names: Callable[[str], str] | None = None
+
+    def recognises(self, name: str, files: Collection[str]) -> bool:
+        """Is a directory called ``name`` holding ``files`` (the names directly in it) one of
+        this framework's checkpoints?"""
+        if self.directory is not None and not re.fullmatch(self.directory, name):
+            return False
+        marker = self.contains
+        if marker is None:
+            return True
+        if any(c in marker for c in "*?["):
+            return any(fnmatch.fnmatchcase(f, marker) for f in files)
+        return marker in files
+
+
+def _megatron_dir(text: str) -> str:
+    # Megatron writes the iteration as a number, or "release" for a converted checkpoint.
+    return f"iter_{int(text):07d}" if text.isdigit() else text
 
 
 FRAMEWORKS: tuple[Framework, ...] = (
     Framework("PyTorch DCP", has_file(".metadata"), contains="*.distcp", marker=".metadata"),
+    # DeepSpeed's ``latest`` holds the tag, which is the directory's name.
     Framework("DeepSpeed", named_by("latest", r"global_step(\d+)"), directory=r"global_step\d+",
-              marker="latest"),
+              marker="latest", names=str),
     Framework("Megatron-LM", named_by("latest_checkpointed_iteration.txt", r"(\d+)"),
-              directory=r"iter_\d{7}", marker="latest_checkpointed_iteration.txt"),
+              directory=r"iter_\d{7}", marker="latest_checkpointed_iteration.txt",
+              names=_megatron_dir),
     Framework("Orbax", committed("commit_success.txt"), directory=r"(.*[_-])?\d+",
               contains="_CHECKPOINT_METADATA", marker="commit_success.txt"),
     Framework("NeMo", no_sibling("-unfinished"), directory=r".*step=\d+.*"),
@@ -195,6 +226,26 @@ MARKERS = ("*.index.json", "config.json", "latest", "LATEST", "COMMIT", "_SUCCES
 IN_THE_MAKING = ("*.orbax-checkpoint-tmp-*", "tmp-checkpoint-*")
 
 
+async def examine(src: Source, directory: str,
+                  files: Collection[str]) -> tuple[Framework, str | None] | None:
+    """Whose checkpoint ``directory`` is (``files``: the names directly in it) and why it is
+    not complete yet (None: complete), by the same table and checks a sync defers by; None
+    when no framework recognises it."""
+    name = directory.rsplit("/", 1)[-1]
+    found: Framework | None = None
+    for framework in FRAMEWORKS:
+        if not framework.recognises(name, files):
+            continue
+        found = found or framework
+        try:
+            why = await framework.check(src, directory)
+        except MCSyncError as exc:  # the signal could not be read: not complete, as a sync
+            why = f"cannot read its completion marker: {exc}"
+        if why:
+            return framework, why
+    return None if found is None else (found, None)
+
+
 class Completion:
     """Per run: is a key's checkpoint complete? ``waiting(info)`` is None when the key may be
     copied, else why it waits. ``min_age_s``: a file modified more recently than that is
@@ -206,8 +257,11 @@ class Completion:
     ``_CACHED`` lookups) are kept, whatever the number of keys."""
 
     def __init__(self, store: ReadStore, *, min_age_s: float = 0.0,
-                 atomic_renames: bool = False, clock: Callable[[], float] = time.time) -> None:
-        self._src = Source(store, atomic_renames)
+                 atomic_renames: bool = False, clock: Callable[[], float] = time.time,
+                 source: Source | None = None) -> None:
+        """``source``: the source as read already (what ``--latest-checkpoint``'s choice
+        read answers again, with no request)."""
+        self._src = source or Source(store, atomic_renames)
         self._min_age = min_age_s
         self._clock = clock
         self._dirs: dict[str, str | None] = {}  # the current key's directories → verdict
@@ -279,11 +333,10 @@ class Completion:
     async def _is_one(self, framework: Framework, directory: str,
                       first_name: str | None) -> bool:
         name = directory.rsplit("/", 1)[-1]
-        if framework.directory is not None and not re.fullmatch(framework.directory, name):
-            return False
         marker = framework.contains
-        if marker is None:
-            return True
-        if any(c in marker for c in "*?["):
-            return first_name is not None and fnmatch.fnmatchcase(first_name, marker)
-        return await self._src.has(f"{directory}/{marker}")
+        if marker is None or any(c in marker for c in "*?["):
+            return framework.recognises(name, () if first_name is None else (first_name,))
+        # A plain name is looked for (a HEAD, unless the listing passed it) only in a
+        # directory whose name matched.
+        return (framework.recognises(name, (marker,))
+                and await self._src.has(f"{directory}/{marker}"))

@@ -107,6 +107,9 @@ class SyncOptions:
     # StoreOptions): fields last, so that positional uses of the others stay as they were.
     client_cert: str | None = None
     client_key: str | None = None
+    # Only the newest complete checkpoint under the source and the marker naming it
+    # (--latest-checkpoint; see mcsync.latest).
+    latest_checkpoint: bool = False
 
     def __post_init__(self) -> None:
         for side in ("source", "target"):
@@ -141,6 +144,12 @@ class SyncOptions:
             raise UsageError(
                 f"--memory-limit must be at least 5 MiB, got {format_size(self.memory_limit)}"
             )
+        if self.latest_checkpoint and self.delete:
+            # What --delete would remove is every other checkpoint at the target: the ones a
+            # trainer may still be writing there, or the previous restore. Not a side effect
+            # to leave to a flag's combination.
+            raise UsageError("--latest-checkpoint cannot be combined with --delete: it copies "
+                             "one checkpoint and leaves everything else at the target as it is")
         if self.workers < 0:
             raise UsageError(f"--workers must be at least 1 (or auto), got {self.workers}")
         if self.workers and (self.tps_limit or self.bw_limit):

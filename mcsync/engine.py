@@ -29,6 +29,7 @@ from .errors import (
     first_error,
 )
 from .events import (
+    CheckpointChosen,
     EventSink,
     FanOut,
     NullSink,
@@ -38,6 +39,7 @@ from .events import (
     RunStarted,
     StatsCollector,
 )
+from .latest import Chosen, choose, only_chosen
 from .limits import Limits
 from .listing import Handoff, prefetched
 from .lock import read_lock, run_lock
@@ -121,10 +123,14 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
         try:
             if preflight:
                 await check_stores(source, target, options)
+            chosen = None
+            if options.latest_checkpoint:  # a first pass finds it; the run lists only it
+                chosen = await choose(source, atomic_renames=source.facts.atomic_renames)
+                source = only_chosen(source, chosen)
             if not locking:
                 return await _run_with_manifest(source, target, options, sink, stop, path,
                                                 manifest_factory, check_manifest_copy,
-                                                addresses=addresses)
+                                                addresses=addresses, chosen=chosen)
             # The source is listed while the lock is taken too: each page of a listing is a
             # round trip, and a source's listing needs nothing the lock guards (the target's
             # state and the manifest). Locked out, it is dropped unread.
@@ -132,7 +138,8 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
                         pair_lock(source, target, options, held=held)):
                 return await _run_with_manifest(source, target, options, sink, stop, path,
                                                 manifest_factory, check_manifest_copy,
-                                                Handoff(listing), addresses=addresses)
+                                                Handoff(listing), addresses=addresses,
+                                                chosen=chosen)
         finally:
             await cancel_and_wait(held, quiet=True)
     raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
@@ -174,8 +181,10 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
                              sink: EventSink | None, stop: asyncio.Event, path: Path,
                              manifest_factory: ManifestFactory, check_manifest_copy: bool,
                              listing: Handoff[ObjectInfo] | None = None, *,
-                             addresses: Addresses | None = None) -> SyncReport:
-    """``listing``: the source's, started already (see run_sync)."""
+                             addresses: Addresses | None = None,
+                             chosen: Chosen | None = None) -> SyncReport:
+    """``listing``: the source's, started already (see run_sync); ``chosen``: the checkpoint
+    ``--latest-checkpoint`` restores (``src`` lists it alone)."""
     manifest: Manifest | None = None
     # A copy just fetched from the target is there: no need to look for it again.
     look = check_manifest_copy
@@ -194,7 +203,7 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
     try:  # each side may need to switch to an ordered listing once
         return await retrying(
             lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop, look,
-                         listing, addresses).run(),
+                         listing, addresses, chosen).run(),
             RetryPolicy.immediate(3), retry_on=ListingOrderError, before_retry=list_in_order)
     finally:
         if manifest is not None:
@@ -209,7 +218,7 @@ class _Run:
     def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, sink: EventSink,
                  manifest: Manifest | None, stop: asyncio.Event, look: bool,
                  listing: Handoff[ObjectInfo] | None = None,
-                 addresses: Addresses | None = None) -> None:
+                 addresses: Addresses | None = None, chosen: Chosen | None = None) -> None:
         self.look = look  # for the manifest's copy at the target before trusting the manifest
         self.src = src
         self.dst = dst
@@ -240,9 +249,11 @@ class _Run:
         self.driver = Driver(src, dst, options, manifest=manifest, dispatch=self.dispatch,
                              holdings=holdings, sink=self.sink, stats=self.stats,
                              completion=Completion(src, min_age_s=options.min_age_s,
-                                                   atomic_renames=src.facts.atomic_renames),
+                                                   atomic_renames=src.facts.atomic_renames,
+                                                   source=chosen.source if chosen else None),
                              stop=stop, listing=listing, workers=self.workers)
         self.interrupted = False
+        self.chosen = chosen
 
     @staticmethod
     def _folds_case(dst: Store) -> bool:
@@ -260,6 +271,9 @@ class _Run:
         started = time.time()
         run_id = self.manifest.start_run() if writing and self.manifest else 0
         self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
+        if (c := self.chosen) is not None:
+            self.sink.emit(CheckpointChosen(c.directory, c.framework, c.step,
+                                            c.marker.key if c.marker else None, c.passed_over))
         server_side = (self.options.server_side_copy and isinstance(self.dst, ServerSideCopier)
                        and self.dst.can_copy_from(self.src))
         trust = (self.manifest is not None and self.manifest.established

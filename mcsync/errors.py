@@ -18,6 +18,7 @@ __all__ = [
     "ListingOrderError",
     "Locked",
     "MCSyncError",
+    "NoCheckpoint",
     "NoSuchBucket",
     "NotFound",
     "Permanent",
@@ -43,6 +44,11 @@ class UsageError(MCSyncError):
 class ConfigError(UsageError):
     """The target or source cannot be used at all: missing bucket, bad credentials, unwritable
     directory. Raised before any byte moves (exit code 2)."""
+
+
+class NoCheckpoint(UsageError):
+    """``--latest-checkpoint`` found no complete checkpoint under the source: nothing moved
+    (exit code 4, so a pod's first start, with nothing to restore, is told from a failure)."""
 
 
 class Locked(MCSyncError):

@@ -113,13 +113,26 @@ class RequestThrottled:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointChosen:
+    """``--latest-checkpoint`` chose the checkpoint ``directory`` (a key prefix ending in
+    "/") of ``framework``; ``marker``: the file beside it naming it, copied too; newer ones
+    ``passed_over`` as not complete: (directory, why)."""
+
+    directory: str
+    framework: str
+    step: int | None
+    marker: str | None
+    passed_over: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RunFinished:
     report: SyncReport
 
 
 Event = (
     RunStarted | ObjectPlanned | DeltaPlanned | ListingDone | BytesMoved | ObjectDone
-    | ObjectFailed | ObjectDeferred | RequestThrottled | RunFinished
+    | ObjectFailed | ObjectDeferred | RequestThrottled | CheckpointChosen | RunFinished
 )
 
 
@@ -194,6 +207,8 @@ class StatsCollector:
                 r.bytes_deferred += size
                 if len(r.deferred) < MAX_LISTED_DEFERRED:
                     r.deferred.append((key, reason))
+            case CheckpointChosen(directory=directory):
+                r.latest_checkpoint = directory
             case _:
                 pass
 

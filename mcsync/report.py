@@ -143,6 +143,7 @@ class SyncReport:
     interrupted: bool = False
     manifest: str | None = None
     manifest_note: str | None = None  # e.g. a damaged manifest was set aside and rebuilt
+    latest_checkpoint: str | None = None  # --latest-checkpoint: the directory it restored
 
     @property
     def ok(self) -> bool:

@@ -27,6 +27,15 @@ class ObjectInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Level:
+    """One level of a store under a prefix, as S3 lists it with the delimiter "/": the objects
+    directly there and the subdirectories (each a key prefix ending in "/"), in byte order."""
+
+    files: tuple[ObjectInfo, ...]
+    dirs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ByteRange:
     """The half-open byte range [start, end)."""
 

@@ -55,6 +55,8 @@ Exit codes:
   2    usage or configuration error (bad URL, missing bucket, bad credentials,
        unwritable target); nothing moved
   3    another run holds the lock (or the manifest)
+  4    --latest-checkpoint found no complete checkpoint under SRC; nothing
+       moved
   130  interrupted (state saved; run the same command again to resume)
 """
 
@@ -183,6 +185,11 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "the key), with a manifest and lock of their own: one pod of a "
                           "Kubernetes Indexed Job each. auto: I from JOB_COMPLETION_INDEX, N "
                           "from JOB_COMPLETIONS."),
+        click.option("--latest-checkpoint", is_flag=True,
+                     help="Copy only the newest complete checkpoint directly under SRC (of "
+                          "DeepSpeed, Megatron-LM, PyTorch DCP, Hugging Face Trainer, Orbax, "
+                          "NeMo; the one a 'latest' marker names, else the highest step) and "
+                          "the marker naming it; exit 4 when there is none."),
         click.option("--workers", type=WORKERS, default=0, metavar="N|auto",
                      help="Move objects in N worker processes on this machine (auto: the "
                           "cores available): small ones whole, larger ones by their parts "
@@ -457,6 +464,9 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
             raise UsageError("--interval is the time between the cycles of --watch")
         if watch and dry_run:
             raise UsageError("--watch keeps a target current; it cannot be a --dry-run")
+        if watch and kw.get("latest_checkpoint"):
+            raise UsageError("--latest-checkpoint restores one checkpoint once; it cannot be "
+                             "a --watch")
         if min_age is None:
             min_age = 30.0 if watch else 0.0  # a watch meets files as they are written
         shard = kw.pop("shard")

@@ -11,6 +11,7 @@ from typing import IO, TYPE_CHECKING
 from ..config import format_size
 from ..events import (
     BytesMoved,
+    CheckpointChosen,
     Event,
     ListingDone,
     ObjectDone,
@@ -134,6 +135,23 @@ class LogProgress:
 
     def close(self) -> None:
         pass
+
+
+class ChosenLine:
+    """``--latest-checkpoint``: which checkpoint is restored, and the newer ones passed over."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._out = stream or sys.stderr
+
+    def emit(self, event: Event) -> None:
+        if not isinstance(event, CheckpointChosen):
+            return
+        step = f", step {event.step}" if event.step is not None else ""
+        named = f", named by {event.marker}" if event.marker else ""
+        print(f"latest checkpoint: {event.directory} ({event.framework}{step}{named})",
+              file=self._out, flush=True)
+        for directory, why in event.passed_over:
+            print(f"  passed over {directory}: {why}", file=self._out, flush=True)
 
 
 class FailureLines:

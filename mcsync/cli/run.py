@@ -22,7 +22,7 @@ import click
 from .. import run_blocking
 from ..config import SyncOptions
 from ..engine import ManifestFactory, close_quietly, run_sync
-from ..errors import MCSyncError, UsageError
+from ..errors import MCSyncError, NoCheckpoint, UsageError
 from ..events import EventSink, FanOut
 from ..lock import Locked
 from ..manifest import Manifest
@@ -31,13 +31,21 @@ from ..stores.base import ReadStore
 from ..stores.registry import StoreOptions, open_store
 from ..stores.single import open_pair
 from ..workers import reopenable
-from .progress import FailureLines, LogProgress, TerminalProgress, cycle_line, summary
+from .progress import (
+    ChosenLine,
+    FailureLines,
+    LogProgress,
+    TerminalProgress,
+    cycle_line,
+    summary,
+)
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
     from ..watching import Cycle
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_NO_CHECKPOINT = 4  # --latest-checkpoint found none: a first start, nothing to restore
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,8 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
     else:
         display = LogProgress()
     sinks: list[EventSink] = [display]
+    if options.latest_checkpoint and not out.quiet:
+        sinks.append(ChosenLine())
     if out.show_plan and not out.as_json:
         from .plan_view import PlanLines, PlanSummary
 
@@ -127,7 +137,7 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
         return EXIT_OK  # a stop is how a watch ends; each cycle was reported as it ended
     assert isinstance(result, SyncReport)
     for sink in sinks[1:]:
-        if sink is not metrics:
+        if sink is not metrics and not isinstance(sink, ChosenLine):
             sink.close()  # type: ignore[attr-defined]
     if out.as_json:
         write_stdout(report_json(result.to_dict()) + "\n")
@@ -280,6 +290,9 @@ def guarded(fn: Callable[[], Any]) -> Any:
     """Run ``fn``; turn the errors a user can act on into one line and an exit code."""
     try:
         return fn()
+    except NoCheckpoint as exc:
+        click.echo(f"mcsync: no checkpoint: {exc}", err=True)
+        return EXIT_NO_CHECKPOINT
     except UsageError as exc:  # ConfigError included
         click.echo(f"mcsync: error: {exc}", err=True)
         return EXIT_USAGE

@@ -33,7 +33,16 @@ from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
-from ..types import Buffer, ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef, StoreFacts
+from ..types import (
+    Buffer,
+    ByteRange,
+    Capabilities,
+    Level,
+    ObjectInfo,
+    PartClaim,
+    PartRef,
+    StoreFacts,
+)
 
 __all__ = [
     "Buffer",
@@ -42,6 +51,7 @@ __all__ = [
     "CopySource",
     "FileTarget",
     "FileUpload",
+    "LevelLister",
     "LocalTree",
     "PartCopyUpload",
     "RangeStreamer",
@@ -226,6 +236,18 @@ class LocalTree(Protocol):
     wakes on file-system events), and two roots can be told nested."""
 
     root: Path
+
+
+@runtime_checkable
+class LevelLister(Protocol):
+    """A store that lists one level at a time (S3's delimiter, a directory's entries): a
+    directory of many checkpoints is told apart without listing every key under it
+    (``--latest-checkpoint``)."""
+
+    async def list_level(self, prefix: str) -> Level:
+        """The objects directly under ``prefix`` ("" or a key prefix ending in "/") and its
+        subdirectories; an empty level when nothing is there."""
+        ...
 
 
 @runtime_checkable

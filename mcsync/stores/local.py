@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..errors import ConfigError, NotFound, Permanent, PreconditionFailed
-from ..types import LOCAL_DISK, ByteRange, Capabilities, ObjectInfo
+from ..types import LOCAL_DISK, ByteRange, Capabilities, Level, ObjectInfo
 from .base import Buffer, CheckMode
 from .local_files import (
     TMP_MARK,
@@ -177,12 +177,10 @@ class LocalStore:
 
     # -- listing ----------------------------------------------------------------------------
 
-    def _walk(self, directory: str, prefix: str) -> Iterator[ObjectInfo]:
-        """Depth-first walk in UTF-8 byte order of the *keys*: a directory sorts as
-        ``name/``, so ``a/b`` comes after ``a-b`` just as S3 lists them. A directory is held
-        as its sorted names only (a fraction of what as many ``DirEntry`` objects hold:
-        benchmarks/results/figures-from-code.md), so memory is bounded by the largest directory
-        and the depth, never by the number of keys."""
+    @staticmethod
+    def _names(directory: str) -> list[str]:
+        """The names in ``directory`` in key order, a subdirectory's ending in "/" (none when
+        it is gone); mcsync's hidden temporary files left out."""
         names: list[str] = []
         try:
             with os.scandir(directory) as it:
@@ -195,10 +193,37 @@ class LocalStore:
                     elif e.is_file():  # follows file symlinks; skips sockets, fifos, dangling
                         names.append(name)
         except FileNotFoundError:
-            return
+            return []
         except OSError as exc:  # unreadable: what is in it is unknown, so no run may go on
             raise Permanent(f"{directory}: cannot list this directory: {exc.strerror}") from None
         names.sort()
+        return names
+
+    async def list_level(self, prefix: str) -> Level:
+        def level() -> Level:
+            directory = os.path.join(str(self.root), prefix) if prefix else str(self.root)
+            files: list[ObjectInfo] = []
+            dirs: list[str] = []
+            for name in self._names(directory):
+                if name[-1] == "/":
+                    dirs.append(prefix + name)
+                    continue
+                try:
+                    st = os.stat(os.path.join(directory, name))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # removed while we listed
+                files.append(ObjectInfo(prefix + name, st.st_size, None, st.st_mtime))
+            return Level(tuple(files), tuple(dirs))
+
+        return await asyncio.to_thread(level)
+
+    def _walk(self, directory: str, prefix: str) -> Iterator[ObjectInfo]:
+        """Depth-first walk in UTF-8 byte order of the *keys*: a directory sorts as
+        ``name/``, so ``a/b`` comes after ``a-b`` just as S3 lists them. A directory is held
+        as its sorted names only (a fraction of what as many ``DirEntry`` objects hold:
+        benchmarks/results/figures-from-code.md), so memory is bounded by the largest directory
+        and the depth, never by the number of keys."""
+        names = self._names(directory)
         base = directory + os.sep
         stat_ = os.stat
         for name in names:

@@ -24,6 +24,7 @@ from ..types import (
     Buffer,
     ByteRange,
     Capabilities,
+    Level,
     ObjectInfo,
     PartClaim,
     PartRef,
@@ -137,6 +138,21 @@ class MemoryStore:
             obj = self.endpoint.objects.get(full)
             if obj is not None:  # not deleted while listed
                 yield self._info(full[cut:], obj)
+
+    async def list_level(self, prefix: str) -> Level:
+        await asyncio.sleep(0)
+        files: list[ObjectInfo] = []
+        dirs: set[str] = set()
+        full = self.prefix + prefix
+        for name in sorted(self.endpoint.objects, key=str.encode):
+            if not name.startswith(full) or len(name) == len(full):
+                continue
+            rest = name[len(full):]
+            if "/" in rest:
+                dirs.add(prefix + rest.split("/", 1)[0] + "/")
+            else:
+                files.append(self._info(name[len(self.prefix):], self.endpoint.objects[name]))
+        return Level(tuple(files), tuple(sorted(dirs, key=str.encode)))
 
     async def head(self, key: str) -> ObjectInfo:
         await asyncio.sleep(0)

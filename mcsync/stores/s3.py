@@ -39,7 +39,7 @@ from ..errors import (
     as_config_error,
 )
 from ..retry import RetryPolicy
-from ..types import REMOTE, Buffer, ByteRange, Capabilities, ObjectInfo
+from ..types import REMOTE, Buffer, ByteRange, Capabilities, Level, ObjectInfo
 from .base import CheckMode, ReadStore
 from .obstore_body import fill, pieces, whole
 from .s3_body import S3CopySource, botocore_body, unquote_etag
@@ -219,6 +219,35 @@ class S3Store:
     def _use_tree_listing(self) -> None:
         self._tree_listing = True
 
+    async def list_level(self, prefix: str) -> Level:
+        """One level under ``prefix``, delimited by "/": through obstore (one answer, however
+        many pages), or botocore where obstore cannot (mutual TLS, a key it cannot spell)."""
+        full = self.prefix + prefix
+        cut = len(self.prefix)
+
+        def kept(key: str) -> bool:  # not the level's own "directory marker"
+            return len(key) > len(full) and not key.endswith("/")
+
+        async def fast(client: Any) -> Level:
+            found = await obstore.list_with_delimiter_async(client, full.rstrip("/") or None)
+            files = tuple(ObjectInfo(m["path"][cut:], m["size"], unquote_etag(m["e_tag"]),
+                                     m["last_modified"].timestamp())
+                          for m in found["objects"] if kept(m["path"]))
+            dirs = tuple(p.rstrip("/")[cut:] + "/" for p in found["common_prefixes"])
+            return _sorted_level(files, dirs)
+
+        async def slow(client: Any) -> Level:
+            files: list[ObjectInfo] = []
+            dirs: list[str] = []
+            async for page in self._clients.level_pages(full):
+                files += (ObjectInfo(c["Key"][cut:], c["Size"], unquote_etag(c.get("ETag")),
+                                     c["LastModified"].timestamp())
+                          for c in page.get("Contents", ()) if kept(c["Key"]))
+                dirs += (d["Prefix"][cut:] for d in page.get("CommonPrefixes", ()))
+            return _sorted_level(tuple(files), tuple(dirs))
+
+        return await self._clients.either(self._what(prefix), fast, slow)
+
     # -- reads ------------------------------------------------------------------------------------
 
     async def head(self, key: str) -> ObjectInfo:
@@ -364,3 +393,9 @@ class S3Store:
             async for page in objects.paginate(Bucket=self.bucket, Prefix=full):
                 for obj in page.get("Contents", ()):
                     await client.delete_object(Bucket=self.bucket, Key=obj["Key"])
+
+
+def _sorted_level(files: tuple[ObjectInfo, ...], dirs: tuple[str, ...]) -> Level:
+    # Byte order whatever the server's (SeaweedFS walks its own tree).
+    return Level(tuple(sorted(files, key=lambda f: f.key.encode())),
+                 tuple(sorted(dirs, key=str.encode)))

@@ -18,23 +18,21 @@ key exists and nothing is listed under ``key/``; otherwise it is a prefix, as it
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Callable
 
 from ..config import StoreOptions
 from ..errors import MCSyncError, NotFound, UsageError, as_config_error
 from ..types import ObjectInfo
-from .base import LocalTree, ReadStore
+from .base import LevelLister, LocalTree, ReadStore
 from .registry import parse_url
-from .wrap import Op, Rename, wrap
+from .wrap import PassThrough, Rename, unstarted, wrap
 
 __all__ = ["open_pair"]
 
-T = TypeVar("T")
 Opener = Callable[[str, StoreOptions], ReadStore]
 
 
-class _OneObject:
+class _OneObject(PassThrough):
     """Hooks that make a store's listing the one object ``real`` (a HEAD; nothing when it is
     not there) and pass every other operation through."""
 
@@ -42,16 +40,8 @@ class _OneObject:
         self._inner = inner
         self._real = real
 
-    async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
-        return await fn()
-
-    def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
-        return fn()
-
     async def listing(self, entries: AsyncIterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
-        aclose = getattr(entries, "aclose", None)
-        if aclose is not None:
-            await aclose()  # never started: the directory is not listed
+        await unstarted(entries)  # the directory is not listed
         try:
             info = await self._inner.head(self._real)
         except NotFound:
@@ -61,9 +51,10 @@ class _OneObject:
 
 def one_object(store: ReadStore, *, shown: str, real: str, url: str,
                without: tuple[type, ...] = ()) -> ReadStore:
-    """``store`` seen as holding one object, ``real``, under the key ``shown``."""
+    """``store`` seen as holding one object, ``real``, under the key ``shown`` (its levels are
+    not listed: they would show the directory's other files)."""
     return wrap(store, _OneObject(store, real), name="One", keys=Rename(shown, real), url=url,
-                without=without)
+                without=(*without, LevelLister))
 
 
 def is_one_object(store: ReadStore) -> bool:

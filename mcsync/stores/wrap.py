@@ -27,11 +27,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iter
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
-from ..types import Buffer, ByteRange, Capabilities, ObjectInfo, PartClaim, PartRef
+from ..types import Buffer, ByteRange, Capabilities, Level, ObjectInfo, PartClaim, PartRef
 from .base import (
     Composer,
     FileTarget,
     FileUpload,
+    LevelLister,
     LocalTree,
     PartCopyUpload,
     RangeStreamer,
@@ -43,7 +44,7 @@ from .base import (
     TempFileSweeper,
 )
 
-__all__ = ["Hooks", "Op", "Rename", "inner_of", "innermost", "wrap"]
+__all__ = ["Hooks", "Op", "PassThrough", "Rename", "inner_of", "innermost", "unstarted", "wrap"]
 
 T = TypeVar("T")
 
@@ -85,6 +86,27 @@ class Hooks(Protocol):
     def listing(self, entries: AsyncIterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
         """The inner store's listing, handed on entry by entry."""
         ...
+
+
+class PassThrough:
+    """Hooks that pass every operation through as it is: a view that changes one thing (its
+    listing: ``stores.single``, ``latest``) overrides that alone."""
+
+    async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
+        return await fn()
+
+    def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
+        return fn()
+
+    def listing(self, entries: AsyncIterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
+        return entries
+
+
+async def unstarted(entries: AsyncIterator[ObjectInfo]) -> None:
+    """Close the inner store's listing, never started, that a view lists in place of."""
+    aclose = getattr(entries, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def wrap(store: ReadStore, hooks: Hooks, *, name: str = "Wrapped", keys: Rename | None = None,
@@ -295,6 +317,19 @@ class _Tree:
         return self._inner.root
 
 
+class _Levels:
+    _inner: Any
+    _hooks: Hooks
+    _keys: Rename | None
+
+    async def list_level(self, prefix: str) -> Level:
+        level: Level = await self._hooks.call(Op("list_level", prefix),
+                                              lambda: self._inner.list_level(prefix))
+        if self._keys is None:
+            return level
+        return replace(level, files=tuple(self._keys.outer(f) for f in level.files))
+
+
 class _Sweeper:
     _inner: Any
     _hooks: Hooks
@@ -316,6 +351,7 @@ _STORE_MIXINS: tuple[tuple[type, type], ...] = (
     (ScratchSpace, _Scratch),
     (FileTarget, _File),
     (LocalTree, _Tree),
+    (LevelLister, _Levels),
     (TempFileSweeper, _Sweeper),
 )
 

@@ -37,6 +37,7 @@ from mcsync.stores.azure import AzureStore
 from mcsync.stores.base import (
     Composer,
     FileTarget,
+    LevelLister,
     LocalTree,
     RangeStreamer,
     ReadsInto,
@@ -62,9 +63,10 @@ _RETRY = RetryPolicy(max_attempts=2, init_backoff_s=0.0, max_backoff_s=0.0, dead
 # Every optional side and ability of ``stores.base``: a backend declares which of these its
 # store offers, and the suite fails (never skips) where a declared one is missing.
 ABILITIES: tuple[type, ...] = (Store, RangeStreamer, ReadsInto, ServerSideCopier, Composer,
-                               ScratchSpace, FileTarget, LocalTree, TempFileSweeper)
+                               ScratchSpace, FileTarget, LocalTree, TempFileSweeper,
+                               LevelLister)
 OBJECT_STORE = frozenset({Store, RangeStreamer, ReadsInto, ServerSideCopier, Composer,
-                          ScratchSpace})
+                          ScratchSpace, LevelLister})
 
 # The backend each store of a running test was made by (see ``need``).
 _MADE_BY: dict[int, Backend] = {}
@@ -153,7 +155,8 @@ class Backend:
 
 class LocalBackend(Backend):
     name = "local"
-    abilities = frozenset({Store, ReadsInto, Composer, FileTarget, LocalTree, TempFileSweeper})
+    abilities = frozenset({Store, ReadsInto, Composer, FileTarget, LocalTree, TempFileSweeper,
+                           LevelLister})
 
     def __init__(self, tmp: Path) -> None:
         super().__init__()

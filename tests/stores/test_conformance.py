@@ -36,6 +36,7 @@ from mcsync.stores.base import (
     Composer,
     FileTarget,
     FileUpload,
+    LevelLister,
     LocalTree,
     PartCopyUpload,
     RangeStreamer,
@@ -52,6 +53,7 @@ from mcsync.types import (
     ByteRange,
     Capabilities,
     KiB,
+    Level,
     ObjectInfo,
     PartClaim,
     PartRef,
@@ -182,6 +184,26 @@ async def test_listing_is_in_utf8_byte_order(backend: Backend) -> None:
         head = await store.head(info.key)
         assert (head.key, head.size, head.etag) == (info.key, info.size, info.etag)
         assert await store.get(info.key, expect=info) == objects[info.key]
+
+
+async def test_a_level_is_its_files_and_subdirectories(backend: Backend) -> None:
+    """One level at a time (--latest-checkpoint): the files directly there as the listing
+    shows them, each subdirectory once, in byte order; nothing of a sibling root's."""
+    store = backend.new_root("lv")
+    need(store, LevelLister)
+    sibling = backend.new_root("lv-x")
+    for key in ("a-b", "a/x", "a/y/z", "a/y/zz", "b", "c.d/e"):
+        await backend.seed(store, key, key.encode())
+    await backend.seed(sibling, "outside", b"x")
+    listed_at = {i.key: i for i in await listed(store)}
+
+    top = await store.list_level("")
+    assert ([f.key for f in top.files], top.dirs) == (["a-b", "b"], ("a/", "c.d/"))
+    assert all(f == listed_at[f.key] for f in top.files)  # size, ETag and mtime as listed
+    a = await store.list_level("a/")
+    assert ([f.key for f in a.files], a.dirs) == (["a/x"], ("a/y/",))
+    assert (await store.list_level("a/y/")).files == (listed_at["a/y/z"], listed_at["a/y/zz"])
+    assert await store.list_level("missing/") == Level((), ())
 
 
 async def test_empty_roots_list_nothing(backend: Backend, store: Any) -> None:

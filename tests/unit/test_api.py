@@ -31,13 +31,15 @@ from mcsync.retry import RetryPolicy
 
 MCSYNC = [
     "ConfigError", "Cycle", "Event", "EventSink", "IntegrityError", "Locked", "MCSyncError",
-    "NotFound", "ObjectFailure", "ObjectResult", "Permanent", "PreconditionFailed", "ReadStore",
-    "Store", "StoreOptions", "SyncOptions", "SyncReport", "Transient", "UnsafeKey",
+    "NoCheckpoint", "NotFound", "ObjectFailure", "ObjectResult", "Permanent",
+    "PreconditionFailed", "ReadStore", "Store", "StoreOptions", "SyncOptions", "SyncReport",
+    "Transient", "UnsafeKey",
     "UsageError", "__version__", "async_sync", "async_watch", "sync", "tune_process", "watch",
 ]
 ERRORS = [
     "AccessDenied", "ComposeRefused", "ConfigError", "CredentialsExpired", "IntegrityError",
-    "Interrupted", "ListingOrderError", "Locked", "MCSyncError", "NoSuchBucket", "NotFound",
+    "Interrupted", "ListingOrderError", "Locked", "MCSyncError", "NoCheckpoint", "NoSuchBucket",
+    "NotFound",
     "Permanent", "PreconditionFailed", "SourceGone", "Throttled", "Transient", "Unreachable",
     "UnsafeKey", "UsageError", "failure_kind",
 ]
