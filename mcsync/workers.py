@@ -62,7 +62,12 @@ class WorkerPool(Protocol):
 
 
 def open_pool(addresses: Addresses, options: SyncOptions) -> WorkerPool:
-    """The run's pool of ``options.workers`` workers, each with its share of the limits."""
+    """The run's pool of ``options.workers`` workers, each with its share of the limits: Ray
+    actors for ``--executor ray`` (``ray_pool``, whose import loads Ray), else processes here."""
+    if options.executor == "ray":
+        from .ray_pool import RayPool
+
+        return RayPool(addresses, options, max(options.workers, 0), options.ray_address)
     from .local_pool import LocalPool
 
     n = options.workers
