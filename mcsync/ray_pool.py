@@ -12,12 +12,15 @@ beyond the buffers (``OVERHEAD``), so Ray places it where both are free, spread 
 ``WorkerLost`` and is replaced by a fresh one; ``workers.Workers`` gives the task to another.
 Actors are the driver's: Ray ends them when the driver ends, killed or not.
 
-Credentials: what an actor is given (``Addresses``: both addresses and each side's
-``StoreOptions``; the run's options) holds none: endpoints, a profile's name, certificate
-paths. Each worker resolves its keys itself, as the driver did, from its own environment and
-files: the nodes' (a Kubernetes Secret in the Ray pods' env) or the job's runtime env set by
-whoever submitted it. mcsync never puts a key in an actor's or task's arguments, nor in a
-runtime env of its own: Ray shows both in its dashboard and state API.
+Credentials: an actor is told where and how, never who. It is given ``Addresses`` (both
+addresses and each side's ``StoreOptions``: endpoints, a profile's name, certificate paths),
+the run's options, and the settings the driver resolved from its environment that say where
+(``settings_of``: endpoints, regions, CA bundles, meta://'s endpoint and paths; they override
+the node's, so the workers write where the driver planned). Each worker resolves its keys
+itself, as the driver did, from its own environment and files: the nodes' (on Kubernetes, a
+Secret in the Ray pods' env), or the job's runtime env set by whoever submitted it. mcsync
+never puts a key in an actor's or task's arguments, nor in a runtime env of its own: Ray shows
+those in its dashboard and state API. Paths (certificates, CA bundles) must exist on the nodes.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
 from .config import SyncOptions
 from .errors import UsageError
 from .plan import Action
+from .stores.registry import meta_settings
 from .types import MiB
 from .worker_runner import (
     Addresses,
@@ -51,12 +56,35 @@ OVERHEAD = 512 * MiB
 # (its task WorkerUnavailable: tried again, then failed, the rest of the run goes on).
 START_S = 120.0
 CLOSE_S = 30.0  # a stopping worker's last task and its stores' closing
+PROBE_S = 5.0  # connecting to the cluster's address
+
+
+# Environment variables that say where a store is and how to reach it, never who signs: the
+# driver's values are the workers' (keys, tokens, profiles and connection strings are not here).
+PASSED = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
+          "AWS_CA_BUNDLE", "AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT",
+          "AZURE_STORAGE_ACCOUNT_NAME", "STORAGE_EMULATOR_HOST")
+META_PASSED = ("endpoint_url", "region", "path_style", "ca_bundle", "client_cert", "client_key")
+
+
+def settings_of(addresses: Addresses) -> dict[str, str]:
+    """What the driver resolved of ``PASSED`` and of meta://'s settings (its environment over
+    its config file's profile), as environment variables for a worker."""
+    env = {name: os.environ[name] for name in PASSED if os.environ.get(name)}
+    if any(a.startswith("meta://") for a in (addresses.source, addresses.target)):
+        meta = meta_settings()
+        env |= {f"MCSYNC_META_{name.upper()}": meta[name] for name in META_PASSED
+                if meta.get(name)}
+    return env
 
 
 class RayWorker:
-    """One worker: a ``TaskRunner`` in a Ray actor's process (one task at a time)."""
+    """One worker: a ``TaskRunner`` in a Ray actor's process (one task at a time; the process
+    is the actor's alone, so its environment is ours to set)."""
 
-    def __init__(self, addresses: Addresses, options: SyncOptions) -> None:
+    def __init__(self, addresses: Addresses, options: SyncOptions,
+                 settings: dict[str, str]) -> None:
+        os.environ.update(settings)
         self.runner = TaskRunner(addresses, options)
 
     def ready(self) -> int:
@@ -81,6 +109,16 @@ def connect(address: str | None) -> Any:
     if ray.is_initialized():
         return ray
     where = address or os.environ.get("RAY_ADDRESS") or "auto"
+    # Ray retries an address where nothing listens for minutes, logging each try to stderr:
+    # one connection first tells a wrong address in seconds.
+    host_port = _host_port(where)
+    if host_port is not None:
+        try:
+            socket.create_connection(host_port, timeout=PROBE_S).close()
+        except OSError as exc:
+            raise UsageError(f"--executor ray: no Ray cluster reachable at {where}: "
+                             f"{exc.strerror or exc}") from None
+    _errors_to_log()
     try:
         # log_to_driver off: the workers' output stays in the cluster's logs, never on this
         # command's stdout (--json) or stderr.
@@ -90,6 +128,34 @@ def connect(address: str | None) -> Any:
         raise UsageError(f"--executor ray: no Ray cluster reachable at {where}: "
                          f"{_first_line(exc)}") from None
     return ray
+
+
+def _errors_to_log() -> None:
+    """Ray prints the errors its nodes report (a worker killed, say) on the driver's stdout,
+    where ``--json`` writes the report: they go to this module's log (stderr) instead. Its
+    error thread calls ``ray._private.worker.print_to_stdstream`` by name; without that
+    function (another Ray), nothing changes."""
+    with contextlib.suppress(ImportError):
+        from ray._private import worker
+
+        if callable(getattr(worker, "print_to_stdstream", None)):
+            worker.print_to_stdstream = _log_lines
+
+
+def _log_lines(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+    for line in data.get("lines", ()):
+        if str(line).strip():
+            log.warning("Ray (%s): %s", data.get("pid", "?"), str(line).strip().splitlines()[0])
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a GCS or Ray Client address (``host:port``, ``ray://host:port``,
+    ``[v6]:port``); None for ``auto`` / ``local`` and what Ray alone reads."""
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
 
 
 def cluster_cpus(ray: Any) -> int:
@@ -112,6 +178,7 @@ class RayPool:
         self.size = n if n > 0 else cluster_cpus(ray)
         self.options = worker_options(options, self.size)
         self.addresses = addresses
+        self.settings = settings_of(addresses)
         self._worker = ray.remote(RayWorker).options(
             num_cpus=1, memory=self.options.memory_limit + OVERHEAD, max_restarts=0,
             scheduling_strategy="SPREAD")
@@ -124,7 +191,7 @@ class RayPool:
         return f"{self.size} Ray workers"
 
     def _start(self) -> _Slot:
-        return _Slot(self._worker.remote(self.addresses, self.options))
+        return _Slot(self._worker.remote(self.addresses, self.options, self.settings))
 
     def _replace(self, slot: _Slot) -> None:
         with contextlib.suppress(Exception):

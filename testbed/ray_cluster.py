@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -33,6 +34,9 @@ from .processes import LOOPBACK, Child, ServerStartError, free_ports, python_chi
 
 __all__ = ["RayCluster", "RayMissing", "ray_cluster"]
 
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 3  # starts, when another process took one of the ports first
 WORKER_PORTS = 16  # worker processes a node may run at once (each listens on one port)
 # The worker node: another loopback address (as another machine), and the head's GCS by its
 # IPv4-mapped address, which Ray does not replace with the host's as it does 127.0.0.1 (the
@@ -56,19 +60,28 @@ class RayCluster:
         return [n.pid for n in self.nodes]
 
     def processes(self) -> list[tuple[int, str]]:
-        """(pid, command line) of every process of this cluster: the nodes' process groups."""
-        groups = set(self.pids())
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
+        """(pid, command line) of every process of this cluster: the nodes' descendants (Ray
+        starts its workers in process groups of their own)."""
+        return _descendants(set(self.pids()))
+
+
+def _descendants(roots: set[int]) -> list[tuple[int, str]]:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
             with contextlib.suppress(OSError, ValueError, IndexError):
                 stat = (entry / "stat").read_text()
-                pgrp = int(stat.rsplit(")", 1)[1].split()[2])
-                if pgrp in groups:
-                    cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                    found.append((int(entry.name), cmd.strip()))
-        return found
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found = []
+    for pid in parents:
+        up, seen = parents.get(pid), 0
+        while up is not None and up not in roots and seen < 64:
+            up, seen = parents.get(up), seen + 1
+        if up in roots:
+            with contextlib.suppress(OSError):
+                cmd = (Path(f"/proc/{pid}") / "cmdline").read_bytes()
+                found.append((pid, cmd.replace(b"\0", b" ").decode().strip()))
+    return found
 
 
 def _ray_cli() -> str:
@@ -108,28 +121,87 @@ def ray_cluster(*, head_cpus: int = 1, worker_cpus: int = 1, memory: int = 2 * 2
     node_env.pop("RAY_ADDRESS", None)
     head_env = node_env | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     node_env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-    gcs, dashboard = free_ports(2)
-    address = f"{LOOPBACK}:{gcs}"
     nodes: list[Child] = []
     try:
-        nodes.append(Child("ray-head", [
-            ray, "start", "--head", "--port", str(gcs), "--temp-dir", str(tmp),
-            "--include-dashboard", "false", "--dashboard-port", str(dashboard),
-            *_node_args(LOOPBACK, head_cpus, memory)],
-            tmp / "head.log", cwd=tmp, env=head_env))
-        if worker_cpus:
-            nodes.append(Child("ray-worker", [
-                ray, "start", "--address", f"[::ffff:{LOOPBACK}]:{gcs}",
-                *_node_args(WORKER_IP, worker_cpus, memory)],
-                tmp / "worker.log", cwd=tmp, env=node_env))
-        cluster = RayCluster(address, tmp, nodes, head_env)
-        _wait_for_nodes(cluster, len(nodes), startup_timeout)
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                cluster = _start(ray, tmp, head_env, node_env, nodes, head_cpus, worker_cpus,
+                                 memory, time.monotonic() + startup_timeout)
+                break
+            except _PortTaken as exc:
+                log.warning("Ray cluster, attempt %d: %s; starting again", attempt, exc)
+                _stop(nodes)
+                if attempt == ATTEMPTS:
+                    raise ServerStartError(f"the Ray cluster did not start: {exc}") from None
         yield cluster
     finally:
-        for node in reversed(nodes):  # a node's `ray start` lingers on SIGTERM: not waited long
-            node.stop(grace=3.0, expected_kill=True)
+        _stop(nodes)
         if own_dir:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _PortTaken(Exception):
+    """Another process took a port picked for the cluster before Ray bound it."""
+
+
+def _start(ray: str, tmp: Path, head_env: dict[str, str], node_env: dict[str, str],
+           nodes: list[Child], head_cpus: int, worker_cpus: int, memory: int,
+           deadline: float) -> RayCluster:
+    (tmp / "ray_current_cluster").unlink(missing_ok=True)
+    gcs, dashboard = free_ports(2)
+    nodes.append(Child("ray-head", [
+        ray, "start", "--head", "--port", str(gcs), "--temp-dir", str(tmp),
+        "--include-dashboard", "false", "--dashboard-port", str(dashboard),
+        *_node_args(LOOPBACK, head_cpus, memory)],
+        tmp / "head.log", cwd=tmp, env=head_env))
+    cluster = RayCluster(f"{LOOPBACK}:{gcs}", tmp, nodes, head_env)
+    # A node that joins before the head has registered itself gives up.
+    _wait_for_head(cluster, deadline)
+    if worker_cpus:
+        nodes.append(Child("ray-worker", [
+            ray, "start", "--address", f"[::ffff:{LOOPBACK}]:{gcs}",
+            *_node_args(WORKER_IP, worker_cpus, memory)],
+            tmp / "worker.log", cwd=tmp, env=node_env))
+    _wait_for_nodes(cluster, len(nodes), deadline)
+    return cluster
+
+
+def _stop(nodes: list[Child]) -> None:
+    """Each node's process group, then what is left of its descendants (workers, which Ray
+    puts in groups of their own), by PID."""
+    left = _descendants({n.pid for n in nodes})
+    born = {}
+    for pid, _ in left:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            born[pid] = _started(pid)
+    left = [(pid, cmd) for pid, cmd in left if pid in born]
+    while nodes:  # a node's `ray start` lingers on SIGTERM: not waited for long
+        nodes.pop().stop(grace=3.0, expected_kill=True)
+    for pid, _ in left:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if _started(pid) == born[pid]:  # still that process, not a PID used again
+                os.kill(pid, signal.SIGKILL)
+
+
+def _started(pid: int) -> int:
+    """When ``pid`` started (clock ticks since boot): with its PID, names one process."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+_TAKEN = ("Failed to start the grpc server", "ddress already in use")
+
+
+def _port_taken(cluster: RayCluster) -> str | None:
+    """What a process of the cluster logged when it could not bind its port, if one did (Ray
+    gives up on that only after a minute)."""
+    logs = cluster.temp_dir / "session_latest" / "logs"
+    for name in ("raylet.out", "gcs_server.out", "raylet.err", "gcs_server.err"):
+        with contextlib.suppress(OSError):
+            tail = (logs / name).read_bytes()[-32 * 1024:].decode("utf-8", "replace")
+            for line in tail.splitlines():
+                if any(m in line for m in _TAKEN):
+                    return line.strip()[-300:]
+    return None
 
 
 _PROBE = """
@@ -143,21 +215,29 @@ while sum(n["Alive"] for n in ray.nodes()) < int(sys.argv[2]):
 """
 
 
-def _wait_for_nodes(cluster: RayCluster, count: int, timeout: float) -> None:
-    """Until every node has registered (asked by a driver of its own: this process does not
-    connect to the cluster)."""
-    deadline = time.monotonic() + timeout
-    # The head's GCS first: a driver started before it exists waits long to find out.
+def _wait_for_head(cluster: RayCluster, deadline: float) -> None:
+    """Until the head has started (``ray start`` writes the cluster's address into its temp
+    dir last)."""
     while not (cluster.temp_dir / "ray_current_cluster").exists():
+        if (taken := _port_taken(cluster)) is not None:
+            raise _PortTaken(taken)
         _check_running(cluster)
         if time.monotonic() > deadline:
-            raise ServerStartError(f"the Ray head did not start within {timeout:.0f} s:\n"
+            raise ServerStartError(f"the Ray head did not start in time:\n"
                                    f"{cluster.nodes[0].log_tail()}")
         time.sleep(0.1)
+
+
+def _wait_for_nodes(cluster: RayCluster, count: int, deadline: float) -> None:
+    """Until every node has registered (asked by a driver of its own: this process does not
+    connect to the cluster)."""
     env = cluster.env | {"RAY_ADDRESS": cluster.address}
+    left = max(1.0, deadline - time.monotonic())
     done = subprocess.run([sys.executable, "-c", _PROBE, cluster.address, str(count),
-                           str(max(1.0, deadline - time.monotonic()))], env=env,
-                          capture_output=True, text=True, timeout=timeout + 30, check=False)
+                           str(left)], env=env,
+                          capture_output=True, text=True, timeout=left + 30, check=False)
+    if (taken := _port_taken(cluster)) is not None:
+        raise _PortTaken(taken)
     _check_running(cluster)
     if done.returncode != 0:
         raise ServerStartError(f"the Ray cluster at {cluster.address} did not come up: "
