@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -119,6 +120,10 @@ def connect(address: str | None) -> Any:
             raise UsageError(f"--executor ray: no Ray cluster reachable at {where}: "
                              f"{exc.strerror or exc}") from None
     _errors_to_log()
+    # Ray's core installs its own SIGTERM/SIGINT handlers (log a stack, die): the run's are put
+    # back, so a stop still lets work in flight finish and saves the state (exit 130).
+    stops = (signal.SIGTERM, signal.SIGINT)
+    handlers = {sig: signal.getsignal(sig) for sig in stops}
     try:
         # log_to_driver off: the workers' output stays in the cluster's logs, never on this
         # command's stdout (--json) or stderr.
@@ -127,6 +132,11 @@ def connect(address: str | None) -> Any:
     except Exception as exc:  # ConnectionError, ValueError, Ray's RpcError...
         raise UsageError(f"--executor ray: no Ray cluster reachable at {where}: "
                          f"{_first_line(exc)}") from None
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:
+                with contextlib.suppress(ValueError):  # not the main thread: left to Ray
+                    signal.signal(sig, handler)
     return ray
 
 

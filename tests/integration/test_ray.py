@@ -130,6 +130,67 @@ def test_a_ray_worker_killed_mid_run_has_its_task_given_to_another(
                for t in report["retried_tasks"]), report["retried_tasks"]
 
 
+@pytest.mark.slow
+def test_a_killed_driver_takes_its_ray_workers_and_the_same_command_resumes(
+        source_tree, ray_cluster, seaweed, seaweed_proxy):
+    bucket = new_bucket(seaweed)
+    stall = seaweed_proxy.add(Rule(Stall(0.1), op="PutObject"))
+    env = driver_env(ray_cluster, seaweed_proxy)
+    args = command(source_tree, f"meta://{bucket}/run/", "--executor", "ray", "--workers", "2",
+                   "-c", "6")
+    proc = subprocess.Popen(args, env=dict(os.environ) | env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(seaweed_proxy.exchanges("PutObject")) >= 40, timeout=120)
+        assert ray_workers(ray_cluster)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Ray ends the actors of a driver that died: no worker writes behind the next run's back.
+    wait_for(lambda: not ray_workers(ray_cluster), timeout=60)
+    for key, data in read_bucket(seaweed, bucket, "run/").items():
+        assert data == OBJECTS[key], f"{key} is visible but not what the source holds"
+
+    seaweed_proxy.remove(stall)
+    code, report, err = run(args, env)
+    assert code == 0, err
+    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
+    assert report["objects_failed"] == 0 and report["objects_copied"] < len(OBJECTS)
+
+
+@pytest.mark.slow
+def test_sigterm_lets_the_ray_workers_tasks_finish_and_the_rerun_completes(
+        source_tree, ray_cluster, seaweed, seaweed_proxy):
+    bucket = new_bucket(seaweed)
+    stall = seaweed_proxy.add(Rule(Stall(0.1), op="PutObject"))
+    env = driver_env(ray_cluster, seaweed_proxy)
+    args = command(source_tree, f"meta://{bucket}/run/", "--executor", "ray", "--workers", "2",
+                   "-c", "6")
+    proc = subprocess.Popen(args, env=dict(os.environ) | env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(seaweed_proxy.exchanges("PutObject")) >= 30, timeout=120)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    report = json.loads(out)
+    assert report["interrupted"] and report["objects_copied"] < len(OBJECTS)
+    wait_for(lambda: not ray_workers(ray_cluster), timeout=60)
+
+    seaweed_proxy.remove(stall)
+    code, again, err = run(args, env)
+    assert code == 0, err
+    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
+    assert again["objects_copied"] <= len(OBJECTS) - report["objects_copied"]
+
+
 def test_no_key_reaches_rays_logs_or_its_tables(source_tree, ray_cluster, seaweed,
                                                 seaweed_proxy):
     """The driver holds the secret key in its environment and the nodes in theirs: none of
