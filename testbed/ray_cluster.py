@@ -110,14 +110,16 @@ def _node_args(ip: str, cpus: int, memory: int) -> list[str]:
 
 @contextlib.contextmanager
 def ray_cluster(*, head_cpus: int = 1, worker_cpus: int = 1, memory: int = 2 * 2**30,
-                env: dict[str, str] | None = None, startup_timeout: float = 120.0,
+                env: dict[str, str] | None = None, startup_timeout: float = 240.0,
                 temp_dir: Path | None = None) -> Iterator[RayCluster]:
     """A head node and (``worker_cpus`` > 0) a worker node, up and registered when this
     yields. ``temp_dir``: Ray's (short: its sockets' paths must fit in 107 bytes)."""
     ray = _ray_cli()
     own_dir = temp_dir is None
     tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp")) if temp_dir is None else temp_dir
-    node_env = python_child_env((env or {}) | {"RAY_USAGE_STATS_ENABLED": "0"})
+    # A raylet waits 30 s for its node to register by default: too short on a busy machine.
+    node_env = python_child_env((env or {}) | {"RAY_USAGE_STATS_ENABLED": "0",
+                                               "RAY_raylet_start_wait_time_s": "120"})
     node_env.pop("RAY_ADDRESS", None)
     head_env = node_env | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     node_env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -101,28 +102,56 @@ def test_ray_workers_write_each_key_once_and_report_as_a_local_run(
     assert again["objects_copied"] == 0 and again["tasks"] == 0
 
 
+@dataclass
+class BusyRun:
+    """A Ray run kept busy (each PUT stalled 0.1 s), started in the background."""
+
+    bucket: str
+    stall: Rule
+    env: dict[str, str]
+    args: list[str]
+    proc: subprocess.Popen
+
+    def finished(self, timeout: float) -> tuple[str, str]:
+        try:
+            return self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.communicate()
+
+
+def busy_run(source_tree, cluster, seaweed, proxy, puts: int) -> BusyRun:
+    """Once the run has sent ``puts`` PUTs."""
+    bucket = new_bucket(seaweed)
+    stall = proxy.add(Rule(Stall(0.1), op="PutObject"))
+    env = driver_env(cluster, proxy)
+    args = command(source_tree, f"meta://{bucket}/run/", "--executor", "ray", "--workers", "2",
+                   "-c", "6")
+    proc = subprocess.Popen(args, env=dict(os.environ) | env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    busy = BusyRun(bucket, stall, env, args, proc)
+    try:
+        wait_for(lambda: len(proxy.exchanges("PutObject")) >= puts, timeout=120)
+    except BaseException:
+        proc.kill()
+        busy.finished(30)
+        raise
+    return busy
+
+
 @pytest.mark.slow
 def test_a_ray_worker_killed_mid_run_has_its_task_given_to_another(
         source_tree, ray_cluster, seaweed, seaweed_proxy):
-    bucket = new_bucket(seaweed)
-    seaweed_proxy.add(Rule(Stall(0.1), op="PutObject"))  # keeps the run busy
-    proc = subprocess.Popen(command(source_tree, f"meta://{bucket}/run/", "--executor", "ray",
-                                    "--workers", "2", "-c", "6"),
-                            env=dict(os.environ) | driver_env(ray_cluster, seaweed_proxy),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: len(seaweed_proxy.exchanges("PutObject")) >= 30, timeout=120)
-        victims = ray_workers(ray_cluster)
-        assert victims, ray_cluster.processes()
+    busy = busy_run(source_tree, ray_cluster, seaweed, seaweed_proxy, puts=30)
+    victims = ray_workers(ray_cluster)
+    if victims:
         os.kill(victims[0], signal.SIGKILL)
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
+    out, err = busy.finished(180)
+    assert victims, ray_cluster.processes()
+    assert busy.proc.returncode == 0, err
     report = json.loads(out)
-    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
+    assert read_bucket(seaweed, busy.bucket, "run/") == OBJECTS
     assert report["objects_copied"] == len(OBJECTS) and report["objects_failed"] == 0
     assert report["tasks_retried"] >= 1
     assert len(report["retried_tasks"]) == report["tasks_retried"]
@@ -133,61 +162,38 @@ def test_a_ray_worker_killed_mid_run_has_its_task_given_to_another(
 @pytest.mark.slow
 def test_a_killed_driver_takes_its_ray_workers_and_the_same_command_resumes(
         source_tree, ray_cluster, seaweed, seaweed_proxy):
-    bucket = new_bucket(seaweed)
-    stall = seaweed_proxy.add(Rule(Stall(0.1), op="PutObject"))
-    env = driver_env(ray_cluster, seaweed_proxy)
-    args = command(source_tree, f"meta://{bucket}/run/", "--executor", "ray", "--workers", "2",
-                   "-c", "6")
-    proc = subprocess.Popen(args, env=dict(os.environ) | env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: len(seaweed_proxy.exchanges("PutObject")) >= 40, timeout=120)
-        assert ray_workers(ray_cluster)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    busy = busy_run(source_tree, ray_cluster, seaweed, seaweed_proxy, puts=40)
+    running = ray_workers(ray_cluster)
+    os.kill(busy.proc.pid, signal.SIGKILL)
+    busy.finished(30)
+    assert running
     # Ray ends the actors of a driver that died: no worker writes behind the next run's back.
     wait_for(lambda: not ray_workers(ray_cluster), timeout=60)
-    for key, data in read_bucket(seaweed, bucket, "run/").items():
+    for key, data in read_bucket(seaweed, busy.bucket, "run/").items():
         assert data == OBJECTS[key], f"{key} is visible but not what the source holds"
 
-    seaweed_proxy.remove(stall)
-    code, report, err = run(args, env)
+    seaweed_proxy.remove(busy.stall)
+    code, report, err = run(busy.args, busy.env)
     assert code == 0, err
-    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
+    assert read_bucket(seaweed, busy.bucket, "run/") == OBJECTS
     assert report["objects_failed"] == 0 and report["objects_copied"] < len(OBJECTS)
 
 
 @pytest.mark.slow
 def test_sigterm_lets_the_ray_workers_tasks_finish_and_the_rerun_completes(
         source_tree, ray_cluster, seaweed, seaweed_proxy):
-    bucket = new_bucket(seaweed)
-    stall = seaweed_proxy.add(Rule(Stall(0.1), op="PutObject"))
-    env = driver_env(ray_cluster, seaweed_proxy)
-    args = command(source_tree, f"meta://{bucket}/run/", "--executor", "ray", "--workers", "2",
-                   "-c", "6")
-    proc = subprocess.Popen(args, env=dict(os.environ) | env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: len(seaweed_proxy.exchanges("PutObject")) >= 30, timeout=120)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 130, err
+    busy = busy_run(source_tree, ray_cluster, seaweed, seaweed_proxy, puts=30)
+    busy.proc.send_signal(signal.SIGTERM)
+    out, err = busy.finished(120)
+    assert busy.proc.returncode == 130, err
     report = json.loads(out)
     assert report["interrupted"] and report["objects_copied"] < len(OBJECTS)
     wait_for(lambda: not ray_workers(ray_cluster), timeout=60)
 
-    seaweed_proxy.remove(stall)
-    code, again, err = run(args, env)
+    seaweed_proxy.remove(busy.stall)
+    code, again, err = run(busy.args, busy.env)
     assert code == 0, err
-    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
+    assert read_bucket(seaweed, busy.bucket, "run/") == OBJECTS
     assert again["objects_copied"] <= len(OBJECTS) - report["objects_copied"]
 
 
