@@ -79,13 +79,14 @@ def reopenable(source: ReadStore, target: ReadStore,
     """A run's options and the addresses its workers reopen ``source`` and ``target`` from,
     for stores opened from addresses (their ``url``s open the same stores): the options
     without workers when the pair is one object (``stores.single``: nothing to share out).
-    ``--executor ray`` connects here, before anything is locked: no cluster, exit 2."""
+    ``--executor ray`` connects here, before anything is locked: no cluster, exit 2 (a dry
+    run moves nothing, and needs no cluster)."""
     if not options.workers:
         return options, None
     if is_one_object(source) or is_one_object(target):
         log.info("one object: moved without worker processes")
         return dataclasses.replace(options, workers=0), None
-    if options.executor == "ray":
+    if options.executor == "ray" and not options.dry_run:
         from .ray_pool import connect
 
         connect(options.ray_address)

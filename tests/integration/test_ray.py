@@ -256,6 +256,12 @@ def test_ray_refusals_are_one_line_naming_the_address(source_tree, tmp_path):
     assert done.stderr.strip() == ("mcsync: error: --executor ray: Ray is not installed here "
                                    "(pip install 'mcsync[ray]')")
 
+    # A plan moves nothing: it needs no cluster.
+    done = subprocess.run([sys.executable, "-m", "mcsync.cli.main", "plan", str(source_tree),
+                           str(dst), "--executor", "ray", "--ray-address", where, "--quiet"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+
     code, _, err = run(command(source_tree, str(dst), "--ray-address", where), {})
     assert code == 2 and "--ray-address" in err and len(err.strip().splitlines()) == 1, err
     assert not dst.exists() or not any(dst.rglob("*.bin"))
