@@ -25,8 +25,10 @@ from .helpers import new_bucket, read_bucket, write_tree
 from .test_workers import LARGE, OBJECTS, ROOT, SMALL, TOTALS, command, run, wait_for
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster(seaweed: S3Endpoint, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """Started once for this module's tests, and stopped after them: a head, a worker node
+    and a driver held ~760 MiB, not to be kept through the rest of the session."""
     from testbed.ray_cluster import RayMissing, ray_cluster
 
     nowhere = tmp_path_factory.mktemp("ray-node-home")
