@@ -178,23 +178,33 @@ def _options(options: SyncOptions | None, overrides: dict[str, Any]) -> SyncOpti
         raise TypeError(f"options must be mcsync.SyncOptions, got {type(options).__name__}")
     base = options or SyncOptions()
     if not overrides:
-        return base
+        return _ray_workers(base)
     known = [f.name for f in dataclasses.fields(SyncOptions)]
     for name in overrides:
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TypeError(f"unknown option {name!r} (not a field of mcsync.SyncOptions){hint}")
-    if overrides.get("workers") == "auto":  # as --workers auto: the cores available
-        from .config import available_cores
+    if "workers" in overrides:  # as --workers: auto is the cores here, or the Ray cluster's
+        from .config import workers_for
 
-        overrides["workers"] = available_cores()
+        overrides["workers"] = workers_for(overrides["workers"],
+                                           overrides.get("executor", base.executor))
     for name in ("include", "exclude"):
         if isinstance(overrides.get(name), str):
             overrides[name] = (overrides[name],)
         elif name in overrides:
             overrides[name] = tuple(overrides[name])
-    return dataclasses.replace(base, **overrides)
+    return _ray_workers(dataclasses.replace(base, **overrides))
+
+
+def _ray_workers(options: SyncOptions) -> SyncOptions:
+    """``executor="ray"`` without a number of workers: one per CPU of the cluster."""
+    if options.executor == "ray" and options.workers == 0:
+        from .config import WORKERS_AUTO
+
+        return dataclasses.replace(options, workers=WORKERS_AUTO)
+    return options
 
 
 def _sink(on_event: OnEvent) -> EventSink | None:

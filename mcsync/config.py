@@ -19,8 +19,8 @@ from .errors import UsageError
 from .retry import RetryPolicy
 from .types import Capabilities, GiB, KiB, MiB
 
-__all__ = ["GiB", "KiB", "MiB", "StoreOptions", "SyncOptions", "available_cores", "format_size",
-           "parse_duration", "parse_size", "parse_workers"]
+__all__ = ["WORKERS_AUTO", "GiB", "KiB", "MiB", "StoreOptions", "SyncOptions", "available_cores",
+           "format_size", "parse_duration", "parse_size", "parse_workers", "workers_for"]
 
 DEFAULT_CONCURRENCY = 128
 DEFAULT_PART_CONCURRENCY = 8
@@ -33,6 +33,10 @@ S3_MIN_PART_SIZE = S3_LIMITS.min_part_size
 S3_MAX_PART_SIZE = S3_LIMITS.max_part_size
 CHUNKERS = ("auto", "fixed", "safetensors", "cdc")
 DELTA_SCOPES = ("key", "prefix", "target")
+EXECUTORS = ("local", "ray")
+# --executor ray with --workers auto (or none given): one worker per CPU of the cluster, known
+# once connected (ray_pool).
+WORKERS_AUTO = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +114,10 @@ class SyncOptions:
     # Only the newest complete checkpoint under the source and the marker naming it
     # (--latest-checkpoint; see mcsync.latest).
     latest_checkpoint: bool = False
+    # Where the workers run (--executor): processes on this machine (local), or Ray actors on
+    # the cluster at ray_address (None: RAY_ADDRESS, else one on this machine; mcsync.ray_pool).
+    executor: str = "local"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         for side in ("source", "target"):
@@ -150,7 +158,12 @@ class SyncOptions:
             # to leave to a flag's combination.
             raise UsageError("--latest-checkpoint cannot be combined with --delete: it copies "
                              "one checkpoint and leaves everything else at the target as it is")
-        if self.workers < 0:
+        if self.executor not in EXECUTORS:
+            raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, got "
+                             f"{self.executor!r}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise UsageError("--ray-address is where the workers of --executor ray run")
+        if self.workers < 0 and not (self.workers == WORKERS_AUTO and self.executor == "ray"):
             raise UsageError(f"--workers must be at least 1 (or auto), got {self.workers}")
         if self.workers and (self.tps_limit or self.bw_limit):
             # Each worker process would pace itself: N times the limit asked for.
@@ -207,6 +220,17 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def workers_for(workers: int | str, executor: str) -> int:
+    """``--workers`` given (a number, ``auto`` or 0: none given) for ``executor``: auto is the
+    cores here, or on Ray the cluster's CPUs (``WORKERS_AUTO``: counted once connected), which
+    is also what Ray without a number takes."""
+    if executor == "ray" and workers in ("auto", 0):
+        return WORKERS_AUTO
+    if isinstance(workers, str):
+        return parse_workers(workers)
+    return workers
 
 
 def parse_workers(text: str) -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lint and test mcsync: creates .venv in the repo root if missing, installs the package with its
-# test extras (from PyPI) and the test servers of package.json (from npm: Azurite), runs ruff
-# and mypy --strict (over mcsync/), then pytest with any arguments given here.
+# test and ray extras (from PyPI) and the test servers of package.json (from npm: Azurite), runs
+# ruff and mypy --strict (over mcsync/), then pytest with any arguments given here.
 #   bash scripts/test.sh                      # everything
 #   bash scripts/test.sh tests/unit -x        # arguments go to pytest
 set -euo pipefail
@@ -13,11 +13,13 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 py="$venv/bin/python"
 
-# Reinstall only when pyproject.toml changed (new code needs none: the install is editable).
+# Reinstall only when pyproject.toml or the extras changed (new code needs none: the install is
+# editable). The ray extra: CI runs the Ray executor's tests (tests/integration/test_ray.py).
+extras='.[test,ray]'
 stamp="$venv/.mcsync-test-install"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$( (cat pyproject.toml; echo "$extras") | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
-    "$py" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+    "$py" -m pip install --quiet --disable-pip-version-check -e "$extras"
     echo "$want" > "$stamp"
 fi
 

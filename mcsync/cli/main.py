@@ -23,6 +23,7 @@ from ..config import (
     parse_duration,
     parse_size,
     parse_workers,
+    workers_for,
 )
 from ..errors import UsageError
 from ..limits import Limits
@@ -98,7 +99,8 @@ SIZE = _Parsed("size", parse_size, int)
 DURATION = _Parsed("duration", parse_duration, float)
 RATE = _Parsed("rate", _rate)
 ADDR = _Parsed("host:port", _addr, tuple)
-WORKERS = _Parsed("workers", parse_workers, int)
+WORKERS = _Parsed("workers", lambda text: "auto" if text.strip().lower() == "auto"
+                  else parse_workers(text), int)  # auto: resolved with --executor
 
 
 _client_cert_options = (
@@ -196,6 +198,14 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "(the main process opens and completes each upload); deltas and "
                           "uploads into local files stay in the main process. Each worker "
                           "gets 1/N of --concurrency and --memory-limit."),
+        click.option("--executor", type=click.Choice(("local", "ray")), default="local",
+                     show_default=True,
+                     help="Where the --workers run: processes on this machine, or Ray actors on "
+                          "a Ray cluster (pip install 'mcsync[ray]'; --workers auto or none: "
+                          "one per CPU of the cluster)."),
+        click.option("--ray-address", default=None, metavar="ADDR",
+                     help="The Ray cluster of --executor ray (default: RAY_ADDRESS, else one "
+                          "running on this machine)."),
         click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
                      show_default=True, metavar="SECONDS",
                      help="On SIGINT/SIGTERM, how long work in flight may take to finish."),
@@ -474,6 +484,7 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
             from ..shard import parse as parse_shard
 
             kw["shard"] = parse_shard(shard)
+        kw["workers"] = workers_for(kw["workers"], kw["executor"])
         options = SyncOptions(dry_run=dry_run, server_side_copy=not no_server_side_copy,
                               use_manifest=not no_manifest, delta=not no_delta,
                               include=tuple(kw.pop("include")), exclude=tuple(kw.pop("exclude")),

@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 LATER = ("aiohttp", "botocore", "aiobotocore", "awscrt", "xml.etree.ElementTree",
-         "prometheus_client", "tqdm", "watchfiles")
+         "prometheus_client", "tqdm", "watchfiles", "ray")  # ray: --executor ray's alone
 
 
 def test_importing_the_command_loads_no_client_a_run_may_not_need() -> None:
-    code = ("import json, sys; import mcsync.cli.main; "
+    code = ("import json, sys; import mcsync, mcsync.cli.main, mcsync.workers; "
             f"print(json.dumps([m for m in {LATER!r} if m in sys.modules]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)

@@ -58,3 +58,56 @@ def test_workers_refuse_the_limits_each_worker_would_keep_for_itself():
             SyncOptions(workers=2, **limit)
     with pytest.raises(UsageError, match="--workers"):
         SyncOptions(workers=-1)
+
+
+def test_ray_takes_a_worker_per_cpu_of_the_cluster_unless_told_a_number():
+    """On Ray, --workers auto (or none) is the cluster's CPUs, counted once connected
+    (WORKERS_AUTO); here, auto is this machine's cores and none is no workers."""
+    from mcsync.config import WORKERS_AUTO, workers_for
+
+    assert workers_for("auto", "ray") == workers_for(0, "ray") == WORKERS_AUTO
+    assert workers_for(3, "ray") == 3 and workers_for("3", "ray") == 3
+    assert workers_for("auto", "local") == len(os.sched_getaffinity(0))
+    assert workers_for(0, "local") == 0
+    assert SyncOptions(executor="ray", workers=WORKERS_AUTO).workers == WORKERS_AUTO
+    with pytest.raises(UsageError, match="--workers"):
+        SyncOptions(workers=WORKERS_AUTO)  # the cluster's CPUs: only Ray has a cluster
+    with pytest.raises(UsageError, match="--executor must be one of local, ray"):
+        SyncOptions(executor="dask")
+    with pytest.raises(UsageError, match="--ray-address"):
+        SyncOptions(ray_address="127.0.0.1:6379")
+    assert SyncOptions(executor="ray", ray_address="ray://head:10001").ray_address
+
+
+def test_the_library_runs_ray_with_a_worker_per_cpu_by_default():
+    import mcsync
+    from mcsync.config import WORKERS_AUTO
+
+    assert mcsync._options(None, {"executor": "ray"}).workers == WORKERS_AUTO
+    assert mcsync._options(SyncOptions(executor="ray"), {}).workers == WORKERS_AUTO
+    assert mcsync._options(None, {"executor": "ray", "workers": "auto"}).workers == WORKERS_AUTO
+    assert mcsync._options(None, {"executor": "ray", "workers": 2}).workers == 2
+    assert mcsync._options(None, {"workers": "auto"}).workers == len(os.sched_getaffinity(0))
+
+
+def test_what_a_ray_worker_is_told_says_where_never_who(monkeypatch):
+    """ray_pool.settings_of: the driver's endpoints and regions go to the workers, its keys
+    do not (each node signs with its own)."""
+    from mcsync.config import StoreOptions
+    from mcsync.ray_pool import settings_of
+    from mcsync.worker_runner import Addresses
+
+    env = {"AWS_ENDPOINT_URL": "http://s3.example:9000", "AWS_REGION": "eu-west-1",
+           "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret-aws",
+           "AWS_SESSION_TOKEN": "token", "AWS_PROFILE": "prod",
+           "MCSYNC_META_ENDPOINT_URL": "https://meta.example", "MCSYNC_META_REGION": "r1",
+           "MCSYNC_META_ACCESS_KEY_ID": "meta-id", "MCSYNC_META_SECRET_ACCESS_KEY": "secret-meta",
+           "MCSYNC_CONFIG": "/nonexistent/config.toml"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    both = Addresses("s3://src/a/", "meta://dst/b/", StoreOptions(), StoreOptions())
+    assert settings_of(both) == {
+        "AWS_ENDPOINT_URL": "http://s3.example:9000", "AWS_REGION": "eu-west-1",
+        "MCSYNC_META_ENDPOINT_URL": "https://meta.example", "MCSYNC_META_REGION": "r1"}
+    no_meta = Addresses("s3://src/a/", "/tmp/x", StoreOptions(), StoreOptions())
+    assert "MCSYNC_META_ENDPOINT_URL" not in settings_of(no_meta)

@@ -1,10 +1,11 @@
 """deploy/kubernetes/: every manifest is valid against the Kubernetes API schemas (those that
 kubernetes-validate ships: no cluster, no network), strictly (an unknown or misspelt field
 fails), and says what the README promises: a CronJob of incremental syncs, a training pod
-with mcsync as its sidecar, an Indexed Job of shards, a DaemonSet keeping a node's cache and a
-training Job that restores its latest checkpoint and warms its dataset first; every mcsync
-command line in them (a container's command, or a line of its shell script) parses with the
-real command."""
+with mcsync as its sidecar, an Indexed Job of shards, a DaemonSet keeping a node's cache, a
+training Job that restores its latest checkpoint and warms its dataset first, and a RayJob (its
+pod templates checked as PodTemplates: KubeRay's schema is not shipped); every mcsync command
+line in them (a container's command, or a line of its shell script) parses with the real
+command."""
 
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ KUBERNETES_VERSION = "1.33.0"
 GRACE_DEFAULT_S = 20.0
 
 
-def documents() -> list[tuple[str, dict[str, Any]]]:
+def documents(*, kuberay: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """The manifests of Kubernetes' own kinds, or (``kuberay``) KubeRay's (``ray.io``), for
+    which kubernetes-validate has no schema."""
     found = []
     for path in sorted(DEPLOY.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
-            if doc:
+            if doc and doc["apiVersion"].startswith("ray.io/") == kuberay:
                 found.append((path.name, doc))
     return found
 
@@ -417,3 +420,54 @@ def test_the_training_job_restores_its_checkpoint_and_warms_its_data_first() -> 
     assert {"action": "Ignore",
             "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
     assert spec["terminationGracePeriodSeconds"] > GRACE_DEFAULT_S
+def test_the_rayjob_runs_the_sync_on_ray_with_keys_from_the_secret(offline: None) -> None:
+    """The RayJob's entrypoint is `mcsync sync SRC DST --executor ray` with options the command
+    has; its head and worker pod templates are valid PodTemplates; every key a pod holds comes
+    from the Secret, and the workers hold only keys (where to write comes from the driver)."""
+    import shlex
+
+    ((_, job),) = documents(kuberay=True)
+    assert job["kind"] == "RayJob" and job["apiVersion"] == "ray.io/v1"
+    spec = job["spec"]
+    args = shlex.split(spec["entrypoint"])
+    assert args[:2] == ["mcsync", "sync"] and not any(a.startswith("-") for a in args[2:4])
+    assert args[args.index("--executor") + 1] == "ray"
+    unknown = {a for a in args if a.startswith("-")} - known_options("sync")
+    assert not unknown, f"options mcsync sync does not have: {unknown}"
+    assert "runtimeEnvYAML" not in spec  # Ray shows a runtime env: no keys there
+    cluster = spec["rayClusterSpec"]
+    head = cluster["headGroupSpec"]
+    (group,) = cluster["workerGroupSpecs"]
+    workers = int(args[args.index("--workers") + 1])
+    per_pod = int(group["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"])
+    assert head["rayStartParams"]["num-cpus"] == "0"  # the actors go to the worker pods
+    assert workers == group["replicas"] * per_pod
+    secret = by_kind("Secret")
+    for template in (head["template"], group["template"]):
+        validate({"apiVersion": "v1", "kind": "PodTemplate",
+                  "metadata": {"name": "ray-pod"}, "template": template})
+        (container,) = template["spec"]["containers"]
+        assert container["image"] == "ghcr.io/example/mcsync-ray:0.1.0"
+        assert container["resources"]["requests"] and container["resources"]["limits"]
+        for name, entry in env_of(container).items():
+            if name.startswith(("MCSYNC_META_", "AWS_")):
+                ref = entry["valueFrom"]["secretKeyRef"]
+                assert ref["name"] == secret["metadata"]["name"]
+                assert ref["key"] in secret["stringData"]
+    worker_env = set(env_of(group["template"]["spec"]["containers"][0]))
+    assert worker_env == {"MCSYNC_META_ACCESS_KEY_ID", "MCSYNC_META_SECRET_ACCESS_KEY",
+                          "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    bad = copy.deepcopy(group["template"])
+    bad["spec"]["containers"][0]["envFrom"] = "mcsync-credentials"  # wrong type: refused
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"},
+                  "template": bad})
+
+
+def test_the_readme_shows_the_ray_executor() -> None:
+    readme = (DEPLOY.parents[1] / "README.md").read_text()
+    section = readme.split("## Ray", 1)[1].split("\n## ", 1)[0]
+    for name in ("--executor ray", "ray job submit", "rayjob.yaml", "--ray-address",
+                 "pip install 'mcsync[ray]'", 'executor="ray"'):
+        assert name in section, name
+    assert "rayjob.yaml" in (DEPLOY / "README.md").read_text()

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("scan", "compare", "verify", "delta_planner", "status"),
     ("upload", "compose", "part_sender", "part_tasks", "transfer", "manifest_copy", "dispatch",
      "worker_runner"),
-    ("local_pool", "workers", "driver", "engine", "watching"),
+    ("local_pool", "ray_pool", "workers", "driver", "engine", "watching"),
     ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.faults"),
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -1,0 +1,285 @@
+"""``--executor ray``: the workers as Ray actors on a local Ray cluster of two nodes (a head and a
+worker node, ``testbed.ray_cluster``), against SeaweedFS through the fault proxy, which records
+every request. The nodes hold the store's keys in their environment (as a cluster's pods would
+from a Secret); the driver passes where to write, never a key."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from testbed.faultproxy import FaultProxy, Rule, Stall
+from testbed.servers import S3Endpoint
+
+from .helpers import new_bucket, read_bucket, write_tree
+from .test_workers import LARGE, OBJECTS, ROOT, SMALL, TOTALS, command, run, wait_for
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(seaweed: S3Endpoint, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """Started once for this module's tests, and stopped after them: a head, a worker node
+    and a driver held ~760 MiB, not to be kept through the rest of the session."""
+    from testbed.ray_cluster import RayMissing, ray_cluster
+
+    nowhere = tmp_path_factory.mktemp("ray-node-home")
+    keys = {"MCSYNC_META_ACCESS_KEY_ID": seaweed.access_key,
+            "MCSYNC_META_SECRET_ACCESS_KEY": seaweed.secret_key,
+            "MCSYNC_CONFIG": str(nowhere / "config.toml"), "AWS_EC2_METADATA_DISABLED": "true"}
+    with contextlib.ExitStack() as stack:
+        try:
+            cluster = stack.enter_context(ray_cluster(head_cpus=1, worker_cpus=1, env=keys))
+        except RayMissing as exc:  # only a missing Ray: a cluster that fails to start fails
+            pytest.skip(str(exc))
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def source_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("src")
+    write_tree(root, OBJECTS)
+    return root
+
+
+def driver_env(cluster, proxy: FaultProxy) -> dict[str, str]:
+    """The driver's: the endpoint (through the proxy) and its keys, and the cluster's address
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: it stays 127.0.0.1, see testbed.ray_cluster)."""
+    return proxy.endpoint.meta_env() | {
+        "RAY_ADDRESS": cluster.address, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def ray_workers(cluster) -> list[int]:
+    """PIDs of the cluster's processes that are mcsync's actors (Ray titles them)."""
+    return [pid for pid, cmd in cluster.processes() if cmd.startswith("ray::RayWorker")]
+
+
+def results(r: dict) -> set[tuple]:
+    return {(o["key"], o["action"], o["size"], o["xxh3_128"], o["hash_block_size"])
+            for o in r["objects"]}
+
+
+def test_ray_workers_write_each_key_once_and_report_as_a_local_run(
+        source_tree, ray_cluster, seaweed, seaweed_proxy):
+    bucket, alone = new_bucket(seaweed), new_bucket(seaweed)
+    env = driver_env(ray_cluster, seaweed_proxy)
+    code, report, err = run(command(source_tree, f"meta://{bucket}/run/", "--executor", "ray",
+                                    "--workers", "2"), env)
+    assert code == 0, err
+    assert err.strip() == "", err  # --quiet: nothing of Ray's on the command's stderr either
+    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
+
+    puts = Counter(e.key for e in seaweed_proxy.exchanges("PutObject") if e.bucket == bucket
+                   and not e.key.startswith("run/.mcsync/"))
+    assert puts == Counter({f"run/{k}": 1 for k in SMALL})
+    creates = Counter(e.key for e in seaweed_proxy.exchanges("CreateMultipartUpload")
+                      if e.bucket == bucket and not e.key.startswith("run/.mcsync/"))
+    assert creates == Counter({f"run/{k}": 1 for k in LARGE})  # from the driver
+    assert report["tasks"] >= 2 * 2 and report["tasks_retried"] == 0
+
+    code, single, err = run(command(source_tree, f"meta://{alone}/run/"), env)
+    assert code == 0, err
+    assert {k: report[k] for k in TOTALS} == {k: single[k] for k in TOTALS}
+    assert set(report) == set(single)
+    assert results(report) == results(single) and len(report["objects"]) == len(OBJECTS)
+
+    # Both nodes ran a worker (SPREAD), and every one of the run's actors has ended.
+    state = cluster_state(ray_cluster)
+    ours = [a for a in state["actors"].values() if a["ActorClassName"] == "RayWorker"]
+    assert {a["Address"]["IPAddress"] for a in ours} == {"127.0.0.1", "127.0.0.2"}, ours
+    assert all(a["State"] == "DEAD" for a in ours), ours
+
+    code, again, err = run(command(source_tree, f"meta://{bucket}/run/", "--executor", "ray",
+                                   "--workers", "2"), env)
+    assert code == 0, err
+    assert again["objects_copied"] == 0 and again["tasks"] == 0
+
+
+@dataclass
+class BusyRun:
+    """A Ray run kept busy (each PUT stalled 0.1 s), started in the background."""
+
+    bucket: str
+    stall: Rule
+    env: dict[str, str]
+    args: list[str]
+    proc: subprocess.Popen
+
+    def finished(self, timeout: float) -> tuple[str, str]:
+        try:
+            return self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.communicate()
+
+
+def busy_run(source_tree, cluster, seaweed, proxy, puts: int) -> BusyRun:
+    """Once the run has sent ``puts`` PUTs."""
+    bucket = new_bucket(seaweed)
+    stall = proxy.add(Rule(Stall(0.1), op="PutObject"))
+    env = driver_env(cluster, proxy)
+    args = command(source_tree, f"meta://{bucket}/run/", "--executor", "ray", "--workers", "2",
+                   "-c", "6")
+    proc = subprocess.Popen(args, env=dict(os.environ) | env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    busy = BusyRun(bucket, stall, env, args, proc)
+    try:
+        wait_for(lambda: len(proxy.exchanges("PutObject")) >= puts, timeout=120)
+    except BaseException:
+        proc.kill()
+        busy.finished(30)
+        raise
+    return busy
+
+
+@pytest.mark.slow
+def test_a_ray_worker_killed_mid_run_has_its_task_given_to_another(
+        source_tree, ray_cluster, seaweed, seaweed_proxy):
+    busy = busy_run(source_tree, ray_cluster, seaweed, seaweed_proxy, puts=30)
+    victims = ray_workers(ray_cluster)
+    if victims:
+        os.kill(victims[0], signal.SIGKILL)
+    out, err = busy.finished(180)
+    assert victims, ray_cluster.processes()
+    assert busy.proc.returncode == 0, err
+    report = json.loads(out)
+    assert read_bucket(seaweed, busy.bucket, "run/") == OBJECTS
+    assert report["objects_copied"] == len(OBJECTS) and report["objects_failed"] == 0
+    assert report["tasks_retried"] >= 1
+    assert len(report["retried_tasks"]) == report["tasks_retried"]
+    assert all(t.startswith("task ") and "Ray worker died" in t
+               for t in report["retried_tasks"]), report["retried_tasks"]
+
+
+@pytest.mark.slow
+def test_a_killed_driver_takes_its_ray_workers_and_the_same_command_resumes(
+        source_tree, ray_cluster, seaweed, seaweed_proxy):
+    busy = busy_run(source_tree, ray_cluster, seaweed, seaweed_proxy, puts=40)
+    running = ray_workers(ray_cluster)
+    os.kill(busy.proc.pid, signal.SIGKILL)
+    busy.finished(30)
+    assert running
+    # Ray ends the actors of a driver that died: no worker writes behind the next run's back.
+    wait_for(lambda: not ray_workers(ray_cluster), timeout=60)
+    for key, data in read_bucket(seaweed, busy.bucket, "run/").items():
+        assert data == OBJECTS[key], f"{key} is visible but not what the source holds"
+
+    seaweed_proxy.remove(busy.stall)
+    code, report, err = run(busy.args, busy.env)
+    assert code == 0, err
+    assert read_bucket(seaweed, busy.bucket, "run/") == OBJECTS
+    assert report["objects_failed"] == 0 and report["objects_copied"] < len(OBJECTS)
+
+
+@pytest.mark.slow
+def test_sigterm_lets_the_ray_workers_tasks_finish_and_the_rerun_completes(
+        source_tree, ray_cluster, seaweed, seaweed_proxy):
+    busy = busy_run(source_tree, ray_cluster, seaweed, seaweed_proxy, puts=30)
+    busy.proc.send_signal(signal.SIGTERM)
+    out, err = busy.finished(120)
+    assert busy.proc.returncode == 130, err
+    report = json.loads(out)
+    assert report["interrupted"] and report["objects_copied"] < len(OBJECTS)
+    wait_for(lambda: not ray_workers(ray_cluster), timeout=60)
+
+    seaweed_proxy.remove(busy.stall)
+    code, again, err = run(busy.args, busy.env)
+    assert code == 0, err
+    assert read_bucket(seaweed, busy.bucket, "run/") == OBJECTS
+    assert again["objects_copied"] <= len(OBJECTS) - report["objects_copied"]
+
+
+def test_no_key_reaches_rays_logs_or_its_tables(source_tree, ray_cluster, seaweed,
+                                                seaweed_proxy):
+    """The driver holds the secret key in its environment and the nodes in theirs: none of
+    it is in what Ray writes (every log of the cluster's sessions, the driver's included) or
+    keeps (the GCS's actor and job tables, which its dashboard and state API show)."""
+    bucket = new_bucket(seaweed)
+    code, report, err = run(command(source_tree, f"meta://{bucket}/run/", "--executor", "ray",
+                                    "--workers", "2", "--include", "data/0/item-000*"),
+                            driver_env(ray_cluster, seaweed_proxy))
+    assert code == 0 and report["tasks"] >= 1, err
+    secret = seaweed.secret_key.encode()
+    logs = [p for p in ray_cluster.temp_dir.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert any("python-core-driver" in p.name for p in logs)  # the scan sees the drivers' logs
+    assert any(p.name.startswith("worker-") for p in logs)
+    leaked = [str(p) for p in logs if secret in p.read_bytes()]
+    assert leaked == []
+    state = json.dumps(cluster_state(ray_cluster), default=str)
+    assert "RayWorker" in state and seaweed.secret_key not in state
+
+
+def test_the_library_runs_on_ray_with_a_worker_per_cpu(source_tree, ray_cluster, tmp_path,
+                                                       seaweed_proxy):
+    """``mcsync.sync(..., executor="ray")``: no number of workers, one per CPU of the cluster
+    (two); a local target, which both nodes (this machine) reach."""
+    code = ("import json, sys, mcsync\n"
+            "r = mcsync.sync(sys.argv[1], sys.argv[2], executor='ray', part_size=5 * 2**20)\n"
+            "print(json.dumps([r.ok, r.objects_copied, r.tasks]))\n")
+    dst = tmp_path / "dst"
+    done = subprocess.run([sys.executable, "-c", code, str(source_tree), str(dst)],
+                          env=dict(os.environ) | driver_env(ray_cluster, seaweed_proxy),
+                          cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    ok, copied, tasks = json.loads(done.stdout)
+    assert ok and copied == len(OBJECTS) and tasks >= 2
+    for key, data in OBJECTS.items():
+        assert (dst / key).read_bytes() == data
+
+
+def test_ray_refusals_are_one_line_naming_the_address(source_tree, tmp_path):
+    """No cluster at the address, Ray not installed, --ray-address without Ray: exit 2, one
+    line, nothing written. (No cluster needed.)"""
+    from testbed.processes import free_port
+
+    dst = tmp_path / "dst"
+    where = f"127.0.0.1:{free_port()}"
+    code, _, err = run(command(source_tree, str(dst), "--executor", "ray", "--ray-address",
+                               where), {})
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"no Ray cluster reachable at {where}" in err, err
+
+    missing = ("import sys; sys.modules['ray'] = None\n"  # as if not installed
+               "from mcsync.cli.main import main; main()")
+    done = subprocess.run([sys.executable, "-c", missing, *command(source_tree, str(dst),
+                                                                   "--executor", "ray")[3:]],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == ("mcsync: error: --executor ray: Ray is not installed here "
+                                   "(pip install 'mcsync[ray]')")
+
+    # A plan moves nothing: it needs no cluster.
+    done = subprocess.run([sys.executable, "-m", "mcsync.cli.main", "plan", str(source_tree),
+                           str(dst), "--executor", "ray", "--ray-address", where, "--quiet"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+
+    code, _, err = run(command(source_tree, str(dst), "--ray-address", where), {})
+    assert code == 2 and "--ray-address" in err and len(err.strip().splitlines()) == 1, err
+    assert not dst.exists() or not any(dst.rglob("*.bin"))
+
+
+_STATE = """
+import json, sys, ray
+from ray._private import state
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+print(json.dumps({"actors": state.actors(), "jobs": state.jobs()}, default=str))
+"""
+
+
+def cluster_state(cluster) -> dict:
+    """The GCS's actor and job tables (what Ray's state API and dashboard show), read by a
+    driver of its own."""
+    done = subprocess.run([sys.executable, "-c", _STATE, cluster.address], env=cluster.env,
+                          capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(done.stdout)
