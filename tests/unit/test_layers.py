@@ -16,20 +16,21 @@ PACKAGE = Path(__file__).parents[2] / "mcsync"
 LAYERS: list[tuple[str, ...]] = [
     ("_version", "types", "errors", "tasks"),
     ("config", "retry", "limits", "ratelimit", "hashing", "checksums", "chunking", "delta",
-     "report", "events", "stores.base", "stores.wrap"),
+     "report", "events", "stores.base", "stores.wrap", "cache.space"),
     ("streaming", "stores.s3_errors", "stores.s3_body", "stores.s3_clients", "stores.s3_crt",
      "stores.s3_transport", "stores.s3_store_clients", "stores.s3_upload",
      "stores.obstore_body", "stores.s3_listing", "stores.s3",
      "stores.local_files", "stores.local_paths", "stores.local", "stores.gcs", "stores.azure",
      "stores.memory",
      "stores.registry", "stores.single",
-     "metrics", "resilience"),
+     "metrics", "resilience", "cache.files"),
     ("index", "manifest_schema", "manifest", "listing", "checkpoints", "shard", "plan", "spool",
-     "lock", "delta_bases", "preflight"),
+     "lock", "delta_bases", "preflight", "cache.index", "cache.reader"),
     ("scan", "compare", "verify", "delta_planner", "status"),
-    ("upload", "compose", "transfer", "manifest_copy", "dispatch"),
-    ("workers", "driver", "engine", "watching"),
-    ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.faults"),
+    ("upload", "compose", "transfer", "manifest_copy", "dispatch", "cache.fill"),
+    ("workers", "driver", "engine", "watching", "cache.cache", "cache.warm"),
+    ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.faults",
+     "cache.fs", "cli.cache_cmd"),
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -1,0 +1,510 @@
+"""``Cache``: a node-local cache of remote objects, shared by every process that opens its
+directory, bounded by a hard limit, safe across kill -9 (the layout, locks and commit order:
+``files.py``, ``fill.py``; the index: ``index.py``; the arithmetic of space: ``space.py``).
+
+The blocking API (``path``, ``open``, ``pin``) and the async one (``apath``) run on one event
+loop of the cache's own, in a thread, where its stores live: a store is bound to the loop it
+was first used on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import io
+import logging
+import os
+import threading
+import time
+from collections.abc import Coroutine, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Literal, TypeVar
+
+from ..config import StoreOptions, parse_duration, parse_size
+from ..errors import CacheFull, NotFound, PreconditionFailed, UsageError
+from ..events import CacheEvicted, CacheFetched, CacheServed, CacheUsage, Event, EventSink
+from ..resilience import Pacing, resilient
+from ..stores.base import ReadStore
+from ..stores.registry import open_store, parse_url
+from ..types import MiB, ObjectInfo
+from . import files
+from .files import Layout
+from .fill import fill, rehash
+from .index import Entry, Index, version_of
+from .reader import FillingReader
+from .space import Candidate, Shortfall, charge, eviction_order, overhead, to_free
+
+__all__ = ["Cache", "Validation", "object_url"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+ENV_DIR = "MCSYNC_CACHE_DIR"
+PART_SIZE = 16 * MiB  # a range GET; a reader streaming while it fills waits for one at most
+CONCURRENCY = 8  # parts of one object in flight
+WAIT_POLL_S = 0.05  # how often a waiter looks whether the filler finished, or died
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    """When a cached entry is checked against its store: ``never`` (no request at all),
+    ``ttl`` (a HEAD at most every ``ttl_s`` per entry), ``always`` (a HEAD on every use)."""
+
+    mode: Literal["never", "ttl", "always"]
+    ttl_s: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> Validation:
+        if text in ("never", "always"):
+            return cls(text)  # type: ignore[arg-type]
+        if text.startswith("ttl:"):
+            return cls("ttl", parse_duration(text[4:]))
+        raise UsageError(f"not a validation: {text!r} (never, always or ttl:DURATION, e.g. "
+                         "ttl:60s)")
+
+    def fresh(self, entry: Entry, now: float) -> bool:
+        return self.mode == "never" or (self.mode == "ttl" and now - entry.checked_at < self.ttl_s)
+
+
+def object_url(url: str) -> tuple[str, str, str]:
+    """(the URL as the index keys it, its store's root, the key in that store) of an object's
+    address; UsageError for an address that names no remote object."""
+    loc = parse_url(url)
+    if loc.scheme == "file":
+        raise UsageError(f"{url}: the cache holds remote objects (s3://, meta://, gs://, "
+                         "az://), not local files")
+    key = url.split("://", 1)[1].partition("/")[2].lstrip("/")
+    root = f"{loc.scheme}://{loc.bucket}/"
+    return root + key, root, key
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """What this process's cache did (its metrics are the same figures, as events)."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_fetched: int = 0
+    evictions: int = 0
+
+
+class Cache:
+    """A cache directory, opened. ``max_size`` (bytes, or a size such as ``"50GiB"``) is
+    recorded in the directory for the processes that open it without one; None and none
+    recorded: no limit."""
+
+    def __init__(self, cache_dir: str | os.PathLike[str] | None = None, *,
+                 max_size: int | str | None = None, validate: str = "ttl:60s",
+                 on_event: EventSink | None = None, options: StoreOptions | None = None,
+                 part_size: int = PART_SIZE, concurrency: int = CONCURRENCY) -> None:
+        where = cache_dir if cache_dir is not None else os.environ.get(ENV_DIR)
+        if not where:
+            raise UsageError(f"no cache directory: pass cache_dir or set {ENV_DIR}")
+        self.validation = Validation.parse(validate)
+        self.layout = Layout(Path(where))
+        self.layout.make()
+        self.index = Index(self.layout.index)
+        if isinstance(max_size, str):
+            max_size = parse_size(max_size)
+        if max_size is not None:
+            self.index.set_setting("max_size", str(max_size))
+        else:
+            recorded = self.index.setting("max_size")
+            max_size = int(recorded) if recorded else None
+        self.max_size = max_size or 0
+        self.part_size = part_size
+        self.concurrency = concurrency
+        self.stats = CacheStats()
+        self.next_use: Mapping[str, int] | None = None  # a known order of reads: Belady
+        self._sink = on_event
+        self._options = options or StoreOptions()
+        self._pacing = Pacing()
+        self._stores: dict[str, ReadStore] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="mcsync-cache",
+                                        daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    # -- the API ---------------------------------------------------------------------------
+
+    def path(self, url: str) -> Path:
+        """A complete local copy of ``url``, fetched if needed. A path is not held: it stays
+        until its entry is evicted (least recently used first, so the latest last); ``open``
+        holds its entry for as long as the file is open, ``pin`` until unpinned."""
+        return self._run(self._path(url))
+
+    async def apath(self, url: str) -> Path:
+        return await asyncio.wrap_future(self._submit(self._path(url)))
+
+    def open(self, url: str) -> BinaryIO:
+        """``url`` as a readable binary file; while it fills, reads wait for their bytes."""
+        raw = self._run(self._open(url))
+        return io.BufferedReader(raw, buffer_size=1 << 20)
+
+    def prefetch(self, urls: Iterable[str]) -> concurrent.futures.Future[list[Path]]:
+        """Start fetching ``urls`` in the background (four at a time); the future is done
+        when all are."""
+        return self._submit(self._prefetch(list(urls)))
+
+    def pin(self, url_or_prefix: str) -> int:
+        """Keep ``url_or_prefix`` (an object, or every object under a prefix ending in ``/``)
+        in the cache, fetching what is missing; never evicted until unpinned. Raises
+        CacheFull at once, with the numbers, when the pinned objects cannot all fit. Returns
+        the number of objects pinned."""
+        return self._run(self._pin(url_or_prefix))
+
+    def unpin(self, url_or_prefix: str) -> bool:
+        norm = self._prefix_of(url_or_prefix)
+        return self.index.unpin(norm)
+
+    def entries(self, prefix: str = "") -> list[Entry]:
+        return self.index.entries(self._prefix_of(prefix) if prefix else "")
+
+    def in_use(self) -> int:
+        return self.index.totals()[0]
+
+    def evict(self, prefix: str = "") -> list[Entry]:
+        """Evict the entries under ``prefix`` (all: "") that are neither pinned nor open,
+        and partial ones whose filler is gone; the entries evicted."""
+        norm = self._prefix_of(prefix) if prefix else ""
+        pins = self.index.pins()
+        gone: list[Entry] = []
+        with self.index.transaction() as db:
+            for e in self.index.entries(norm):
+                if any(e.url.startswith(p) for p in pins):
+                    continue
+                fd = self._take(e)
+                if fd is None:
+                    continue
+                files.remove(self.layout, e.id)
+                Index.drop(db, e.id)
+                os.close(fd)
+                gone.append(e)
+        for e in gone:
+            self._evicted(e)
+        return gone
+
+    def verify(self) -> list[tuple[Entry, str]]:
+        """Re-hash every complete entry; those whose bytes are not what was fetched are
+        dropped. The entries found so, and what was wrong."""
+        bad: list[tuple[Entry, str]] = []
+        for e in self.index.entries():
+            if e.state != "complete":
+                continue
+            path = self.layout.object(e.id)
+            try:
+                found = rehash(str(path), e)
+            except FileNotFoundError:
+                found = "missing"
+            if found != e.digest:
+                problem = ("file missing" if found == "missing" else f"size {found[5:]} of "
+                           f"{e.size}" if found.startswith("size ") else "digest mismatch")
+                bad.append((e, problem))
+                with self.index.transaction() as db:
+                    files.remove(self.layout, e.id)
+                    Index.drop(db, e.id)
+        return bad
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._run(self._aclose())
+        finally:
+            self._closed = True
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            self.index.close()
+
+    def __enter__(self) -> Cache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- on the cache's loop ---------------------------------------------------------------
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if self._closed:
+            coro.close()
+            raise UsageError("the cache is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._submit(coro).result()
+
+    async def _aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for store in self._stores.values():
+            await store.aclose()
+
+    def store_for(self, root: str) -> ReadStore:
+        if root not in self._stores:
+            self._stores[root] = resilient(open_store(root, self._options), self._pacing)
+        return self._stores[root]
+
+    async def _path(self, url: str) -> Path:
+        while True:
+            entry = await self.obtain(url)
+            path = self.layout.object(entry.id)
+            if path.exists():
+                return path
+            # evicted between its fill and now: fetch it again
+
+    async def _open(self, url: str) -> io.RawIOBase:
+        loop = asyncio.get_running_loop()
+        first: asyncio.Future[Entry] = loop.create_future()
+
+        def seen(entry: Entry) -> None:
+            if not first.done():
+                first.set_result(entry)
+
+        task = self._spawn(self.obtain(url, on_filling=seen))
+        await asyncio.wait([first, task], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            entry = task.result()
+            fd = await asyncio.to_thread(files.open_shared, self.layout.object(entry.id))
+            if fd is None:
+                return await self._open(url)
+            return FillingReader(fd, entry, self.index, None)
+        entry = first.result()
+        fd = None
+        for path in (self.layout.partial(entry.id), self.layout.object(entry.id)):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                break
+            except FileNotFoundError:
+                continue
+        if fd is None:  # dropped or done meanwhile: wait for the fill and read the result
+            entry = await task
+            found = await asyncio.to_thread(files.open_shared, self.layout.object(entry.id))
+            if found is None:
+                return await self._open(url)
+            fd = found
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        task.add_done_callback(lambda t: done.set_exception(t.exception() or RuntimeError(
+            "cancelled")) if t.cancelled() or t.exception() else done.set_result(None))
+        return FillingReader(fd, entry, self.index, done)
+
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _prefetch(self, urls: list[str]) -> list[Path]:
+        slots = asyncio.Semaphore(4)
+
+        async def one(url: str) -> Path:
+            async with slots:
+                return await self._path(url)
+
+        return list(await asyncio.gather(*(one(u) for u in urls)))
+
+    async def obtain(self, url: str, info: ObjectInfo | None = None, *,
+                     warmed_by: str | None = None, protect: str | None = None,
+                     on_filling: Any = None) -> Entry:
+        """The complete entry of ``url`` (of version ``info`` when given: a listing's),
+        fetched, taken over from a filler that died, or waited for. ``warmed_by`` marks it
+        as a warm's; ``protect``: no entry that warm marked is evicted for it."""
+        norm, root, key = object_url(url)
+        store = self.store_for(root)
+        if info is None:
+            latest = self.index.newest_complete(norm)
+            if latest is not None and self.validation.fresh(latest, time.time()) and \
+                    self.layout.object(latest.id).exists():
+                self.index.touch(latest.id, checked=False, warmed_by=warmed_by)
+                self._served(latest, hit=True)
+                return latest
+            info = await store.head(key)
+        hit = True
+        while True:
+            entry = self.index.find(norm, version_of(info))
+            fd: int | None
+            if entry is None:
+                got = self._reserve(norm, info, warmed_by, protect)
+                if got is None:
+                    continue  # another process made it meanwhile
+                entry, fd = got
+            elif entry.state == "complete":
+                if not self.layout.object(entry.id).exists():
+                    self._drop(entry)  # a crash between an eviction's unlink and its commit
+                    continue
+                self.index.touch(entry.id, checked=True, warmed_by=warmed_by)
+                self._served(entry, hit=hit)
+                return entry
+            else:
+                fd = files.holder_gone(self.layout, entry.id)
+                now = self.index.get(entry.id) if fd is not None else entry
+                if fd is not None and (now is None or now.state == "complete"):
+                    os.close(fd)
+                    if now is None:
+                        self.layout.partial(entry.id).unlink(missing_ok=True)
+                    continue
+                if fd is None:
+                    hit = False
+                    if on_filling is not None:
+                        on_filling(entry)
+                    await asyncio.sleep(WAIT_POLL_S)
+                    continue
+                log.info("%s: taking over a fill its filler left (%d of %d parts done)", norm,
+                         len(self.index.parts_done(entry.id)), entry.parts)
+            hit = False
+            if on_filling is not None:
+                on_filling(entry)
+            try:
+                await fill(store, key, entry, fd, self.index, self.layout,
+                           concurrency=self.concurrency, policy=self._pacing.policy,
+                           on_bytes=functools.partial(self._fetched, norm))
+            except PreconditionFailed:
+                # changed at the source: this entry's bytes are of a version no longer
+                # current; it goes, and the new version is a new entry
+                self._drop(entry)
+                info = await store.head(key)
+                continue
+            finally:
+                os.close(fd)
+            done = self.index.get(entry.id)
+            assert done is not None and done.state == "complete"
+            if warmed_by is not None:
+                self.index.touch(done.id, checked=True, warmed_by=warmed_by)
+            self._served(done, hit=False)
+            return done
+
+    async def _pin(self, target: str) -> int:
+        norm = self._prefix_of(target)
+        infos = await self._objects_under(target)
+        pins = [p for p in self.index.pins() if not norm.startswith(p)]
+        others = sum(e.charge for e in self.index.entries()
+                     if any(e.url.startswith(p) for p in pins) and not e.url.startswith(norm))
+        need = sum(charge(i.size) for _, i in infos)
+        _, count = self.index.totals()
+        extra = overhead(self.layout.index_bytes(), count + len(infos))
+        if self.max_size and need + others + extra > self.max_size:
+            raise CacheFull(Shortfall(need, self.max_size, others, extra, None,
+                                      "pinned already").message(
+                f"pin {norm} ({len(infos)} objects)"))
+        self.index.pin(norm)
+        for url, info in infos:
+            await self.obtain(url, info)
+        return len(infos)
+
+    async def _objects_under(self, target: str) -> list[tuple[str, ObjectInfo]]:
+        """The objects an address names: every one under it when it ends with ``/``, else
+        the one object."""
+        norm, root, key = object_url(target)
+        if key and not key.endswith("/"):
+            try:
+                return [(norm, await self.store_for(root).head(key))]
+            except NotFound:
+                raise NotFound(f"{norm}: no such object (a prefix ends with /)") from None
+        lister = open_store(norm, self._options)
+        try:
+            return [(norm + i.key, i) async for i in lister.list()]
+        finally:
+            await lister.aclose()
+
+    # -- space -----------------------------------------------------------------------------
+
+    def _reserve(self, norm: str, info: ObjectInfo, warmed_by: str | None,
+                 protect: str | None) -> tuple[Entry, int] | None:
+        """Room for ``info`` (evicting what must go) and a filling entry holding it, with its
+        partial file locked; None when another process made the entry meanwhile."""
+        need = charge(info.size)
+        pins = self.index.pins()
+        victims: list[tuple[Candidate, int]] = []
+        try:
+            with self.index.transaction() as db:
+                if self.index.find(norm, version_of(info)) is not None:
+                    return None
+                in_use, count = self.index.totals(db)
+                extra = overhead(self.layout.index_bytes(), count + 1)
+                excess = to_free(self.max_size, in_use, extra, need) if self.max_size else 0
+                if excess:
+                    freed = 0
+                    for c in eviction_order(self._candidates(pins, protect), self.next_use):
+                        fd = self._take(self.index.get(c.id))
+                        if fd is None:
+                            continue  # open, or being filled
+                        victims.append((c, fd))
+                        freed += c.charge
+                        if freed >= excess:
+                            break
+                    if freed < excess:
+                        raise CacheFull(Shortfall(need, self.max_size, in_use, extra,
+                                                  freed).message(norm))
+                    for c, _ in victims:
+                        files.remove(self.layout, c.id)
+                        Index.drop(db, c.id)
+                entry_id = Index.insert_filling(db, norm, info, need,
+                                                self.part_size, warmed_by)
+                fd = files.try_lock(self.layout.partial(entry_id), create=True)
+                assert fd is not None, "a new entry's partial file is locked by no one"
+                os.ftruncate(fd, 0)
+        finally:
+            for _, vfd in victims:
+                os.close(vfd)
+        for c, _ in victims:
+            self.stats.evictions += 1
+            self._emit(CacheEvicted(c.url, c.charge))
+        self._emit(CacheUsage(self.index.totals()[0], self.max_size))
+        entry = self.index.get(entry_id)
+        assert entry is not None
+        return entry, fd
+
+    def _candidates(self, pins: list[str], protect: str | None) -> list[Candidate]:
+        return [Candidate(e.id, e.url, e.charge,
+                          e.last_access if e.state == "complete" else float("-inf"))
+                for e in self.index.entries()
+                if not any(e.url.startswith(p) for p in pins)
+                and (protect is None or e.warmed_by != protect)]
+
+    def _take(self, entry: Entry | None) -> int | None:
+        """A descriptor holding ``LOCK_EX`` on the entry's file when no one uses it: not open
+        (complete), or its filler gone (filling); -1 when it has no file."""
+        if entry is None:
+            return None
+        paths = ([self.layout.object(entry.id)] if entry.state == "complete"
+                 else [self.layout.partial(entry.id), self.layout.object(entry.id)])
+        for path in paths:
+            try:
+                return files.try_lock(path)
+            except FileNotFoundError:
+                continue
+        return os.open(os.devnull, os.O_RDONLY)  # no file: nothing to wait for
+
+    def _drop(self, entry: Entry) -> None:
+        with self.index.transaction() as db:
+            files.remove(self.layout, entry.id)
+            Index.drop(db, entry.id)
+
+    def _prefix_of(self, target: str) -> str:
+        return object_url(target)[0]
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _emit(self, event: Event) -> None:
+        if self._sink is not None:
+            self._sink.emit(event)
+
+    def _served(self, entry: Entry, *, hit: bool) -> None:
+        if hit:
+            self.stats.hits += 1
+        else:
+            self.stats.misses += 1
+        self._emit(CacheServed(entry.url, entry.size, hit))
+
+    def _fetched(self, url: str, nbytes: int) -> None:
+        self.stats.bytes_fetched += nbytes
+        self._emit(CacheFetched(url, nbytes))
+
+    def _evicted(self, entry: Entry) -> None:
+        self.stats.evictions += 1
+        self._emit(CacheEvicted(entry.url, entry.charge))
