@@ -119,7 +119,7 @@ class Cache:
         self.stats = CacheStats()
         self.next_use: Mapping[str, int] | None = None  # a known order of reads: Belady
         self._sink = on_event
-        self._options = options or StoreOptions()
+        self.store_options = options or StoreOptions()
         self._pacing = Pacing()
         self._stores: dict[str, ReadStore] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -136,6 +136,10 @@ class Cache:
         until its entry is evicted (least recently used first, so the latest last); ``open``
         holds its entry for as long as the file is open, ``pin`` until unpinned."""
         return self._run(self._path(url))
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the cache's loop (where its stores live) and wait for it."""
+        return self._run(coro)
 
     async def apath(self, url: str) -> Path:
         return await asyncio.wrap_future(self._submit(self._path(url)))
@@ -247,7 +251,7 @@ class Cache:
 
     def store_for(self, root: str) -> ReadStore:
         if root not in self._stores:
-            self._stores[root] = resilient(open_store(root, self._options), self._pacing)
+            self._stores[root] = resilient(open_store(root, self.store_options), self._pacing)
         return self._stores[root]
 
     async def _path(self, url: str) -> Path:
@@ -405,7 +409,7 @@ class Cache:
                 return [(norm, await self.store_for(root).head(key))]
             except NotFound:
                 raise NotFound(f"{norm}: no such object (a prefix ends with /)") from None
-        lister = open_store(norm, self._options)
+        lister = open_store(norm, self.store_options)
         try:
             return [(norm + i.key, i) async for i in lister.list()]
         finally:

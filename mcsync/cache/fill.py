@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from ..errors import Transient
+from ..errors import PreconditionFailed, Transient
 from ..hashing import object_digest
 from ..retry import RetryPolicy, retrying
 from ..stores.base import RangeStreamer, ReadStore
@@ -92,9 +92,14 @@ async def fill(store: ReadStore, key: str, entry: Entry, fd: int, index: Index,
         digests = {0: xxhash.xxh3_128_digest(b"")}
     else:
         missing = [n for n in range(entry.parts) if n not in done]
-        async with asyncio.TaskGroup() as group:
-            for number in missing:
-                group.create_task(part(number))
+        try:
+            async with asyncio.TaskGroup() as group:
+                for number in missing:
+                    group.create_task(part(number))
+        except BaseExceptionGroup as failed:
+            # One part's error is the entry's: a changed source first (the caller drops it)
+            changed = failed.subgroup(PreconditionFailed)
+            raise (changed or failed).exceptions[0] from None
     digest = object_digest([digests[n] for n in range(entry.parts)])
     await asyncio.to_thread(_commit, fd, entry, index, layout, digest)
     return digest
