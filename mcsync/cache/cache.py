@@ -92,8 +92,8 @@ class CacheStats:
 
 class Cache:
     """A cache directory, opened. ``max_size`` (bytes, or a size such as ``"50GiB"``) is
-    recorded in the directory for the processes that open it without one; None and none
-    recorded: no limit."""
+    recorded in the directory, and every process using it keeps the limit recorded last
+    (read at each reservation); None: the recorded one, or none when none was given."""
 
     def __init__(self, cache_dir: str | os.PathLike[str] | None = None, *,
                  max_size: int | str | None = None, validate: str = "ttl:60s",
@@ -110,10 +110,7 @@ class Cache:
             max_size = parse_size(max_size)
         if max_size is not None:
             self.index.set_setting("max_size", str(max_size))
-        else:
-            recorded = self.index.setting("max_size")
-            max_size = int(recorded) if recorded else None
-        self.max_size = max_size or 0
+        self.max_size = self._limit()
         self.part_size = part_size
         self.concurrency = concurrency
         self.stats = CacheStats()
@@ -391,6 +388,7 @@ class Cache:
         need = sum(charge(i.size) for _, i in infos)
         _, count = self.index.totals()
         extra = overhead(self.layout.index_bytes(), count + len(infos))
+        self.max_size = self._limit()
         if self.max_size and need + others + extra > self.max_size:
             raise CacheFull(Shortfall(need, self.max_size, others, extra, None,
                                       "pinned already").message(
@@ -428,6 +426,9 @@ class Cache:
             with self.index.transaction() as db:
                 if self.index.find(norm, version_of(info)) is not None:
                     return None
+                # The limit is the directory's (the last one given), read in the transaction:
+                # a process that opened the cache before it was set still keeps it.
+                self.max_size = self._limit()
                 in_use, count = self.index.totals(db)
                 extra = overhead(self.layout.index_bytes(), count + 1)
                 excess = to_free(self.max_size, in_use, extra, need) if self.max_size else 0
@@ -462,6 +463,10 @@ class Cache:
         entry = self.index.get(entry_id)
         assert entry is not None
         return entry, fd
+
+    def _limit(self) -> int:
+        recorded = self.index.setting("max_size")
+        return int(recorded) if recorded else 0
 
     def _candidates(self, pins: list[str], protect: str | None) -> list[Candidate]:
         return [Candidate(e.id, e.url, e.charge,

@@ -1,0 +1,193 @@
+"""The node cache shared by several real processes: one fetch for four readers, a limit that
+holds while a warm brings in more than fits, SIGKILL in the middle of a warm, and the
+command's exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mcsync.cache import Cache
+from testbed.faultproxy import Rule, Stall
+
+from .conftest import Source, disk_usage, mcsync, sha
+
+MiB = 1 << 20
+
+
+def _blob(n: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+def test_four_processes_opening_one_cold_object_fetch_it_once(source: Source, tmp_path):
+    data = _blob(12 * MiB + 5, 1)
+    source.put("shard-0.tar", data)
+    start = tmp_path / "go"
+    children = [subprocess.Popen(
+        [sys.executable, "-m", "tests.cache.child", str(tmp_path / "c"), "read",
+         source.url("shard-0.tar"), str(start)],
+        env=source.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)]
+    time.sleep(1.0)  # let all four import and wait for the start
+    start.touch()
+    results = [c.communicate(timeout=120) for c in children]
+    assert [c.returncode for c in children] == [0] * 4, [err for _, err in results]
+    digests = {out.split()[0] for out, _ in results}
+    fetched = sorted(int(out.split()[1]) for out, _ in results)
+    assert digests == {sha(data)}
+    # 13 parts of 1 MiB, each fetched once by whichever process was filling at the time
+    assert source.gets() == 13
+    assert sum(fetched) == len(data)
+
+
+def test_the_limit_holds_while_a_warm_brings_in_more_than_fits(source: Source, tmp_path):
+    for i in range(12):
+        source.put(f"ds/{i:02d}", _blob(2 * MiB + i, 100 + i))
+    limit = 12 * MiB
+    cache_dir = tmp_path / "c"
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append(disk_usage(cache_dir))
+            time.sleep(0.002)
+
+    Cache(cache_dir, max_size=limit).close()  # the node's limit, set before anyone reads
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        # a reader in another process, reading other objects at random meanwhile
+        reader = subprocess.Popen(
+            [sys.executable, "-c", "import random, sys\nfrom mcsync.cache import Cache\n"
+             "with Cache(sys.argv[1]) as c:\n"
+             "    for k in random.Random(1).choices(range(12), k=30):\n"
+             "        c.path(f'{sys.argv[2]}ds/{k:02d}')\n",
+             str(cache_dir), source.url()], env=source.env(), stderr=subprocess.PIPE,
+            text=True)
+        warm = mcsync("cache", "warm", source.url("ds/"), "--cache-dir", str(cache_dir),
+                      "--max-size", str(limit), "--json", env=source.env())
+        out, err = warm.communicate(timeout=180)
+        reader_err = reader.communicate(timeout=180)[1]
+    finally:
+        done.set()
+        sampler.join()
+    assert warm.returncode == 0, err
+    report = json.loads(out)
+    assert report["left_out"] and "needs" in report["why_stopped"], report
+    assert len(samples) > 20 and max(samples) <= limit, (max(samples), limit)
+    # The reader may meet a full cache (CacheFull, said so) but never a wrong byte
+    assert "Traceback" not in reader_err or "CacheFull" in reader_err, reader_err
+    with Cache(cache_dir, validate="never") as cache:
+        for e in cache.entries():
+            key = e.url.split("/", 3)[3]
+            assert cache.layout.object(e.id).read_bytes() == source.objects[key]
+
+
+def _complete(cache_dir: Path) -> set[str]:
+    path = cache_dir / "v1" / "index.sqlite"
+    if not path.exists():
+        return set()
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {r[0] for r in db.execute("SELECT url FROM entries WHERE state = 'complete'")}
+    except sqlite3.OperationalError:  # not made yet
+        return set()
+    finally:
+        db.close()
+
+
+def test_sigkill_mid_warm_and_again_refetches_no_complete_entry(source: Source, tmp_path):
+    keys = [f"ds/{i:02d}" for i in range(10)]
+    for i, key in enumerate(keys):
+        source.put(key, _blob(3 * MiB + i, 200 + i))
+    # every GET answers a little late, so a warm is under way long enough to be killed
+    source.proxy.add(Rule(Stall(0.15), op="GetObject"))
+    cache_dir = tmp_path / "c"
+    order = tmp_path / "order.txt"
+    order.write_text("".join(k.removeprefix("ds/") + "\n" for k in reversed(keys)))
+    args = ("cache", "warm", source.url("ds/"), "--cache-dir", str(cache_dir),
+            "--order", str(order))
+    before: set[str] = set()
+    for kill in (2, 5):  # killed once after 2 complete entries, again after 5
+        run = mcsync(*args, env=source.env())
+        deadline = time.monotonic() + 120
+        while len(_complete(cache_dir)) < kill and time.monotonic() < deadline:
+            assert run.poll() is None, run.communicate()
+            time.sleep(0.005)
+        run.send_signal(signal.SIGKILL)
+        run.communicate()
+        now = _complete(cache_dir)
+        assert before <= now and len(now) >= kill
+        gets_before = {u: source.gets(u.split("/", 3)[3]) for u in now}
+        before = now
+    source.proxy.clear()
+    run = mcsync(*args, "--json", env=source.env())
+    out, err = run.communicate(timeout=180)
+    assert run.returncode == 0, err
+    report = json.loads(out)
+    assert sorted(report["present"]) == sorted(before)
+    for url, n in gets_before.items():  # complete before the last kill: fetched zero times more
+        assert source.gets(url.split("/", 3)[3]) == n, url
+    with Cache(cache_dir, validate="never") as cache:
+        for key in keys:
+            assert cache.path(source.url(key)).read_bytes() == source.objects[key]
+        assert len(cache.entries()) == len(keys)
+        assert all(e.state == "complete" for e in cache.entries())
+
+
+def test_verify_finds_a_flipped_byte_and_drops_the_entry(source: Source, tmp_path):
+    for i in range(3):
+        source.put(f"v/{i}", _blob(MiB + i, 300 + i))
+    cache_dir = str(tmp_path / "c")
+    env = source.env()
+    warm = mcsync("cache", "warm", source.url("v/"), "--cache-dir", cache_dir, env=env)
+    _, err = warm.communicate(timeout=120)
+    assert warm.returncode == 0, err
+    with Cache(cache_dir, validate="never") as cache:
+        victim = next(e for e in cache.entries() if e.url.endswith("v/1"))
+        path = cache.layout.object(victim.id)
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.seek(12345)
+        byte = f.read(1)
+        f.seek(12345)
+        f.write(bytes([byte[0] ^ 1]))
+    check = mcsync("cache", "verify", "--cache-dir", cache_dir, env=env)
+    _, err = check.communicate(timeout=60)
+    assert check.returncode == 1 and f"corrupt: {source.url('v/1')}: digest mismatch" in err
+    again = mcsync("cache", "verify", "--cache-dir", cache_dir, env=env)
+    _, err = again.communicate(timeout=60)
+    assert again.returncode == 0 and "2 entries: 0 corrupt entries" in err, err
+    listing = mcsync("cache", "ls", "--cache-dir", cache_dir, "--json", env=env)
+    out, _ = listing.communicate(timeout=60)
+    assert sorted(json.loads(line)["url"] for line in out.splitlines()) == [
+        source.url("v/0"), source.url("v/2")]
+    evict = mcsync("cache", "evict", "--cache-dir", cache_dir, env=env)
+    _, err = evict.communicate(timeout=60)
+    assert evict.returncode == 0 and "evicted 2 entries" in err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("cache", "warm", "s3://b/x/"), "Missing option '--cache-dir'"),
+    (("cache", "warm", "s3://b/x/", "--cache-dir", "{tmp}", "--validate", "often"),
+     "not a validation"),
+    (("cache", "warm", "./local/", "--cache-dir", "{tmp}"), "remote objects"),
+    (("cache", "warm", "s3://b/x/", "--cache-dir", "{tmp}", "--max-size", "lots"),
+     "not a size"),
+])
+def test_usage_errors_exit_2_in_one_line(args, message, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MCSYNC_CACHE_DIR"}
+    run = mcsync(*(a.replace("{tmp}", str(tmp_path / "c")) for a in args), env=env)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 2 and message in err, err
