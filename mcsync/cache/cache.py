@@ -158,6 +158,11 @@ class Cache:
         the number of objects pinned."""
         return self._run(self._pin(url_or_prefix))
 
+    def objects(self, address: str) -> list[tuple[str, ObjectInfo]]:
+        """The objects an address names at its store (a request: nothing is cached): every
+        one under it when it ends with ``/``, else the one object."""
+        return self._run(self._objects_under(address))
+
     def unpin(self, url_or_prefix: str) -> bool:
         norm = self._prefix_of(url_or_prefix)
         return self.index.unpin(norm)

@@ -37,8 +37,9 @@ MCSYNC = [
     "UsageError", "__version__", "async_sync", "async_watch", "sync", "tune_process", "watch",
 ]
 ERRORS = [
-    "AccessDenied", "CacheFull", "ComposeRefused", "ConfigError", "CredentialsExpired", "IntegrityError",
-    "Interrupted", "ListingOrderError", "Locked", "MCSyncError", "NoSuchBucket", "NotFound",
+    "AccessDenied", "CacheFull", "ComposeRefused", "ConfigError", "CredentialsExpired",
+    "IntegrityError", "Interrupted", "ListingOrderError", "Locked", "MCSyncError", "NoSuchBucket",
+    "NotFound",
     "Permanent", "PreconditionFailed", "SourceGone", "Throttled", "Transient", "Unreachable",
     "UnsafeKey", "UsageError", "failure_kind",
 ]
