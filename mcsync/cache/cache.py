@@ -347,13 +347,15 @@ class Cache:
                 self._served(entry, hit=hit)
                 return entry
             else:
-                fd = files.holder_gone(self.layout, entry.id)
+                fd, made = files.holder_gone(self.layout, entry.id)
                 now = self.index.get(entry.id) if fd is not None else entry
                 if fd is not None and (now is None or now.state == "complete"):
                     os.close(fd)
                     if now is None:
                         self.layout.partial(entry.id).unlink(missing_ok=True)
                     continue
+                if fd is not None and made:
+                    self.index.forget_parts(entry.id)  # their bytes are gone with the file
                 if fd is None:
                     hit = False
                     if on_filling is not None:

@@ -108,17 +108,19 @@ def open_shared(path: Path) -> int | None:
     return fd
 
 
-def holder_gone(layout: Layout, entry_id: int) -> int | None:
+def holder_gone(layout: Layout, entry_id: int) -> tuple[int | None, bool]:
     """For an entry marked filling: a descriptor of its file holding ``LOCK_EX`` when its
-    filler is gone (the caller takes over), None when the filler is alive. Its file is the
-    partial one, or the object already renamed into place by a filler that died before it
-    marked the entry complete; when neither exists, an empty partial file is made."""
+    filler is gone (the caller takes over), None when the filler is alive; and whether the
+    file had to be made. Its file is the partial one, or the object already renamed into
+    place by a filler that died before it marked the entry complete; when neither exists
+    (an eviction that died between its unlink and its commit), an empty partial file is made,
+    and no part recorded for the entry may be trusted."""
     for path in (layout.partial(entry_id), layout.object(entry_id)):
         try:
-            return try_lock(path)
+            return try_lock(path), False
         except FileNotFoundError:
             continue
-    return try_lock(layout.partial(entry_id), create=True)
+    return try_lock(layout.partial(entry_id), create=True), True
 
 
 def remove(layout: Layout, entry_id: int) -> None:

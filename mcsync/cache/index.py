@@ -209,6 +209,10 @@ class Index:
             db.execute("INSERT OR REPLACE INTO parts VALUES (?, ?, ?)",
                        (entry_id, number, digest))
 
+    def forget_parts(self, entry_id: int) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM parts WHERE entry = ?", (entry_id,))
+
     def complete(self, entry_id: int, digest: str) -> None:
         with self.transaction() as db:
             db.execute("UPDATE entries SET state = 'complete', digest = ?, last_access = ? "

@@ -126,3 +126,26 @@ def test_a_missing_object_and_bad_addresses(source: Source, tmp_path, monkeypatc
         Cache()
     with pytest.raises(UsageError, match="not a validation"):
         Cache(tmp_path / "c", validate="sometimes")
+
+
+def test_metrics_count_hits_misses_fetched_bytes_evictions_and_use(source: Source, tmp_path):
+    from mcsync.metrics import Metrics
+
+    for i in range(3):
+        source.put(f"m/{i}", _blob(2 * MiB, 30 + i))
+    metrics = Metrics()
+    with Cache(tmp_path / "c", max_size=7 * MiB, on_event=metrics) as cache:
+        for i in (0, 1, 0, 2):
+            cache.path(source.url(f"m/{i}"))
+
+    def value(name: str) -> float:
+        found = metrics.registry.get_sample_value(name)
+        assert found is not None, name
+        return found
+
+    assert value("mcsync_cache_hits_total") == 1
+    assert value("mcsync_cache_misses_total") == 3
+    assert value("mcsync_cache_fetched_bytes_total") == 6 * MiB
+    assert value("mcsync_cache_evictions_total") == 1  # m/1, the least recently used
+    assert value("mcsync_cache_limit_bytes") == 7 * MiB
+    assert 4 * MiB < value("mcsync_cache_bytes_in_use") <= 5 * MiB
