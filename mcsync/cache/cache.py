@@ -1,6 +1,6 @@
 """``Cache``: a node-local cache of remote objects, shared by every process that opens its
 directory, bounded by a hard limit, safe across kill -9 (the layout, locks and commit order:
-``files.py``, ``fill.py``; the index: ``index.py``; the arithmetic of space: ``space.py``).
+``files.py``, ``fill.py``; the index: ``index.py``; room and eviction: ``room.py``, ``space.py``).
 
 The blocking API (``path``, ``open``, ``pin``) and the async one (``apath``) run on one event
 loop of the cache's own, in a thread, where its stores live: a store is bound to the loop it
@@ -31,10 +31,11 @@ from ..stores.registry import open_store, parse_url
 from ..types import MiB, ObjectInfo
 from . import files
 from .files import Layout
-from .fill import fill, rehash
+from .fill import fill
 from .index import Entry, Index, version_of
 from .reader import FillingReader
-from .space import Candidate, Shortfall, charge, eviction_order, overhead, to_free
+from .room import Room
+from .space import Shortfall, charge, overhead
 
 __all__ = ["Cache", "Validation", "object_url"]
 
@@ -106,11 +107,12 @@ class Cache:
         self.layout = Layout(Path(where))
         self.layout.make()
         self.index = Index(self.layout.index)
+        self.room = Room(self.layout, self.index)
         if isinstance(max_size, str):
             max_size = parse_size(max_size)
         if max_size is not None:
             self.index.set_setting("max_size", str(max_size))
-        self.max_size = self._limit()
+        self.max_size = self.room.limit()
         self.part_size = part_size
         self.concurrency = concurrency
         self.stats = CacheStats()
@@ -176,44 +178,15 @@ class Cache:
     def evict(self, prefix: str = "") -> list[Entry]:
         """Evict the entries under ``prefix`` (all: "") that are neither pinned nor open,
         and partial ones whose filler is gone; the entries evicted."""
-        norm = self._prefix_of(prefix) if prefix else ""
-        pins = self.index.pins()
-        gone: list[Entry] = []
-        with self.index.transaction() as db:
-            for e in self.index.entries(norm):
-                if any(e.url.startswith(p) for p in pins):
-                    continue
-                fd = self._take(e)
-                if fd is None:
-                    continue
-                files.remove(self.layout, e.id)
-                Index.drop(db, e.id)
-                os.close(fd)
-                gone.append(e)
+        gone = self.room.evict(self._prefix_of(prefix) if prefix else "")
         for e in gone:
-            self._evicted(e)
+            self._evicted(e.url, e.charge)
         return gone
 
     def verify(self) -> list[tuple[Entry, str]]:
         """Re-hash every complete entry; those whose bytes are not what was fetched are
         dropped. The entries found so, and what was wrong."""
-        bad: list[tuple[Entry, str]] = []
-        for e in self.index.entries():
-            if e.state != "complete":
-                continue
-            path = self.layout.object(e.id)
-            try:
-                found = rehash(str(path), e)
-            except FileNotFoundError:
-                found = "missing"
-            if found != e.digest:
-                problem = ("file missing" if found == "missing" else f"size {found[5:]} of "
-                           f"{e.size}" if found.startswith("size ") else "digest mismatch")
-                bad.append((e, problem))
-                with self.index.transaction() as db:
-                    files.remove(self.layout, e.id)
-                    Index.drop(db, e.id)
-        return bad
+        return self.room.verify()
 
     def close(self) -> None:
         if self._closed:
@@ -395,7 +368,7 @@ class Cache:
         need = sum(charge(i.size) for _, i in infos)
         _, count = self.index.totals()
         extra = overhead(self.layout.index_bytes(), count + len(infos))
-        self.max_size = self._limit()
+        self.max_size = self.room.limit()
         if self.max_size and need + others + extra > self.max_size:
             raise CacheFull(Shortfall(need, self.max_size, others, extra, None,
                                       "pinned already").message(
@@ -422,84 +395,20 @@ class Cache:
 
     # -- space -----------------------------------------------------------------------------
 
-    def _reserve(self, norm: str, info: ObjectInfo, warmed_by: str | None,
+    def _reserve(self, url: str, info: ObjectInfo, warmed_by: str | None,
                  protect: str | None) -> tuple[Entry, int] | None:
-        """Room for ``info`` (evicting what must go) and a filling entry holding it, with its
-        partial file locked; None when another process made the entry meanwhile."""
-        need = charge(info.size)
-        pins = self.index.pins()
-        victims: list[tuple[Candidate, int]] = []
-        try:
-            with self.index.transaction() as db:
-                if self.index.find(norm, version_of(info)) is not None:
-                    return None
-                # The limit is the directory's (the last one given), read in the transaction:
-                # a process that opened the cache before it was set still keeps it.
-                self.max_size = self._limit()
-                in_use, count = self.index.totals(db)
-                extra = overhead(self.layout.index_bytes(), count + 1)
-                excess = to_free(self.max_size, in_use, extra, need) if self.max_size else 0
-                if excess:
-                    freed = 0
-                    for c in eviction_order(self._candidates(pins, protect), self.next_use):
-                        fd = self._take(self.index.get(c.id))
-                        if fd is None:
-                            continue  # open, or being filled
-                        victims.append((c, fd))
-                        freed += c.charge
-                        if freed >= excess:
-                            break
-                    if freed < excess:
-                        raise CacheFull(Shortfall(need, self.max_size, in_use, extra,
-                                                  freed).message(norm))
-                    for c, _ in victims:
-                        files.remove(self.layout, c.id)
-                        Index.drop(db, c.id)
-                entry_id = Index.insert_filling(db, norm, info, need,
-                                                self.part_size, warmed_by)
-                fd = files.try_lock(self.layout.partial(entry_id), create=True)
-                assert fd is not None, "a new entry's partial file is locked by no one"
-                os.ftruncate(fd, 0)
-        finally:
-            for _, vfd in victims:
-                os.close(vfd)
-        for c, _ in victims:
-            self.stats.evictions += 1
-            self._emit(CacheEvicted(c.url, c.charge))
-        self._emit(CacheUsage(self.index.totals()[0], self.max_size))
-        entry = self.index.get(entry_id)
-        assert entry is not None
-        return entry, fd
-
-    def _limit(self) -> int:
-        recorded = self.index.setting("max_size")
-        return int(recorded) if recorded else 0
-
-    def _candidates(self, pins: list[str], protect: str | None) -> list[Candidate]:
-        return [Candidate(e.id, e.url, e.charge,
-                          e.last_access if e.state == "complete" else float("-inf"))
-                for e in self.index.entries()
-                if not any(e.url.startswith(p) for p in pins)
-                and (protect is None or e.warmed_by != protect)]
-
-    def _take(self, entry: Entry | None) -> int | None:
-        """A descriptor holding ``LOCK_EX`` on the entry's file when no one uses it: not open
-        (complete), or its filler gone (filling); -1 when it has no file."""
-        if entry is None:
+        got = self.room.reserve(url, info, self.part_size, warmed_by=warmed_by,
+                                protect=protect, next_use=self.next_use)
+        if got is None:
             return None
-        paths = ([self.layout.object(entry.id)] if entry.state == "complete"
-                 else [self.layout.partial(entry.id), self.layout.object(entry.id)])
-        for path in paths:
-            try:
-                return files.try_lock(path)
-            except FileNotFoundError:
-                continue
-        return os.open(os.devnull, os.O_RDONLY)  # no file: nothing to wait for
+        self.max_size = got.limit
+        for c in got.evicted:
+            self._evicted(c.url, c.charge)
+        self._emit(CacheUsage(got.in_use, got.limit))
+        return got.entry, got.fd
 
     def _drop(self, entry: Entry) -> None:
-        with self.index.transaction() as db:
-            files.remove(self.layout, entry.id)
-            Index.drop(db, entry.id)
+        self.room.drop(entry)
 
     def _prefix_of(self, target: str) -> str:
         return object_url(target)[0]
@@ -521,6 +430,6 @@ class Cache:
         self.stats.bytes_fetched += nbytes
         self._emit(CacheFetched(url, nbytes))
 
-    def _evicted(self, entry: Entry) -> None:
+    def _evicted(self, url: str, size: int) -> None:
         self.stats.evictions += 1
-        self._emit(CacheEvicted(entry.url, entry.charge))
+        self._emit(CacheEvicted(url, size))
