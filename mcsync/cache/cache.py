@@ -31,7 +31,7 @@ from ..stores.registry import open_store, parse_url
 from ..types import MiB, ObjectInfo
 from . import files
 from .files import Layout
-from .fill import fill
+from .fill import Landed, fill
 from .index import Entry, Index, version_of
 from .reader import FillingReader
 from .room import Room
@@ -122,6 +122,7 @@ class Cache:
         self._pacing = Pacing()
         self._stores: dict[str, ReadStore] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._landed: dict[int, Landed] = {}  # entry id → its parts' bytes written, here
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcsync-cache",
                                         daemon=True)
@@ -270,7 +271,11 @@ class Cache:
         done: concurrent.futures.Future[Any] = concurrent.futures.Future()
         task.add_done_callback(lambda t: done.set_exception(t.exception() or RuntimeError(
             "cancelled")) if t.cancelled() or t.exception() else done.set_result(None))
-        return FillingReader(fd, entry, self.index, done)
+        return FillingReader(fd, entry, self.index, done,
+                             functools.partial(self._landed_of, entry.id))
+
+    def _landed_of(self, entry_id: int, part: int) -> int:
+        return self._landed.get(entry_id, {}).get(part, 0)
 
     def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -340,10 +345,11 @@ class Cache:
             hit = False
             if on_filling is not None:
                 on_filling(entry)
+            landed = self._landed.setdefault(entry.id, {})
             try:
                 await fill(store, key, entry, fd, self.index, self.layout,
                            concurrency=self.concurrency, policy=self._pacing.policy,
-                           on_bytes=functools.partial(self._fetched, norm))
+                           on_bytes=functools.partial(self._fetched, norm), landed=landed)
             except PreconditionFailed:
                 # changed at the source: this entry's bytes are of a version no longer
                 # current; it goes, and the new version is a new entry
@@ -352,6 +358,7 @@ class Cache:
                 continue
             finally:
                 os.close(fd)
+                self._landed.pop(entry.id, None)
             done = self.index.get(entry.id)
             assert done is not None and done.state == "complete"
             if warmed_by is not None:

@@ -29,13 +29,23 @@ from ..types import Buffer, ByteRange
 from .files import Layout
 from .index import Entry, Index
 
+# Bytes of each part written so far (part number → bytes from its start), for a reader in
+# this process: it may read them before the part is fdatasync'd and recorded (the page cache
+# holds them), so its first byte comes as the first piece lands.
+Landed = dict[int, int]
+
 
 @dataclass(frozen=True, slots=True)
 class _File:
     fd: int
+    landed: Landed | None = None
+    number: int = 0
+    start: int = 0
 
     def write_at(self, offset: int, data: Buffer) -> None:
         pwrite_all(self.fd, data, offset)
+        if self.landed is not None:  # pieces come in order: what is below is written
+            self.landed[self.number] = offset + len(data) - self.start
 
 
 def part_range(entry: Entry, number: int) -> ByteRange:
@@ -43,8 +53,9 @@ def part_range(entry: Entry, number: int) -> ByteRange:
     return ByteRange(start, min(entry.size, start + entry.part_size))
 
 
-def _drain(pieces: Iterator[Buffer], fd: int, rng: ByteRange) -> bytes:
-    digests = drain_into(pieces, _File(fd), rng, [rng])
+def _drain(pieces: Iterator[Buffer], out: _File, rng: ByteRange) -> bytes:
+    digests = drain_into(pieces, out, rng, [rng])
+    fd = out.fd
     os.fdatasync(fd)
     return digests[0]
 
@@ -59,7 +70,8 @@ def _write(data: Buffer, fd: int, rng: ByteRange) -> bytes:
 
 async def fill(store: ReadStore, key: str, entry: Entry, fd: int, index: Index,
                layout: Layout, *, concurrency: int, policy: RetryPolicy,
-               on_bytes: Callable[[int], None] = lambda n: None) -> str:
+               on_bytes: Callable[[int], None] = lambda n: None,
+               landed: Landed | None = None) -> str:
     """Fetch the parts of ``entry`` the index does not hold into its partial file ``fd``
     (whose lock the caller holds), commit the entry and return its digest. Raises
     PreconditionFailed when the source is no longer the entry's version."""
@@ -76,7 +88,8 @@ async def fill(store: ReadStore, key: str, entry: Entry, fd: int, index: Index,
             if streams:
                 assert isinstance(store, RangeStreamer)
                 body = await store.open_range(key, rng, expect=expect)
-                return await asyncio.to_thread(_drain, body, fd, rng)
+                return await asyncio.to_thread(_drain, body, _File(fd, landed, number, rng.start),
+                                               rng)
             data = await store.get(key, rng, expect=expect)
             return await asyncio.to_thread(_write, data, fd, rng)
 
