@@ -5,7 +5,6 @@ command's exit codes."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import sqlite3
@@ -20,6 +19,7 @@ import pytest
 from mcsync.cache import Cache
 from testbed.faultproxy import Rule, Stall
 
+from ..integration.helpers import run_cli
 from .conftest import Source, disk_usage, mcsync, sha
 
 MiB = 1 << 20
@@ -150,32 +150,26 @@ def test_verify_finds_a_flipped_byte_and_drops_the_entry(source: Source, tmp_pat
     for i in range(3):
         source.put(f"v/{i}", _blob(MiB + i, 300 + i))
     cache_dir = str(tmp_path / "c")
-    env = source.env()
-    warm = mcsync("cache", "warm", source.url("v/"), "--cache-dir", cache_dir, env=env)
-    _, err = warm.communicate(timeout=120)
-    assert warm.returncode == 0, err
+    warm = run_cli("cache", "warm", source.url("v/"), "--cache-dir", cache_dir)
+    assert warm.exit_code == 0, warm.output
     with Cache(cache_dir, validate="never") as cache:
         victim = next(e for e in cache.entries() if e.url.endswith("v/1"))
         path = cache.layout.object(victim.id)
-    os.chmod(path, 0o644)
     with open(path, "r+b") as f:
         f.seek(12345)
         byte = f.read(1)
         f.seek(12345)
         f.write(bytes([byte[0] ^ 1]))
-    check = mcsync("cache", "verify", "--cache-dir", cache_dir, env=env)
-    _, err = check.communicate(timeout=60)
-    assert check.returncode == 1 and f"corrupt: {source.url('v/1')}: digest mismatch" in err
-    again = mcsync("cache", "verify", "--cache-dir", cache_dir, env=env)
-    _, err = again.communicate(timeout=60)
-    assert again.returncode == 0 and "2 entries: 0 corrupt entries" in err, err
-    listing = mcsync("cache", "ls", "--cache-dir", cache_dir, "--json", env=env)
-    out, _ = listing.communicate(timeout=60)
-    assert sorted(json.loads(line)["url"] for line in out.splitlines()) == [
+    check = run_cli("cache", "verify", "--cache-dir", cache_dir)
+    assert check.exit_code == 1
+    assert f"corrupt: {source.url('v/1')}: digest mismatch" in check.stderr
+    again = run_cli("cache", "verify", "--cache-dir", cache_dir)
+    assert again.exit_code == 0 and "2 entries: 0 corrupt entries" in again.stderr
+    listing = run_cli("cache", "ls", "--cache-dir", cache_dir, "--json")
+    assert sorted(json.loads(line)["url"] for line in listing.stdout.splitlines()) == [
         source.url("v/0"), source.url("v/2")]
-    evict = mcsync("cache", "evict", "--cache-dir", cache_dir, env=env)
-    _, err = evict.communicate(timeout=60)
-    assert evict.returncode == 0 and "evicted 2 entries" in err
+    evict = run_cli("cache", "evict", "--cache-dir", cache_dir)
+    assert evict.exit_code == 0 and "evicted 2 entries" in evict.stderr
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -186,8 +180,7 @@ def test_verify_finds_a_flipped_byte_and_drops_the_entry(source: Source, tmp_pat
     (("cache", "warm", "s3://b/x/", "--cache-dir", "{tmp}", "--max-size", "lots"),
      "not a size"),
 ])
-def test_usage_errors_exit_2_in_one_line(args, message, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "MCSYNC_CACHE_DIR"}
-    run = mcsync(*(a.replace("{tmp}", str(tmp_path / "c")) for a in args), env=env)
-    _, err = run.communicate(timeout=60)
-    assert run.returncode == 2 and message in err, err
+def test_usage_errors_exit_2_in_one_line(args, message, tmp_path, monkeypatch):
+    monkeypatch.delenv("MCSYNC_CACHE_DIR", raising=False)
+    run = run_cli(*(a.replace("{tmp}", str(tmp_path / "c")) for a in args))
+    assert run.exit_code == 2 and message in run.stderr, run.output
