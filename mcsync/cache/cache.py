@@ -48,6 +48,18 @@ CONCURRENCY = 8  # parts of one object in flight
 WAIT_POLL_S = 0.05  # how often a waiter looks whether the filler finished, or died
 
 
+# Whether a store was used in this process, and whether it was forked after one was: obstore's
+# runtime threads are not in a forked child, where a request would wait forever.
+_FORK = {"used": False, "after_use": False}
+
+
+def _forked() -> None:
+    _FORK["after_use"] = _FORK["used"]
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 @dataclass(frozen=True, slots=True)
 class Validation:
     """When a cached entry is checked against its store: ``never`` (no request at all),
@@ -120,6 +132,14 @@ class Cache:
         self._sink = on_event
         self.store_options = options or StoreOptions()
         self._pacing = Pacing()
+        self._validate = validate
+        self._closed = False
+        self._start()
+
+    def _start(self) -> None:
+        """This process's loop, stores and tasks (again in a forked child: a data loader's
+        worker, where the parent's loop thread and connections do not exist)."""
+        self._pid = os.getpid()
         self._stores: dict[str, ReadStore] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._landed: dict[int, Landed] = {}  # entry id → its parts' bytes written, here
@@ -127,7 +147,18 @@ class Cache:
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcsync-cache",
                                         daemon=True)
         self._thread.start()
-        self._closed = False
+
+    def _here(self) -> None:
+        if self._pid != os.getpid():
+            self.index = Index(self.layout.index)  # the parent's connection is not ours
+            self.room = Room(self.layout, self.index)
+            self._start()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Sent to a spawned process (a data loader's worker), a cache is opened there anew
+        on the same directory."""
+        return (_reopen, (str(self.layout.root), self._validate, self.store_options,
+                          self.part_size, self.concurrency))
 
     # -- the API ---------------------------------------------------------------------------
 
@@ -167,18 +198,22 @@ class Cache:
         return self._run(self._objects_under(address))
 
     def unpin(self, url_or_prefix: str) -> bool:
+        self._here()
         norm = self._prefix_of(url_or_prefix)
         return self.index.unpin(norm)
 
     def entries(self, prefix: str = "") -> list[Entry]:
+        self._here()
         return self.index.entries(self._prefix_of(prefix) if prefix else "")
 
     def in_use(self) -> int:
+        self._here()
         return self.index.totals()[0]
 
     def evict(self, prefix: str = "") -> list[Entry]:
         """Evict the entries under ``prefix`` (all: "") that are neither pinned nor open,
         and partial ones whose filler is gone; the entries evicted."""
+        self._here()
         gone = self.room.evict(self._prefix_of(prefix) if prefix else "")
         for e in gone:
             self._evicted(e.url, e.charge)
@@ -187,11 +222,13 @@ class Cache:
     def verify(self) -> list[tuple[Entry, str]]:
         """Re-hash every complete entry; those whose bytes are not what was fetched are
         dropped. The entries found so, and what was wrong."""
+        self._here()
         return self.room.verify()
 
     def close(self) -> None:
         if self._closed:
             return
+        self._here()  # a forked child closes its own loop, not the parent's
         try:
             self._run(self._aclose())
         finally:
@@ -213,6 +250,7 @@ class Cache:
         if self._closed:
             coro.close()
             raise UsageError("the cache is closed")
+        self._here()
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -226,6 +264,12 @@ class Cache:
             await store.aclose()
 
     def store_for(self, root: str) -> ReadStore:
+        if _FORK["after_use"]:
+            raise UsageError("this process was forked from one whose cache had used its "
+                             "stores, and their client's runtime does not survive a fork: "
+                             "start workers by spawn or forkserver (a torch DataLoader's "
+                             "multiprocessing_context), or fork before the first use")
+        _FORK["used"] = True
         if root not in self._stores:
             self._stores[root] = resilient(open_store(root, self.store_options), self._pacing)
         return self._stores[root]
@@ -440,3 +484,9 @@ class Cache:
     def _evicted(self, url: str, size: int) -> None:
         self.stats.evictions += 1
         self._emit(CacheEvicted(url, size))
+
+
+def _reopen(cache_dir: str, validate: str, options: StoreOptions, part_size: int,
+            concurrency: int) -> Cache:
+    return Cache(cache_dir, validate=validate, options=options, part_size=part_size,
+                 concurrency=concurrency)

@@ -13,6 +13,13 @@ from pathlib import Path
 from mcsync.cache import Cache
 
 
+def digest_of(cache: Cache, url: str) -> tuple[str, int]:
+    """In a worker process (a data loader's): the SHA-256 of ``url`` read through ``cache``,
+    and the bytes this process fetched."""
+    with cache.open(url) as f:
+        return hashlib.sha256(f.read()).hexdigest(), cache.stats.bytes_fetched
+
+
 def main(argv: list[str]) -> int:
     cache_dir, command, url, *rest = argv
     if rest:

@@ -12,7 +12,7 @@ from mcsync.cache import Cache, CacheFull
 from mcsync.cache.index import version_of
 from mcsync.errors import NotFound, UsageError
 
-from .conftest import Source
+from .conftest import Source, sha
 
 MiB = 1 << 20
 
@@ -149,3 +149,26 @@ def test_metrics_count_hits_misses_fetched_bytes_evictions_and_use(source: Sourc
     assert value("mcsync_cache_evictions_total") == 1  # m/1, the least recently used
     assert value("mcsync_cache_limit_bytes") == 7 * MiB
     assert 4 * MiB < value("mcsync_cache_bytes_in_use") <= 5 * MiB
+
+
+def test_a_cache_handed_to_worker_processes_works_there(source: Source, tmp_path):
+    """A data loader's workers get the cache pickled (spawn): each opens its own, on the
+    same directory. Forked after the cache was used, a worker is refused at once (the S3
+    client's runtime does not survive a fork), never left waiting."""
+    import multiprocessing
+
+    from .child import digest_of
+
+    source.put("w/0", _blob(2 * MiB, 40))
+    source.put("w/1", _blob(MiB, 41))
+    with Cache(tmp_path / "c", part_size=MiB) as cache:
+        cache.path(source.url("w/0"))
+        with multiprocessing.get_context("spawn").Pool(2) as pool:
+            got = pool.starmap(digest_of, [(cache, source.url("w/0")), (cache, source.url("w/1"))])
+            # (while the workers live: the one that read w/1 may still be committing it)
+            assert cache.path(source.url("w/1")).read_bytes() == source.objects["w/1"]
+        assert [g[0] for g in got] == [sha(source.objects["w/0"]), sha(source.objects["w/1"])]
+        assert source.gets("w/0") == 2 and source.gets("w/1") == 1  # each part fetched once
+        with multiprocessing.get_context("fork").Pool(1) as pool, \
+                pytest.raises(UsageError, match="forked from one whose cache had used"):
+            pool.apply(digest_of, (cache, source.url("w/0")))
