@@ -32,7 +32,7 @@ from ..types import MiB, ObjectInfo
 from . import files
 from .files import Layout
 from .fill import Landed, fill
-from .index import Entry, Index, version_of
+from .index import Entry, Index, pinned, version_of
 from .reader import FillingReader
 from .room import Room
 from .space import Shortfall, charge, overhead
@@ -413,9 +413,9 @@ class Cache:
     async def _pin(self, target: str) -> int:
         norm = self._prefix_of(target)
         infos = await self._objects_under(target)
-        pins = [p for p in self.index.pins() if not norm.startswith(p)]
+        mine, pins = {url for url, _ in infos}, self.index.pins()
         others = sum(e.charge for e in self.index.entries()
-                     if any(e.url.startswith(p) for p in pins) and not e.url.startswith(norm))
+                     if pinned(e.url, pins) and e.url not in mine)
         need = sum(charge(i.size) for _, i in infos)
         _, count = self.index.totals()
         extra = overhead(self.layout.index_bytes(), count + len(infos))

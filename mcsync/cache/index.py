@@ -63,6 +63,11 @@ def version_of(info: ObjectInfo) -> str:
     return f"s:{info.size}:{info.mtime}"
 
 
+def pinned(url: str, pins: list[str]) -> bool:
+    """Whether a pin holds ``url``: a pin is an object's URL, or a prefix ending in ``/``."""
+    return any(url == p or (p.endswith("/") and url.startswith(p)) for p in pins)
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     id: int

@@ -18,7 +18,7 @@ from ..types import ObjectInfo
 from . import files
 from .files import Layout
 from .fill import rehash
-from .index import Entry, Index, version_of
+from .index import Entry, Index, pinned, version_of
 from .space import Candidate, Shortfall, charge, eviction_order, overhead, to_free
 
 
@@ -90,7 +90,7 @@ class Room:
         return [Candidate(e.id, e.url, e.charge,
                           e.last_access if e.state == "complete" else float("-inf"))
                 for e in self.index.entries()
-                if not any(e.url.startswith(p) for p in pins)
+                if not pinned(e.url, pins)
                 and (protect is None or e.warmed_by != protect)]
 
     def take(self, entry: Entry | None) -> int | None:
@@ -119,7 +119,7 @@ class Room:
         gone: list[Entry] = []
         with self.index.transaction() as db:
             for e in self.index.entries(prefix):
-                if any(e.url.startswith(p) for p in pins):
+                if pinned(e.url, pins):
                     continue
                 fd = self.take(e)
                 if fd is None:

@@ -114,6 +114,8 @@ def warm(url: str, cache_dir: str, max_size: str | None, order_file: Any, valida
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def ls_cmd(prefix: str, cache_dir: str, as_json: bool) -> None:
     """The cache's entries (under PREFIX): state, size, last use, URL."""
+    from ..cache.index import pinned
+
     def go() -> Any:
         with _open(cache_dir) as c:
             return c.entries(prefix), c.in_use(), c.max_size, c.index.pins()
@@ -127,7 +129,7 @@ def ls_cmd(prefix: str, cache_dir: str, as_json: bool) -> None:
         if as_json:
             lines.append(json.dumps({"url": e.url, "version": e.version, "size": e.size,
                                      "state": e.state, "last_access": e.last_access,
-                                     "pinned": any(e.url.startswith(p) for p in pins)}))
+                                     "pinned": pinned(e.url, pins)}))
         else:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.last_access))
             lines.append(f"{e.state:8} {e.size:>14} {when}  {e.url}")

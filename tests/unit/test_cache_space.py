@@ -114,3 +114,10 @@ def test_a_cache_directory_on_a_network_filesystem_is_refused(tmp_path, monkeypa
     monkeypatch.setattr(cache_files, "filesystem_type", lambda path: "nfs4")
     with pytest.raises(ConfigError, match="on a nfs4 filesystem, where file locks may not"):
         Cache(tmp_path / "c")
+
+
+def test_a_pinned_object_is_not_a_prefix() -> None:
+    from mcsync.cache.index import pinned
+
+    assert pinned("s3://b/p/0", ["s3://b/p/0"]) and not pinned("s3://b/p/01", ["s3://b/p/0"])
+    assert pinned("s3://b/p/01", ["s3://b/p/"]) and not pinned("s3://b/q/0", ["s3://b/p/"])
