@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..config import format_size, parse_size
+from ..errors import UsageError
 from .progress import counted
 from .run import EXIT_FAILED, EXIT_OK, configure_logging, guarded, write_stdout
 
@@ -35,12 +36,16 @@ def _cache_dir(f: Any) -> Any:
 
 
 def _open(cache_dir: str, *, max_size: str | None = None, validate: str = "ttl:60s",
-          endpoint_url: str | None = None, profile: str | None = None) -> Cache:
+          part_size: str = "16MiB", endpoint_url: str | None = None,
+          profile: str | None = None) -> Cache:
     from ..cache import Cache
     from ..stores.registry import StoreOptions
 
     size = parse_size(max_size) if max_size is not None else None
-    return Cache(cache_dir, max_size=size, validate=validate,
+    part = parse_size(part_size)
+    if part < 1:
+        raise UsageError(f"--part-size {part_size}: a part holds at least one byte")
+    return Cache(cache_dir, max_size=size, validate=validate, part_size=part,
                  options=StoreOptions(endpoint_url=endpoint_url, profile=profile))
 
 
@@ -58,12 +63,15 @@ def cache() -> None:
               help="Warm in this order: one key a line, relative to URL; only these keys.")
 @click.option("--validate", default="ttl:60s", metavar="never|ttl:DURATION|always",
               show_default=True)
+@click.option("--part-size", default="16MiB", metavar="SIZE", show_default=True,
+              help="Bytes per range GET (a killed warm resumes an object by whole parts).")
 @click.option("--endpoint-url", default=None, metavar="URL")
 @click.option("--profile", default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("--verbose", "-v", is_flag=True, help="A line per object.")
 def warm(url: str, cache_dir: str, max_size: str | None, order_file: Any, validate: str,
-         endpoint_url: str | None, profile: str | None, as_json: bool, verbose: bool) -> None:
+         part_size: str, endpoint_url: str | None, profile: str | None, as_json: bool,
+         verbose: bool) -> None:
     """Fetch the objects under URL into the cache, stopping (exit 0) when the next one would
     only fit by evicting one this warm brought in."""
     from ..cache.warm import read_order
@@ -78,7 +86,7 @@ def warm(url: str, cache_dir: str, max_size: str | None, order_file: Any, valida
 
     def go() -> Any:
         order = read_order(order_file.read()) if order_file is not None else None
-        with _open(cache_dir, max_size=max_size, validate=validate,
+        with _open(cache_dir, max_size=max_size, validate=validate, part_size=part_size,
                    endpoint_url=endpoint_url, profile=profile) as c:
             return c.run(warm_objects(c, url, order, on_object=say))
 

@@ -107,22 +107,37 @@ def _complete(cache_dir: Path) -> set[str]:
         db.close()
 
 
+def _partial(cache_dir: Path) -> dict[str, int]:
+    if not (cache_dir / "v1" / "index.sqlite").exists():
+        return {}
+    db = sqlite3.connect(f"file:{cache_dir / 'v1' / 'index.sqlite'}?mode=ro", uri=True)
+    try:
+        return {url: n for url, n in db.execute(
+            "SELECT url, (SELECT COUNT(*) FROM parts WHERE entry = id) FROM entries "
+            "WHERE state = 'filling'")}
+    finally:
+        db.close()
+
+
 def test_sigkill_mid_warm_and_again_refetches_no_complete_entry(source: Source, tmp_path):
     keys = [f"ds/{i:02d}" for i in range(10)]
     for i, key in enumerate(keys):
         source.put(key, _blob(3 * MiB + i, 200 + i))
-    # every GET answers a little late, so a warm is under way long enough to be killed
-    source.proxy.add(Rule(Stall(0.15), op="GetObject"))
+    # every GET answers a little late, some much later, so a warm is under way long enough
+    # to be killed, with objects of which some parts are on disk and some not
+    source.proxy.add(Rule(Stall(0.5), op="GetObject", probability=0.4))
+    source.proxy.add(Rule(Stall(0.05), op="GetObject"))
     cache_dir = tmp_path / "c"
     order = tmp_path / "order.txt"
     order.write_text("".join(k.removeprefix("ds/") + "\n" for k in reversed(keys)))
     args = ("cache", "warm", source.url("ds/"), "--cache-dir", str(cache_dir),
-            "--order", str(order))
+            "--order", str(order), "--part-size", "1MiB")
     before: set[str] = set()
     for kill in (2, 5):  # killed once after 2 complete entries, again after 5
         run = mcsync(*args, env=source.env())
         deadline = time.monotonic() + 120
-        while len(_complete(cache_dir)) < kill and time.monotonic() < deadline:
+        while (len(_complete(cache_dir)) < kill or not any(_partial(cache_dir).values())) \
+                and time.monotonic() < deadline:
             assert run.poll() is None, run.communicate()
             time.sleep(0.005)
         run.send_signal(signal.SIGKILL)
@@ -131,6 +146,9 @@ def test_sigkill_mid_warm_and_again_refetches_no_complete_entry(source: Source, 
         assert before <= now and len(now) >= kill
         gets_before = {u: source.gets(u.split("/", 3)[3]) for u in now}
         before = now
+    partial = _partial(cache_dir)  # entries the last kill left half-filled: URL → parts done
+    time.sleep(0.5)  # requests the killed process had sent reach the proxy's log
+    last_conn = max(e.conn for e in source.proxy.exchanges())
     source.proxy.clear()
     run = mcsync(*args, "--json", env=source.env())
     out, err = run.communicate(timeout=180)
@@ -139,6 +157,13 @@ def test_sigkill_mid_warm_and_again_refetches_no_complete_entry(source: Source, 
     assert sorted(report["present"]) == sorted(before)
     for url, n in gets_before.items():  # complete before the last kill: fetched zero times more
         assert source.gets(url.split("/", 3)[3]) == n, url
+    assert any(partial.values()), partial  # (the kill did leave parts to take up)
+    for url, done in partial.items():  # taken up: only the missing parts, pinned (If-Match)
+        key = url.split("/", 3)[3]
+        final = [e for e in source.proxy.exchanges("GetObject", key=key) if e.conn > last_conn]
+        parts = -(-len(source.objects[key]) // MiB)
+        assert len(final) == parts - done, (url, done, [e.headers.get("range") for e in final])
+        assert all("if-match" in e.headers for e in source.proxy.exchanges("GetObject", key=key))
     with Cache(cache_dir, validate="never") as cache:
         for key in keys:
             assert cache.path(source.url(key)).read_bytes() == source.objects[key]
