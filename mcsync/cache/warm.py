@@ -2,6 +2,10 @@
 of reads when there is one, until the next one would only fit by evicting one this same warm
 brought in (or found): then it stops and says what it left out.
 
+The listing gives each object's current version at no cost; a cached entry of another
+version is kept as it is when ``--validate`` trusts it (``never``, or ``ttl`` checked
+recently), and fetched anew otherwise.
+
 With an order, eviction is Belady's (what is needed furthest in the future goes first,
 entries the order never names before them), so a dataset larger than the cache keeps its
 first part, the part a training job reads first; without one, least recently used.
@@ -10,6 +14,7 @@ first part, the part a training job reads first; without one, least recently use
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,6 +75,14 @@ async def warm(cache: Cache, url: str, order: list[str] | None = None, *,
                 report.left_out.append(obj_url)
                 return
             found = cache.index.find(obj_url, version_of(info))
+            latest = cache.index.newest_complete(obj_url)
+            if latest is not None and cache.validation.fresh(latest, time.time()) and \
+                    cache.layout.object(latest.id).exists():
+                # another version is cached and validation says trust it (never; ttl)
+                cache.index.touch(latest.id, checked=False, warmed_by=token)
+                report.present.append(obj_url)
+                on_object(obj_url, "present", latest.size)
+                return
             try:
                 await cache.obtain(obj_url, info, warmed_by=token, protect=token)
             except CacheFull as exc:

@@ -37,6 +37,24 @@ def test_a_path_is_the_object_and_a_second_use_fetches_nothing(source: Source, t
         assert cache.stats.hits == 2 and cache.stats.misses == 2
 
 
+def test_prefetch_fetches_in_the_background_and_apath_serves_it(source: Source, tmp_path):
+    import asyncio
+
+    for i in range(5):
+        source.put(f"pre/{i}", _blob(MiB // 2 + i, 50 + i))
+    urls = [source.url(f"pre/{i}") for i in range(5)]
+    with Cache(tmp_path / "c") as cache:
+        paths = cache.prefetch(urls).result(timeout=60)
+        assert [p.read_bytes() for p in paths] == [source.objects[f"pre/{i}"] for i in range(5)]
+        gets = source.gets()
+
+        async def read_all() -> list[bytes]:
+            return [(await cache.apath(u)).read_bytes() for u in urls]
+
+        assert asyncio.run(read_all()) == [source.objects[f"pre/{i}"] for i in range(5)]
+        assert source.gets() == gets == 5
+
+
 def test_open_streams_while_the_object_fills(source: Source, tmp_path):
     data = _blob(6 * MiB, 2)
     source.put("big", data)

@@ -209,3 +209,18 @@ def test_usage_errors_exit_2_in_one_line(args, message, tmp_path, monkeypatch):
     monkeypatch.delenv("MCSYNC_CACHE_DIR", raising=False)
     run = run_cli(*(a.replace("{tmp}", str(tmp_path / "c")) for a in args))
     assert run.exit_code == 2 and message in run.stderr, run.output
+
+
+def test_warm_keeps_or_refetches_a_changed_object_as_validate_says(source: Source, tmp_path):
+    source.put("w/a", _blob(MiB, 400))
+    cache_dir = str(tmp_path / "c")
+    assert run_cli("cache", "warm", source.url("w/"), "--cache-dir", cache_dir).exit_code == 0
+    source.put("w/a", _blob(MiB, 401))
+    kept = run_cli("cache", "warm", source.url("w/"), "--cache-dir", cache_dir, "--validate",
+                   "never", "--json")
+    assert json.loads(kept.stdout)["present"] == [source.url("w/a")]
+    fresh = run_cli("cache", "warm", source.url("w/"), "--cache-dir", cache_dir, "--validate",
+                    "always", "--json")
+    assert json.loads(fresh.stdout)["fetched"] == [source.url("w/a")]
+    with Cache(cache_dir, validate="never") as cache:
+        assert cache.path(source.url("w/a")).read_bytes() == source.objects["w/a"]
