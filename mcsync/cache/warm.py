@@ -25,7 +25,7 @@ from ..types import ObjectInfo
 from .cache import Cache, object_url
 from .index import version_of
 
-OBJECTS_IN_FLIGHT = 4  # objects fetched at once (each in parallel ranges)
+OBJECTS_IN_FLIGHT = 16  # objects fetched at once (each in parallel ranges)
 
 
 @dataclass(slots=True)
