@@ -313,8 +313,16 @@ class Cache:
                 return await self._open(url)
             fd = found
         done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        task.add_done_callback(lambda t: done.set_exception(t.exception() or RuntimeError(
-            "cancelled")) if t.cancelled() or t.exception() else done.set_result(None))
+
+        def finished(t: asyncio.Task[Entry]) -> None:
+            if t.cancelled():
+                done.set_exception(UsageError(f"{url}: the cache was closed while it filled"))
+            elif (exc := t.exception()) is not None:
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+
+        task.add_done_callback(finished)
         return FillingReader(fd, entry, self.index, done,
                              functools.partial(self._landed_of, entry.id))
 
