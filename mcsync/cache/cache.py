@@ -352,13 +352,15 @@ class Cache:
         as a warm's; ``protect``: no entry that warm marked is evicted for it."""
         norm, root, key = object_url(url)
         store = self.store_for(root)
+        # A cached entry validation trusts is served as it is, even against a listing of
+        # another version (warm --validate never)
+        latest = self.index.newest_complete(norm)
+        if latest is not None and self.validation.fresh(latest, time.time()) and \
+                self.layout.object(latest.id).exists():
+            self.index.touch(latest.id, checked=False, warmed_by=warmed_by)
+            self._served(latest, hit=True)
+            return latest
         if info is None:
-            latest = self.index.newest_complete(norm)
-            if latest is not None and self.validation.fresh(latest, time.time()) and \
-                    self.layout.object(latest.id).exists():
-                self.index.touch(latest.id, checked=False, warmed_by=warmed_by)
-                self._served(latest, hit=True)
-                return latest
             info = await store.head(key)
         hit = True
         while True:

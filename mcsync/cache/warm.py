@@ -76,13 +76,8 @@ async def warm(cache: Cache, url: str, order: list[str] | None = None, *,
                 return
             found = cache.index.find(obj_url, version_of(info))
             latest = cache.index.newest_complete(obj_url)
-            if latest is not None and cache.validation.fresh(latest, time.time()) and \
-                    cache.layout.object(latest.id).exists():
-                # another version is cached and validation says trust it (never; ttl)
-                cache.index.touch(latest.id, checked=False, warmed_by=token)
-                report.present.append(obj_url)
-                on_object(obj_url, "present", latest.size)
-                return
+            cached = (found is not None and found.state == "complete") or (
+                latest is not None and cache.validation.fresh(latest, time.time()))
             try:
                 await cache.obtain(obj_url, info, warmed_by=token, protect=token)
             except CacheFull as exc:
@@ -96,7 +91,7 @@ async def warm(cache: Cache, url: str, order: list[str] | None = None, *,
                 report.failed.append((obj_url, str(exc)))
                 on_object(obj_url, "failed", info.size)
                 return
-            state = "present" if found is not None and found.state == "complete" else "fetched"
+            state = "present" if cached else "fetched"
             (report.present if state == "present" else report.fetched).append(obj_url)
             on_object(obj_url, state, info.size)
 

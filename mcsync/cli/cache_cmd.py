@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -17,6 +18,7 @@ from .run import EXIT_FAILED, EXIT_OK, configure_logging, guarded, write_stdout
 
 if TYPE_CHECKING:
     from ..cache import Cache
+    from ..events import EventSink
 
 CACHE_EXIT_CODES = """\b
 Exit codes:
@@ -37,7 +39,7 @@ def _cache_dir(f: Any) -> Any:
 
 def _open(cache_dir: str, *, max_size: str | None = None, validate: str = "ttl:60s",
           part_size: str = "16MiB", endpoint_url: str | None = None,
-          profile: str | None = None) -> Cache:
+          profile: str | None = None, on_event: EventSink | None = None) -> Cache:
     from ..cache import Cache
     from ..stores.registry import StoreOptions
 
@@ -45,7 +47,7 @@ def _open(cache_dir: str, *, max_size: str | None = None, validate: str = "ttl:6
     part = parse_size(part_size)
     if part < 1:
         raise UsageError(f"--part-size {part_size}: a part holds at least one byte")
-    return Cache(cache_dir, max_size=size, validate=validate, part_size=part,
+    return Cache(cache_dir, max_size=size, validate=validate, part_size=part, on_event=on_event,
                  options=StoreOptions(endpoint_url=endpoint_url, profile=profile))
 
 
@@ -69,9 +71,11 @@ def cache() -> None:
 @click.option("--profile", default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("--verbose", "-v", is_flag=True, help="A line per object.")
+@click.option("--metrics-file", default=None, metavar="PATH",
+              help="Write the cache's metrics there at the end (node_exporter textfile).")
 def warm(url: str, cache_dir: str, max_size: str | None, order_file: Any, validate: str,
          part_size: str, endpoint_url: str | None, profile: str | None, as_json: bool,
-         verbose: bool) -> None:
+         verbose: bool, metrics_file: str | None) -> None:
     """Fetch the objects under URL into the cache, stopping (exit 0) when the next one would
     only fit by evicting one this warm brought in."""
     from ..cache.warm import read_order
@@ -84,11 +88,21 @@ def warm(url: str, cache_dir: str, max_size: str | None, order_file: Any, valida
         if verbose:
             click.echo(f"{state}: {obj} ({format_size(size)})", err=True)
 
+    metrics = None
+    if metrics_file is not None:
+        from ..metrics import Metrics
+
+        metrics = Metrics()
+
     def go() -> Any:
         order = read_order(order_file.read()) if order_file is not None else None
         with _open(cache_dir, max_size=max_size, validate=validate, part_size=part_size,
-                   endpoint_url=endpoint_url, profile=profile) as c:
-            return c.run(warm_objects(c, url, order, on_object=say))
+                   endpoint_url=endpoint_url, profile=profile, on_event=metrics) as c:
+            try:
+                return c.run(warm_objects(c, url, order, on_object=say))
+            finally:
+                if metrics is not None and metrics_file is not None:
+                    metrics.write_textfile(Path(metrics_file))
 
     report = guarded(go)
     if isinstance(report, int):

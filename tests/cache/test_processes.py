@@ -217,8 +217,10 @@ def test_warm_keeps_or_refetches_a_changed_object_as_validate_says(source: Sourc
     assert run_cli("cache", "warm", source.url("w/"), "--cache-dir", cache_dir).exit_code == 0
     source.put("w/a", _blob(MiB, 401))
     kept = run_cli("cache", "warm", source.url("w/"), "--cache-dir", cache_dir, "--validate",
-                   "never", "--json")
+                   "never", "--json", "--metrics-file", str(tmp_path / "cache.prom"))
     assert json.loads(kept.stdout)["present"] == [source.url("w/a")]
+    prom = (tmp_path / "cache.prom").read_text()
+    assert "mcsync_cache_hits_total 1.0" in prom and "mcsync_cache_fetched_bytes_total 0.0" in prom
     fresh = run_cli("cache", "warm", source.url("w/"), "--cache-dir", cache_dir, "--validate",
                     "always", "--json")
     assert json.loads(fresh.stdout)["fetched"] == [source.url("w/a")]
