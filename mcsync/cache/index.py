@@ -170,6 +170,23 @@ class Index:
                 (len(prefix), prefix)).fetchall()
         return [Entry(*r) for r in rows]
 
+    def by_last_use(self) -> Iterator[Entry]:
+        """Every entry, filling ones first (a dead filler's partial is the first to go), then
+        the least recently used: LRU's order, read a page at a time."""
+        after: tuple[int, float, int] = (-1, float("-inf"), -1)
+        while True:
+            with self._lock:
+                rows = self._db.execute(
+                    f"SELECT {_COLUMNS}, state = 'complete' FROM entries "
+                    "WHERE (state = 'complete', last_access, id) > (?, ?, ?) "
+                    "ORDER BY state = 'complete', last_access, id LIMIT 256", after).fetchall()
+            if not rows:
+                return
+            for row in rows:
+                yield Entry(*row[:-1])
+            last = rows[-1]
+            after = (last[-1], last[11], last[0])
+
     def parts_done(self, entry_id: int) -> dict[int, bytes]:
         with self._lock:
             rows = self._db.execute("SELECT number, digest FROM parts WHERE entry = ?",

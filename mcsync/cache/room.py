@@ -10,7 +10,7 @@ evicts nothing: the victims are chosen and locked first, removed only once enoug
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import CacheFull
@@ -60,7 +60,7 @@ class Room:
                 excess = to_free(limit, in_use, extra, need) if limit else 0
                 if excess:
                     freed = 0
-                    for c in eviction_order(self._candidates(pins, protect), next_use):
+                    for c in self._candidates(pins, protect, next_use):
                         fd = self.take(self.index.get(c.id))
                         if fd is None:
                             continue  # open, or being filled
@@ -85,13 +85,19 @@ class Room:
         assert entry is not None
         return Reserved(entry, fd, [c for c, _ in victims], self.index.totals()[0], limit)
 
-    def _candidates(self, pins: list[str], protect: str | None) -> list[Candidate]:
+    def _candidates(self, pins: list[str], protect: str | None,
+                    next_use: Mapping[str, int] | None) -> Iterator[Candidate]:
+        """The entries eviction may take, in the order to take them: without a known order,
+        read from the index in LRU order a page at a time (a large cache is not loaded whole
+        for each reservation); with one, all of them, in Belady's order."""
         # a dead filler's partial goes before any complete entry
-        return [Candidate(e.id, e.url, e.charge,
-                          e.last_access if e.state == "complete" else float("-inf"))
-                for e in self.index.entries()
-                if not pinned(e.url, pins)
-                and (protect is None or e.warmed_by != protect)]
+        found = (Candidate(e.id, e.url, e.charge,
+                           e.last_access if e.state == "complete" else float("-inf"))
+                 for e in self.index.by_last_use()
+                 if not pinned(e.url, pins) and (protect is None or e.warmed_by != protect))
+        if next_use is None:
+            return found
+        return iter(eviction_order(list(found), next_use))
 
     def take(self, entry: Entry | None) -> int | None:
         """A descriptor holding ``LOCK_EX`` on the entry's file when no one uses it: not open

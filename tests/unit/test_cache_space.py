@@ -121,3 +121,28 @@ def test_a_pinned_object_is_not_a_prefix() -> None:
 
     assert pinned("s3://b/p/0", ["s3://b/p/0"]) and not pinned("s3://b/p/01", ["s3://b/p/0"])
     assert pinned("s3://b/p/01", ["s3://b/p/"]) and not pinned("s3://b/q/0", ["s3://b/p/"])
+
+
+def test_the_index_yields_entries_in_lru_order_a_page_at_a_time(tmp_path: Path) -> None:
+    import random
+
+    from mcsync.cache.index import Index
+
+    index = Index(tmp_path / "index.sqlite")
+    rng = random.Random(3)
+    with index.transaction() as db:
+        for i in range(600):
+            entry = Index.insert_filling(db, f"s3://b/{i}", ObjectInfo(str(i), 1, etag=str(i)),
+                                         BLOCK, MiB, None)
+            if i % 7:  # the others stay filling
+                db.execute("UPDATE entries SET state = 'complete', digest = 'd', "
+                           "last_access = ? WHERE id = ?", (rng.choice([1.0, 2.0, rng.random()]),
+                                                            entry))
+    got = list(index.by_last_use())
+    assert len(got) == 600
+    keys = [(e.state == "complete", e.last_access if e.state == "complete" else 0, e.id)
+            for e in got]
+    assert [k[0] for k in keys] == sorted(k[0] for k in keys)  # filling ones first
+    complete = [k for k in keys if k[0]]
+    assert complete == sorted(complete)
+    index.close()
