@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 __all__ = [
     "AccessDenied",
+    "CacheFull",
     "ComposeRefused",
     "ConfigError",
     "CredentialsExpired",
@@ -66,6 +67,12 @@ class SourceGone(NotFound):
 
 class PreconditionFailed(MCSyncError):
     """A conditional request failed: the object changed since it was planned."""
+
+
+class CacheFull(MCSyncError):
+    """The node cache cannot make room for an object within its limit: what is left is
+    pinned, open or being filled (the message gives the numbers). Raised at once, never
+    waited out."""
 
 
 class ListingOrderError(MCSyncError):

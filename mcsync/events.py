@@ -130,9 +130,44 @@ class RunFinished:
     report: SyncReport
 
 
+# -- the node cache's (mcsync.cache): what a process's cache did, for its metrics ------------
+
+
+@dataclass(frozen=True, slots=True)
+class CacheServed:
+    """An entry was served: ``hit`` when it was complete already (no byte fetched)."""
+
+    url: str
+    size: int
+    hit: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CacheFetched:
+    """Bytes of an entry fetched from its store by this process (a part at a time)."""
+
+    url: str
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEvicted:
+    url: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheUsage:
+    """The bytes the cache's entries are charged now, and its limit (0: none)."""
+
+    in_use: int
+    limit: int
+
+
 Event = (
     RunStarted | ObjectPlanned | DeltaPlanned | ListingDone | BytesMoved | ObjectDone
     | ObjectFailed | ObjectDeferred | RequestThrottled | CheckpointChosen | RunFinished
+    | CacheServed | CacheFetched | CacheEvicted | CacheUsage
 )
 
 

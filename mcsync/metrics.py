@@ -28,6 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .errors import MCSyncError, Throttled, UsageError
 from .events import (
+    CacheEvicted,
+    CacheFetched,
+    CacheServed,
+    CacheUsage,
     Event,
     ObjectDeferred,
     ObjectDone,
@@ -106,6 +110,21 @@ class Metrics:
                                          "objects the last run left for a later one: a "
                                          "checkpoint not complete yet, or files still being "
                                          "written (--min-age).", registry=r)
+        # The node cache's (mcsync.cache, told by its events), beside the sync's.
+        self.cache_hits = Counter("mcsync_cache_hits", "Cache lookups served from a complete "
+                                  "entry, with no byte fetched.", registry=r)
+        self.cache_misses = Counter("mcsync_cache_misses", "Cache lookups that fetched the "
+                                    "object, took a fill over or waited for another process's.",
+                                    registry=r)
+        self.cache_fetched = Counter("mcsync_cache_fetched_bytes", "Bytes the cache fetched "
+                                     "from the stores (this process's fills).", registry=r)
+        self.cache_evictions = Counter("mcsync_cache_evictions", "Entries this process evicted "
+                                       "to make room.", registry=r)
+        self.cache_in_use = Gauge("mcsync_cache_bytes_in_use", "Bytes charged to the cache's "
+                                  "entries (complete and filling), as of this process's last "
+                                  "reservation.", registry=r)
+        self.cache_limit = Gauge("mcsync_cache_limit_bytes", "The cache's limit (0: none).",
+                                 registry=r)
         for result in OBJECT_RESULTS:
             self.objects.labels(result)
         for result in RUN_RESULTS:
@@ -115,6 +134,15 @@ class Metrics:
 
     def emit(self, event: Event) -> None:
         match event:
+            case CacheServed(hit=hit):
+                (self.cache_hits if hit else self.cache_misses).inc()
+            case CacheFetched(nbytes=nbytes):
+                self.cache_fetched.inc(nbytes)
+            case CacheEvicted():
+                self.cache_evictions.inc()
+            case CacheUsage(in_use=in_use, limit=limit):
+                self.cache_in_use.set(in_use)
+                self.cache_limit.set(limit)
             case RunStarted(dry_run=dry_run):
                 self._dry_run = dry_run
                 self._waiting.clear()

@@ -8,10 +8,10 @@ one piece of memory, and a part can be a large range (few requests) at no memory
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import xxhash
 
-from .stores.base import FileUpload
 from .types import Buffer, ByteRange
 
 MiB = 1024 * 1024
@@ -54,7 +54,13 @@ class ChunkHasher:
         return self._done
 
 
-def drain_into(pieces: Iterator[Buffer], upload: FileUpload, rng: ByteRange,
+class WritesAt(Protocol):
+    """Where streamed bytes go: a ``FileUpload`` of a target, or a file of the node cache."""
+
+    def write_at(self, offset: int, data: Buffer) -> None: ...
+
+
+def drain_into(pieces: Iterator[Buffer], upload: WritesAt, rng: ByteRange,
                chunks: Sequence[ByteRange]) -> list[bytes]:
     """Write ``pieces`` (the bytes of ``rng``, in order) into ``upload`` at their offsets and
     return the digests of ``chunks``. Blocking: runs in a worker thread."""

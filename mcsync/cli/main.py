@@ -30,6 +30,7 @@ from ..limits import Limits
 from ..manifest import Manifest, last_run_status, manifest_dir, pair_of
 from ..stores.registry import StoreOptions, open_store
 from ..types import RESERVED_PREFIX
+from .cache_cmd import cache as cache_group
 from .progress import counted
 from .run import (
     EXIT_FAILED,
@@ -460,6 +461,9 @@ def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: boo
             click.echo(f"{counted(code[0], 'object')}, {format_size(code[1])}", err=True)
         sys.exit(EXIT_OK)
     sys.exit(code)
+
+
+cli.add_command(cache_group)
 
 
 def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, quiet: bool,

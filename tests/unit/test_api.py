@@ -10,6 +10,7 @@ import json
 import pytest
 
 import mcsync
+import mcsync.cache
 import mcsync.errors
 import mcsync.stores
 from mcsync import StoreOptions, SyncOptions
@@ -37,17 +38,20 @@ MCSYNC = [
     "UsageError", "__version__", "async_sync", "async_watch", "sync", "tune_process", "watch",
 ]
 ERRORS = [
-    "AccessDenied", "ComposeRefused", "ConfigError", "CredentialsExpired", "IntegrityError",
-    "Interrupted", "ListingOrderError", "Locked", "MCSyncError", "NoCheckpoint", "NoSuchBucket",
+    "AccessDenied", "CacheFull", "ComposeRefused", "ConfigError", "CredentialsExpired",
+    "IntegrityError", "Interrupted", "ListingOrderError", "Locked", "MCSyncError", "NoCheckpoint",
+    "NoSuchBucket",
     "NotFound",
     "Permanent", "PreconditionFailed", "SourceGone", "Throttled", "Transient", "Unreachable",
     "UnsafeKey", "UsageError", "failure_kind",
 ]
 STORES = ["ObjectInfo", "ReadStore", "Store", "StoreOptions", "open_store"]
+CACHE = ["Cache", "CacheFull", "Validation"]
 
 
 @pytest.mark.parametrize(("module", "names"), [(mcsync, MCSYNC), (mcsync.errors, ERRORS),
-                                               (mcsync.stores, STORES)])
+                                               (mcsync.stores, STORES),
+                                               (mcsync.cache, CACHE)])
 def test_exported_names_are_pinned_and_each_resolves(module, names) -> None:
     assert sorted(module.__all__) == sorted(names)
     for name in names:
