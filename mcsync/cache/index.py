@@ -11,6 +11,8 @@ transaction that found room for it (``BEGIN IMMEDIATE``: one writer at a time).
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import threading
 import time
@@ -105,28 +107,34 @@ class Index:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(path, timeout=60.0, isolation_level=None,
-                                   check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # The WAL is checkpointed every 64 pages and cut back after, so the index stays near
-        # its own size: its bytes count against the cache's limit (space.INDEX_HEADROOM).
-        self._db.execute("PRAGMA wal_autocheckpoint=64")
-        self._db.execute("PRAGMA journal_size_limit=262144")
-        # Commits are durable against a killed process without an fsync each (WAL); after a
-        # power loss the last ones may be missing, which costs refetched parts, never wrong
-        # bytes: a part is recorded after its own fdatasync, an entry complete after its fsync.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        with self.transaction() as db:
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            found = db.execute("SELECT value FROM settings WHERE name='schema'").fetchone()
-            if found is None:
-                db.execute("INSERT INTO settings VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(found[0]) != SCHEMA_VERSION:
-                raise RuntimeError(f"{path}: cache index of schema {found[0]}, this mcsync "
-                                   f"reads {SCHEMA_VERSION}")
+        # Setting WAL on a new file takes a lock SQLite does not wait for (no busy handler): a
+        # second process opening the same new cache failed "database is locked". The openers
+        # take turns for the setup instead.
+        with _setup_turn(path):
+            self._db = sqlite3.connect(path, timeout=60.0, isolation_level=None,
+                                       check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # The WAL is checkpointed every 64 pages and cut back after, so the index stays near
+            # its own size: its bytes count against the cache's limit (space.INDEX_HEADROOM).
+            self._db.execute("PRAGMA wal_autocheckpoint=64")
+            self._db.execute("PRAGMA journal_size_limit=262144")
+            # Commits are durable against a killed process without an fsync each (WAL); after a
+            # power loss the last ones may be missing, which costs refetched parts, never wrong
+            # bytes: a part is recorded after its own fdatasync, an entry complete after its
+            # fsync.
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            with self.transaction() as db:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                found = db.execute("SELECT value FROM settings WHERE name='schema'").fetchone()
+                if found is None:
+                    db.execute("INSERT INTO settings VALUES ('schema', ?)",
+                               (str(SCHEMA_VERSION),))
+                elif int(found[0]) != SCHEMA_VERSION:
+                    raise RuntimeError(f"{path}: cache index of schema {found[0]}, this mcsync "
+                                       f"reads {SCHEMA_VERSION}")
 
     def close(self) -> None:
         with self._lock:
@@ -262,3 +270,15 @@ class Index:
     def unpin(self, prefix: str) -> bool:
         with self.transaction() as db:
             return db.execute("DELETE FROM pins WHERE prefix = ?", (prefix,)).rowcount > 0
+
+
+@contextmanager
+def _setup_turn(path: Path) -> Iterator[None]:
+    """One process at a time opens and sets up the index at ``path`` (an flock on a file
+    beside it, released with the process if it dies)."""
+    fd = os.open(f"{path}.setup", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
