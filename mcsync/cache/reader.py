@@ -62,12 +62,27 @@ class FillingReader(io.RawIOBase):
         view = memoryview(buffer).cast("B")
         size = self._entry.size
         if self._pos >= size or not len(view):
+            if self._pos >= size and not self._complete and self._filling is not None:
+                self._wait_for_the_fill()
             return 0
         end = size if self._complete else self._available()
         want = min(len(view), end - self._pos)
         got = os.preadv(self._fd, [view[:want]], self._pos)
         self._pos += got
         return got
+
+    def _wait_for_the_fill(self) -> None:
+        """The end of an entry this process fills is its end once the fill has committed it:
+        a reader that had every piece as it landed and then closed the cache would otherwise
+        cancel the fill's last fdatasync and commit, and other processes fetch its unrecorded
+        parts again."""
+        assert self._filling is not None
+        try:
+            self._filling.result()
+        except Exception as exc:
+            raise OSError(f"{self._entry.url}: filling failed: {exc}") from exc
+        fcntl.flock(self._fd, fcntl.LOCK_SH)  # held against eviction as any open entry
+        self._complete = True
 
     def _available(self) -> int:
         """Where the bytes readable now from the position end (beyond it), waiting for one."""
