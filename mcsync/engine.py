@@ -43,6 +43,7 @@ from .listing import Handoff, prefetched
 from .lock import read_lock, run_lock
 from .manifest import Manifest, default_path, pair_id
 from .preflight import check_stores, writable_pair
+from .ratelimit import limits_share
 from .report import RunTotals, SyncReport
 from .resilience import Pacing, pacing_of, resilient
 from .retry import RetryPolicy, retrying
@@ -101,7 +102,11 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
         target = await _store(dst, options.store_options("target"), opened)
         # Every request of the run, the checks and the lock's among them, goes through one
         # retry layer; a watch wraps its stores once, for all its cycles.
-        pacing = pacing_of(source) or pacing_of(target) or Pacing.for_options(options)
+        # With workers, each paces itself at 1/N of the limits and so does this process,
+        # which moves bytes itself only for deltas and uploads a killed run left.
+        paced = (limits_share(options, options.workers)
+                 if options.workers and not options.dry_run else options)
+        pacing = pacing_of(source) or pacing_of(target) or Pacing.for_options(paced)
         source, target = resilient(source, pacing), resilient(target, pacing)
         pacing.begin_run()
         if preflight:

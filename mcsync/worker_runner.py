@@ -22,6 +22,7 @@ from .dispatch import Dispatch, Outcome
 from .events import BytesMoved, Event
 from .limits import Limits
 from .plan import Action
+from .ratelimit import limits_share
 from .resilience import Pacing, resilient
 from .stores.base import ReadStore, Store
 from .stores.registry import StoreOptions, open_store
@@ -41,9 +42,10 @@ class Addresses:
 def worker_options(options: SyncOptions, n: int) -> SyncOptions:
     """A worker's share of the run's limits: requests in flight and memory split N ways (a
     worker never holds less than 5 MiB; the driver keeps the whole budget for what it moves
-    itself)."""
+    itself), and ``--tpslimit`` / ``--bwlimit`` (each rate of a timetable) split N ways too
+    (the driver paces itself at a share as well: ``ratelimit.limits_share``)."""
     return dataclasses.replace(
-        options, workers=0, concurrency=max(1, -(-options.concurrency // n)),
+        limits_share(options, n), workers=0, concurrency=max(1, -(-options.concurrency // n)),
         memory_limit=max(options.memory_limit // n, 5 * MiB))
 
 

@@ -187,7 +187,8 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Move whole objects (up to the multipart threshold) in N worker "
                           "processes on this machine (auto: the cores available); larger "
                           "objects, deltas and resumed uploads stay in the main process. Each "
-                          "worker gets 1/N of --concurrency and --memory-limit."),
+                          "worker gets 1/N of --concurrency and --memory-limit, and it and the "
+                          "main process 1/N of --tpslimit and --bwlimit (the run's total)."),
         click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
                      show_default=True, metavar="SECONDS",
                      help="On SIGINT/SIGTERM, how long work in flight may take to finish."),

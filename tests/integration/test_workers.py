@@ -186,12 +186,30 @@ def test_workers_auto_and_a_local_target(source_tree, tmp_path):
 def test_workers_refusals_are_one_line_before_anything_moves(source_tree, tmp_path):
     code, _, err = run(command(source_tree, str(tmp_path / "dst"), "--workers", "0"), {})
     assert code == 2 and "--workers must be a number of processes" in err, err  # click's usage
-    for extra, says in ((("--workers", "2", "--bwlimit", "10MiB"), "--bwlimit"),
-                        (("--workers", "2", "--watch"), "--watch")):
+    for extra, says in ((("--workers", "2", "--watch"), "--watch"),):
         code, _, err = run(command(source_tree, str(tmp_path / "dst"), *extra), {})
         assert code == 2, err
         assert says in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "dst").exists() or not any((tmp_path / "dst").rglob("*.bin"))
+
+
+def test_bwlimit_is_the_total_of_the_workers_not_each_ones(tmp_path, seaweed):
+    """--bwlimit with --workers 2: each worker paces itself at half the limit, so the run
+    takes at least the time the whole limit allows (less each worker's first object, which
+    its bucket lets through before paying for it). Were each worker given the whole limit,
+    the run would take half that time."""
+    objects = {f"w/{i:03d}.bin": payload(128 * 1024, 7000 + i) for i in range(128)}
+    write_tree(tmp_path / "src", objects)
+    bucket, limit = new_bucket(seaweed), 3 * MiB
+    code, report, err = run(command(tmp_path / "src", f"meta://{bucket}/run/", "--workers", "2",
+                                    "-c", "8", "--bwlimit", "3MiB"), seaweed.meta_env())
+    assert code == 0, err
+    assert read_bucket(seaweed, bucket, "run/") == objects
+    assert report["tasks"] >= 4 and report["bytes_transferred"] >= 16 * MiB  # 32 objects each
+    # Only workers moved data bytes: at most the limit times the time, plus a first object
+    # each; seconds from the report (listing and starting the workers only add to them).
+    floor = (16 * MiB - 2 * 128 * 1024) / limit
+    assert report["elapsed_s"] >= floor, (report["elapsed_s"], floor)
 
 
 def test_sigterm_lets_the_workers_tasks_finish_and_the_rerun_completes(source_tree, seaweed,
