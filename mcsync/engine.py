@@ -56,6 +56,7 @@ from .stores.base import (
     TempFileSweeper,
 )
 from .stores.registry import StoreOptions, open_store
+from .task_log import TaskLog
 from .tasks import cancel_and_wait
 from .types import RESERVED_PREFIX, ObjectInfo
 from .worker_runner import Addresses
@@ -239,7 +240,10 @@ class _Run:
                                  stop=stop)
         # --workers: worker processes take the actions of one request each (nothing moves in
         # a dry run).
-        self.workers = (Workers(open_pool(addresses, options), options, self.sink.emit, stop)
+        # Each task's end goes into the manifest too, for `mcsync status` (task_log).
+        self.task_log = TaskLog(writing)
+        self.workers = (Workers(open_pool(addresses, options), options, self.sink.emit, stop,
+                                on_task=self.task_log)
                         if addresses is not None and options.workers and not options.dry_run
                         and not self._folds_case(dst) else None)
         self.driver = Driver(src, dst, options, manifest=manifest, dispatch=self.dispatch,
@@ -264,6 +268,7 @@ class _Run:
                  and self.manifest.last_status() in ("running", "interrupted"))
         started = time.time()
         run_id = self.manifest.start_run() if writing and self.manifest else 0
+        self.task_log.run_id = run_id
         self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
         server_side = (self.options.server_side_copy and isinstance(self.dst, ServerSideCopier)
                        and self.dst.can_copy_from(self.src))

@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
+import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -66,6 +69,8 @@ class TaskResult:
     throttled: int
     retried: int
     expired: int
+    worker: str = ""  # who ran it, "pid P on HOST" (for the run's task log)
+    seconds: float = 0.0  # from its first action to its last outcome
 
 
 class TaskRunner:
@@ -106,10 +111,13 @@ class TaskRunner:
         p = self.pacing
         before = (p.throttled, p.retried, p.expired)
         self.moved = []
+        began = time.monotonic()
         async with asyncio.TaskGroup() as tg:
             running = [tg.create_task(self.dispatch.run(action)) for action in actions]
         return TaskResult([t.result() for t in running], self.moved,
-                          p.throttled - before[0], p.retried - before[1], p.expired - before[2])
+                          p.throttled - before[0], p.retried - before[1], p.expired - before[2],
+                          f"pid {os.getpid()} on {socket.gethostname()}",
+                          time.monotonic() - began)
 
     def close(self) -> None:
         async def closing() -> None:

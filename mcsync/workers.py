@@ -33,6 +33,7 @@ from .plan import Action
 from .stores.base import ReadStore
 from .stores.single import is_one_object
 from .stores.wrap import innermost
+from .task_log import TaskDone
 from .worker_runner import Addresses, TaskResult, WorkerLost, WorkerUnavailable, worker_options
 
 log = logging.getLogger(__name__)
@@ -125,8 +126,10 @@ class Workers:
     summed for the report."""
 
     def __init__(self, pool: WorkerPool, options: SyncOptions,
-                 emit: Callable[[Event], None], stop: asyncio.Event) -> None:
+                 emit: Callable[[Event], None], stop: asyncio.Event,
+                 on_task: Callable[[TaskDone], None] | None = None) -> None:
         self.pool = pool
+        self.on_task = on_task  # told of each task's end (task_log.TaskLog)
         self.emit = emit
         self.stop = stop
         # A task holds enough objects to keep its worker's requests busy.
@@ -206,6 +209,8 @@ class Workers:
             self.expired += result.expired
             for key, nbytes in result.moved:
                 self.emit(BytesMoved(key, nbytes))
+            self._ended(TaskDone(task.name(), "done", result.worker, len(task.actions),
+                                 sum(n for _, n in result.moved), result.seconds))
             return result.outcomes
 
     def _after_death(self, task: _Task, exc: WorkerLost) -> list[Outcome] | None:
@@ -216,14 +221,20 @@ class Workers:
         if task.tries >= MAX_TRIES:
             return self._failed(task, f"a worker died running it {task.tries} times ({exc})")
         self.tasks_retried += 1
+        self._ended(TaskDone(task.name(), "retried"))
         if len(self.retried) < MAX_NAMED:
             self.retried.append(f"{task.name()}: {exc}; run again")
         return None
 
     def _failed(self, task: _Task, why: str) -> list[Outcome]:
+        self._ended(TaskDone(task.name(), "failed", objects=len(task.actions)))
         return [Outcome(a.key, ObjectFailed(a.key, kind_of(a), a.size, f"{task.name()}: {why}",
                                             "WorkerDied", retryable=True))
                 for a in task.actions]
+
+    def _ended(self, done: TaskDone) -> None:
+        if self.on_task is not None:
+            self.on_task(done)
 
     async def aclose(self) -> None:
         """After the run (or its cancellation): no task left waiting, the workers gone."""

@@ -108,6 +108,19 @@ def test_three_workers_write_each_key_once_and_report_as_one_process(source_tree
 
     assert results(report) == results(single) and len(report["objects"]) == len(OBJECTS)
 
+    # The target's state says what each worker did (mcsync status, from the manifest's copy).
+    shown = run_cli("status", f"meta://{bucket}/run/", env=env)
+    assert shown.exit_code == 0 and "tasks of " in shown.output, shown.output
+    (row,) = json.loads(run_cli("status", f"meta://{bucket}/run/", "--json", env=env).stdout)
+    assert row["tasks_run"]["status"] == "done"
+    tasks = row["tasks"]
+    assert 1 <= len(tasks) <= 3 and all(t["worker"].startswith("pid ") for t in tasks)
+    assert sum(t["tasks"] for t in tasks) == report["tasks"]
+    assert sum(t["objects"] for t in tasks) == len(SMALL)
+    assert sum(t["bytes"] for t in tasks) == sum(len(v) for v in SMALL.values())
+    assert all(t["slowest"].startswith("task ") and t["retried"] == t["failed"] == 0
+               for t in tasks)
+
     # Every object was recorded: the next run with workers has nothing to move.
     code, again, err = run(command(source_tree, f"meta://{bucket}/run/", "--workers", "3"), env)
     assert code == 0, err
@@ -139,6 +152,10 @@ def test_a_worker_killed_mid_run_has_its_task_given_to_another(source_tree, seaw
     assert report["tasks_retried"] >= 1
     assert len(report["retried_tasks"]) == report["tasks_retried"]
     assert all(t.startswith("task ") and "died" in t for t in report["retried_tasks"])
+    (row,) = json.loads(run_cli("status", f"meta://{bucket}/run/", "--json",
+                                env=seaweed_proxy.endpoint.meta_env()).stdout)
+    assert sum(t["retried"] for t in row["tasks"]) == report["tasks_retried"]
+    assert sum(t["tasks"] for t in row["tasks"]) == report["tasks"]
 
 
 def test_a_killed_driver_takes_its_workers_and_the_same_command_resumes(source_tree, seaweed,
