@@ -47,6 +47,7 @@ class ProcResult:
     timed_out: bool
     tree_rss_peak_kib: int | None = None  # sampled peak of the tree's summed RSS
     tree_procs_max: int | None = None  # most processes of the tree seen at once
+    tool_hwm_kib: int | None = None  # the tool's own peak RSS (VmHWM), without its children
 
     @property
     def cpu_s(self) -> float:
@@ -133,6 +134,7 @@ def run_measured(
         timed_out=timed_out.is_set(),
         tree_rss_peak_kib=inner.get("tree_rss_peak_kib"),
         tree_procs_max=inner.get("tree_procs_max"),
+        tool_hwm_kib=inner.get("tool_hwm_kib"),
     )
 
 

@@ -165,10 +165,6 @@ class SyncOptions:
             raise UsageError("--ray-address is where the workers of --executor ray run")
         if self.workers < 0 and not (self.workers == WORKERS_AUTO and self.executor == "ray"):
             raise UsageError(f"--workers must be at least 1 (or auto), got {self.workers}")
-        if self.workers and (self.tps_limit or self.bw_limit):
-            # Each worker process would pace itself: N times the limit asked for.
-            raise UsageError("--workers cannot be combined with --tpslimit or --bwlimit yet: "
-                             "each worker process would keep its own limit")
 
     def store_options(self, side: Literal["source", "target"]) -> StoreOptions:
         """What the store of one side, opened from its address, is told."""

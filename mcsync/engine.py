@@ -45,6 +45,7 @@ from .listing import Handoff, prefetched
 from .lock import read_lock, run_lock
 from .manifest import Manifest, default_path, pair_id
 from .preflight import check_stores, writable_pair
+from .ratelimit import limits_share
 from .report import RunTotals, SyncReport
 from .resilience import Pacing, pacing_of, resilient
 from .retry import RetryPolicy, retrying
@@ -57,6 +58,7 @@ from .stores.base import (
     TempFileSweeper,
 )
 from .stores.registry import StoreOptions, open_store
+from .task_log import TaskLog
 from .tasks import cancel_and_wait
 from .types import RESERVED_PREFIX, ObjectInfo
 from .worker_runner import Addresses
@@ -103,7 +105,11 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
         target = await _store(dst, options.store_options("target"), opened)
         # Every request of the run, the checks and the lock's among them, goes through one
         # retry layer; a watch wraps its stores once, for all its cycles.
-        pacing = pacing_of(source) or pacing_of(target) or Pacing.for_options(options)
+        # With workers, each paces itself at 1/N of the limits and so does this process,
+        # which moves bytes itself only for deltas and uploads a killed run left.
+        paced = (limits_share(options, options.workers)
+                 if options.workers and not options.dry_run else options)
+        pacing = pacing_of(source) or pacing_of(target) or Pacing.for_options(paced)
         source, target = resilient(source, pacing), resilient(target, pacing)
         pacing.begin_run()
         if preflight:
@@ -239,8 +245,11 @@ class _Run:
         holdings = (ManifestHoldings(manifest, writing=writing is not None)
                     if manifest is not None else None)
         # --workers: worker processes take the actions of one request each and the parts of
-        # copies in parts (nothing moves in a dry run).
-        self.workers = (Workers(open_pool(addresses, options), options, self.sink.emit, stop)
+        # copies in parts (nothing moves in a dry run). Each task's end goes into the manifest
+        # too, for `mcsync status` (task_log).
+        self.task_log = TaskLog(writing)
+        self.workers = (Workers(open_pool(addresses, options), options, self.sink.emit, stop,
+                                on_task=self.task_log)
                         if addresses is not None and options.workers and not options.dry_run
                         and not self._folds_case(dst) else None)
         self.dispatch = Dispatch(src, dst, options, self.limits, self.sink.emit,
@@ -270,6 +279,7 @@ class _Run:
                  and self.manifest.last_status() in ("running", "interrupted"))
         started = time.time()
         run_id = self.manifest.start_run() if writing and self.manifest else 0
+        self.task_log.run_id = run_id
         self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
         if (c := self.chosen) is not None:
             self.sink.emit(CheckpointChosen(c.directory, c.framework, c.step,

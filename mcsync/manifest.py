@@ -437,6 +437,12 @@ class Manifest:
                          (time.time(), status, json.dumps(report), run_id))
         self.commit()
 
+    def record_worker_tasks(self, run_id: int, row: tuple[object, ...]) -> None:
+        """One worker's tally of a run's tasks (``task_log.WorkerTasks``), replacing the last."""
+        self._db.execute("INSERT OR REPLACE INTO run_workers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                         "?)", (run_id, *row))
+        self._changed()
+
     # -- durability -------------------------------------------------------------------------------
 
     def _changed(self) -> None:

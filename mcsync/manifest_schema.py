@@ -56,7 +56,22 @@ CREATE TABLE IF NOT EXISTS runs (
     status TEXT NOT NULL,
     report TEXT
 );
+CREATE TABLE IF NOT EXISTS run_workers (
+    run_id INTEGER NOT NULL,
+    worker TEXT NOT NULL,
+    tasks INTEGER NOT NULL,
+    retried INTEGER NOT NULL,
+    failed INTEGER NOT NULL,
+    objects INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    slowest TEXT,
+    slowest_s REAL,
+    last_done REAL,
+    PRIMARY KEY (run_id, worker)
+);
 """
+# run_workers: a run with workers, per worker, its tasks (mcsync.task_log); a table an older
+# mcsync ignores, created in any manifest when opened (no schema version of its own).
 
 
 OBJECT_COLUMNS = ("key, src_size, src_etag, src_mtime, src_version, dst_size, dst_etag, "
@@ -95,6 +110,11 @@ _ROW_RULES = {
         OR typeof(digest) != 'blob' OR length(digest) % {DIGEST_SIZE} != 0""",
     "runs": f"""typeof(started_at) NOT IN {_NUM} OR typeof(finished_at) NOT IN {_OPT_NUM}
         OR typeof(status) != 'text' OR typeof(report) NOT IN {_OPT_TEXT}""",
+    "run_workers": f"""typeof(run_id) != 'integer' OR typeof(worker) != 'text'
+        OR typeof(tasks) != 'integer' OR typeof(retried) != 'integer'
+        OR typeof(failed) != 'integer' OR typeof(objects) != 'integer'
+        OR typeof(bytes) != 'integer' OR typeof(slowest) NOT IN {_OPT_TEXT}
+        OR typeof(slowest_s) NOT IN {_OPT_NUM} OR typeof(last_done) NOT IN {_OPT_NUM}""",
     "chunks": f"""typeof(digest) != 'blob' OR length(digest) != {DIGEST_SIZE}
         OR typeof(length) != 'integer' OR length < 0 OR typeof(key) != 'text'
         OR typeof(offset) != 'integer' OR offset < 0""",

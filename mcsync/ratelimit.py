@@ -10,13 +10,14 @@ sleep are injected, so the tests run on a fake clock.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .config import parse_size
+from .config import SyncOptions, parse_size
 from .errors import UsageError
 
 Clock = Callable[[], float]
@@ -103,6 +104,21 @@ class Timetable:
             raise UsageError(f"{what}: two entries for the same time in {text!r}")
         return cls(tuple(entries))
 
+    def divided(self, n: int) -> Timetable:
+        """Each rate divided by ``n`` (a worker's share of the run's limit)."""
+        return Timetable(tuple((start, None if rate is None else rate / n)
+                               for start, rate in self.entries))
+
+    def text(self) -> str:
+        """As ``parse`` reads it back (rates in whole bytes per second, at least 1)."""
+        def rate(value: float | None) -> str:
+            return "off" if value is None else str(max(1, int(value)))
+
+        if len(self.entries) == 1 and self.entries[0][0] == 0:
+            return rate(self.entries[0][1])
+        return " ".join(f"{start // 60:02d}:{start % 60:02d},{rate(value)}"
+                        for start, value in self.entries)
+
     def rate_at(self, when: datetime.datetime) -> float | None:
         minute = when.hour * 60 + when.minute
         current = self.entries[-1][1]  # before the first entry of the day: the last one's
@@ -110,6 +126,18 @@ class Timetable:
             if start <= minute:
                 current = rate
         return current
+
+
+def limits_share(options: SyncOptions, n: int) -> SyncOptions:
+    """``options`` with 1/``n`` of ``--tpslimit`` and of each rate of ``--bwlimit``: what one
+    of ``n`` processes that pace themselves (``--workers``: each worker and the driver) may
+    take, so that the run's total is the limit asked for."""
+    if n <= 1 or not (options.tps_limit or options.bw_limit):
+        return options
+    return dataclasses.replace(
+        options, tps_limit=options.tps_limit / n if options.tps_limit else None,
+        bw_limit=(Timetable.parse(options.bw_limit).divided(n).text()
+                  if options.bw_limit else None))
 
 
 class Bandwidth:

@@ -2,14 +2,16 @@
 row per pair, or per shard of a pair run with ``--shard``.
 
 Read from ``<dst>/.mcsync/`` alone (no local manifest, no source): each manifest's copy (its
-objects, its bytes, its newest run and the last that ended well) and each lock object (a run
-holding it now). A run that changed nothing sends no new copy, so "last success" is that of the
-last run that changed something.
+objects, its bytes, its newest run and the last that ended well, and the tasks of its last run
+with workers, per worker: ``task_log``) and each lock object (a run holding it now). A run
+that changed nothing sends no new copy, so "last success" is that of the last run that changed
+something.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import sqlite3
@@ -22,6 +24,7 @@ from .errors import NotFound
 from .lock import expires_at, parsed_holder
 from .shard import Shard, of_name
 from .stores.base import ReadStore
+from .task_log import COLUMNS, WorkerTasks
 
 _NAME = re.compile(r"(manifest|lock)-([0-9a-f]{20})(\.shard-\d+-of-\d+)?\.(sqlite|json)")
 # A manifest's newest run, by its status (a copy sent mid-run says running; with no live lock
@@ -44,13 +47,19 @@ class ShardStatus:
     elapsed_s: float | None = None  # of its newest run
     last_success: float | None = None  # when the last run that ended well finished
     holder: str | None = None  # the run holding its lock now: "pid P on HOST"
+    # Its last run with workers: that run's id and status, its tasks per worker.
+    tasks_run: tuple[int, str] | None = None
+    tasks: tuple[WorkerTasks, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"pair": self.pair, "src": self.src,
                 "shard": f"{self.shard[0]}/{self.shard[1]}" if self.shard else None,
                 "state": self.state, "objects": self.objects, "bytes": self.bytes,
                 "failed": self.failed, "elapsed_s": self.elapsed_s,
-                "last_success": self.last_success, "holder": self.holder}
+                "last_success": self.last_success, "holder": self.holder,
+                "tasks_run": ({"id": self.tasks_run[0], "status": self.tasks_run[1]}
+                              if self.tasks_run else None),
+                "tasks": [dataclasses.asdict(t) for t in self.tasks]}
 
 
 @dataclass
@@ -68,6 +77,7 @@ def summary(path: Path) -> dict[str, Any]:
             "SELECT COUNT(*), COALESCE(SUM(dst_size), 0) FROM objects").fetchone()
         newest = db.execute("SELECT status, report FROM runs ORDER BY id DESC LIMIT 1").fetchone()
         (ok,) = db.execute("SELECT MAX(finished_at) FROM runs WHERE status = 'ok'").fetchone()
+        tasks_run, tasks = _tasks(db)
     finally:
         db.close()
     report: dict[str, Any] = {}
@@ -79,7 +89,23 @@ def summary(path: Path) -> dict[str, Any]:
     return {"src": meta.get("src"), "objects": int(objects), "bytes": int(size),
             "status": newest[0] if newest else None, "failed": int(report.get("objects_failed")
                                                                    or 0),
-            "elapsed_s": report.get("elapsed_s"), "last_success": ok}
+            "elapsed_s": report.get("elapsed_s"), "last_success": ok, "tasks_run": tasks_run,
+            "tasks": tasks}
+
+
+def _tasks(db: sqlite3.Connection) -> tuple[tuple[int, str] | None,
+                                            tuple[WorkerTasks, ...]]:
+    """The last run with workers (id, status) and its tasks per worker."""
+    try:
+        run = db.execute("SELECT r.id, r.status FROM runs r WHERE r.id = "
+                         "(SELECT MAX(run_id) FROM run_workers)").fetchone()
+        if run is None:
+            return None, ()
+        rows = db.execute(f"SELECT {COLUMNS} FROM run_workers WHERE run_id = ? "
+                          "ORDER BY worker = '', worker", (run[0],)).fetchall()
+    except sqlite3.OperationalError:  # the copy of an older mcsync's manifest: no such table
+        return None, ()
+    return (int(run[0]), str(run[1])), tuple(WorkerTasks(*row) for row in rows)
 
 
 async def status(state: ReadStore, tmp: Path, *, now: float | None = None) -> list[ShardStatus]:
@@ -129,6 +155,11 @@ def _row(pair: str, shard: Shard | None, entry: _Found, now: float) -> ShardStat
     except sqlite3.Error:
         return ShardStatus(pair, shard, "running" if held else "unreadable", holder=holder)
     state = "running" if held else _STATE.get(s["status"] or "", "not started")
+    tasks_run = s["tasks_run"]
+    if tasks_run is not None:  # a run still "running" with no live lock was killed
+        tasks_run = (tasks_run[0], "running" if held and tasks_run[1] == "running"
+                     else _STATE.get(tasks_run[1], tasks_run[1]))
     return ShardStatus(pair, shard, state, src=s["src"], objects=s["objects"],
                        bytes=s["bytes"], failed=s["failed"], elapsed_s=s["elapsed_s"],
-                       last_success=s["last_success"], holder=holder)
+                       last_success=s["last_success"], holder=holder,
+                       tasks_run=tasks_run, tasks=s["tasks"])

@@ -15,6 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
+import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +27,7 @@ from .events import BytesMoved, Event
 from .limits import Limits
 from .part_tasks import PartJob, PartSent, WorkerParts
 from .plan import Action
+from .ratelimit import limits_share
 from .resilience import Pacing, resilient
 from .stores.base import ReadStore, Store
 from .stores.registry import StoreOptions, open_store
@@ -46,9 +50,10 @@ class Addresses:
 def worker_options(options: SyncOptions, n: int) -> SyncOptions:
     """A worker's share of the run's limits: requests in flight and memory split N ways (a
     worker never holds less than 5 MiB; the driver keeps the whole budget for what it moves
-    itself)."""
+    itself), and ``--tpslimit`` / ``--bwlimit`` (each rate of a timetable) split N ways too
+    (the driver paces itself at a share as well: ``ratelimit.limits_share``)."""
     return dataclasses.replace(
-        options, workers=0, concurrency=max(1, -(-options.concurrency // n)),
+        limits_share(options, n), workers=0, concurrency=max(1, -(-options.concurrency // n)),
         memory_limit=max(options.memory_limit // n, 5 * MiB))
 
 
@@ -69,6 +74,8 @@ class TaskResult:
     throttled: int
     retried: int
     expired: int
+    worker: str = ""  # who ran it, "pid P on HOST" (for the run's task log)
+    seconds: float = 0.0  # from its first action to its last outcome
 
 
 class TaskRunner:
@@ -111,9 +118,12 @@ class TaskRunner:
         p = self.pacing
         before = (p.throttled, p.retried, p.expired)
         self.moved = []
+        began = time.monotonic()
         outcomes = await run_items(self.dispatch, self.parts, items)
         return TaskResult(outcomes, self.moved,
-                          p.throttled - before[0], p.retried - before[1], p.expired - before[2])
+                          p.throttled - before[0], p.retried - before[1], p.expired - before[2],
+                          f"pid {os.getpid()} on {socket.gethostname()}",
+                          time.monotonic() - began)
 
     def close(self) -> None:
         async def closing() -> None:

@@ -36,6 +36,7 @@ from .plan import Action
 from .stores.base import ReadStore
 from .stores.single import is_one_object
 from .stores.wrap import innermost
+from .task_log import TaskDone
 from .tasks import fail_waiting
 from .worker_runner import (
     Addresses,
@@ -144,6 +145,10 @@ class _Task:
         keys = first.key if first.key == last.key else f"{first.key} .. {last.key}"
         return f"task {self.number} ({len(self.actions)} objects, {keys})"
 
+    def objects(self) -> int:
+        """Whole objects it carries (a part task carries none: its object is the driver's)."""
+        return sum(1 for a in self.actions if not isinstance(a, PartJob))
+
 
 class Workers:
     """The driver's side of a pool: actions batched into tasks, tasks run on the pool and
@@ -151,10 +156,12 @@ class Workers:
     summed for the report."""
 
     def __init__(self, pool: WorkerPool, options: SyncOptions,
-                 emit: Callable[[Event], None], stop: asyncio.Event) -> None:
+                 emit: Callable[[Event], None], stop: asyncio.Event,
+                 on_task: Callable[[TaskDone], None] | None = None) -> None:
         self.pool = pool
         self.size = pool.size
         self.task_bytes = TASK_BYTES
+        self.on_task = on_task  # told of each task's end (task_log.TaskLog)
         self.emit = emit
         self.stop = stop
         # A task holds enough objects to keep its worker's requests busy.
@@ -237,6 +244,8 @@ class Workers:
             self.expired += result.expired
             for key, nbytes in result.moved:
                 self.emit(BytesMoved(key, nbytes))
+            self._ended(TaskDone(task.name(), "done", result.worker, task.objects(),
+                                 sum(n for _, n in result.moved), result.seconds))
             return result.outcomes
 
     def _after_death(self, task: _Task, exc: WorkerLost) -> list[Outcome | PartSent] | None:
@@ -248,16 +257,22 @@ class Workers:
         if task.tries >= MAX_TRIES:
             return self._failed(task, f"a worker died running it {task.tries} times ({exc})")
         self.tasks_retried += 1
+        self._ended(TaskDone(task.name(), "retried"))
         if len(self.retried) < MAX_NAMED:
             self.retried.append(f"{task.name()}: {exc}; run again")
         return None
 
     def _failed(self, task: _Task, why: str) -> list[Outcome | PartSent]:
+        self._ended(TaskDone(task.name(), "failed", objects=task.objects()))
         return [PartSent(a.part.number, None, error=Transient(f"{task.name()}: {why}"))
                 if isinstance(a, PartJob) else
                 Outcome(a.key, ObjectFailed(a.key, kind_of(a), a.size, f"{task.name()}: {why}",
                                             "WorkerDied", retryable=True))
                 for a in task.actions]
+
+    def _ended(self, done: TaskDone) -> None:
+        if self.on_task is not None:
+            self.on_task(done)
 
     async def aclose(self) -> None:
         """After the run (or its cancellation): no task left waiting, the workers gone."""

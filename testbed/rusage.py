@@ -17,7 +17,9 @@ launcher also samples the tree every ``SAMPLE_S`` seconds from ``/proc``: the to
 process descended from it or in its session (the benchmarks start this launcher in a session of
 its own; the launcher itself is not counted; the process list is refreshed every ``RESCAN``
 samples), summing their RSS. The report has the peak of that sum (``tree_rss_peak_kib``) and
-the most processes seen at once (``tree_procs_max``). The wait wakes on the tool's exit at once
+the most processes seen at once (``tree_procs_max``), and the tool's own high-water RSS
+(``tool_hwm_kib``: ``VmHWM`` of its process alone, without its workers, as last read before it
+ended: a driver's peak). The wait wakes on the tool's exit at once
 (a pidfd), so sampling adds nothing to the wall time.
 Only built-in modules are used (``os``, ``sys``, ``time``, ``select``), to keep this process
 small.
@@ -46,6 +48,19 @@ def _stat(pid: int) -> tuple[int, int, int] | None:
         return int(fields[1]), int(fields[3]), int(fields[21])
     except (IndexError, ValueError):
         return None
+
+
+def hwm_kib(pid: int) -> int:
+    """The high-water RSS of one process (``VmHWM``: the kernel's own peak, not sampled), 0 if
+    it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def find_tree(root: int, me: int) -> set[int]:
@@ -98,7 +113,7 @@ def main() -> int:
         except OSError as exc:
             print(f"cannot run {argv[0]}: {exc}", file=sys.stderr)
         os._exit(127)
-    peak_kib = procs_max = 0
+    peak_kib = procs_max = tool_hwm = 0
     try:
         pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):
@@ -119,6 +134,7 @@ def main() -> int:
             samples += 1
             kib, n = tree_rss(tree)
             peak_kib, procs_max = max(peak_kib, kib), max(procs_max, n)
+            tool_hwm = max(tool_hwm, hwm_kib(pid))
         os.close(pidfd)
     while True:
         try:
@@ -133,7 +149,8 @@ def main() -> int:
             f'{{"returncode": {code}, "wall_s": {wall!r}, "user_s": {ru.ru_utime!r}, '
             f'"sys_s": {ru.ru_stime!r}, "maxrss_kib": {ru.ru_maxrss}, '
             f'"tree_rss_peak_kib": {peak_kib if pidfd is not None else "null"}, '
-            f'"tree_procs_max": {procs_max if pidfd is not None else "null"}}}\n'
+            f'"tree_procs_max": {procs_max if pidfd is not None else "null"}, '
+            f'"tool_hwm_kib": {tool_hwm if pidfd is not None else "null"}}}\n'
         )
     return code if code >= 0 else 128 - code
 

@@ -198,7 +198,8 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "cores available): small ones whole, larger ones by their parts "
                           "(the main process opens and completes each upload); deltas and "
                           "uploads into local files stay in the main process. Each worker "
-                          "gets 1/N of --concurrency and --memory-limit."),
+                          "gets 1/N of --concurrency and --memory-limit, and it and the "
+                          "main process 1/N of --tpslimit and --bwlimit (the run's total)."),
         click.option("--executor", type=click.Choice(("local", "ray")), default="local",
                      show_default=True,
                      help="Where the --workers run: processes on this machine, or Ray actors on "
@@ -376,7 +377,9 @@ async def _manifests_of(store: Any, tmp: Path) -> list[Path]:
 def status(dst: str, endpoint_url: str | None, profile: str | None, as_json: bool) -> None:
     """Show what the state mcsync keeps at DST says: per pair, or per shard of a pair run with
     --shard, done / running / failed / interrupted / not started, objects and bytes recorded,
-    failures and time of the newest run, and when the last run that ended well finished."""
+    failures and time of the newest run, and when the last run that ended well finished; for
+    the last run with --workers, its tasks per worker (done, retried, failed, objects, bytes,
+    the slowest, the last done)."""
     import tempfile
 
     from ..status import status as read_status  # the status command's alone
@@ -414,10 +417,27 @@ def status(dst: str, endpoint_url: str | None, profile: str | None, as_json: boo
         click.echo(f"{r.pair:<20}  {shard:>7}  {r.state:<12}  {r.objects:>9}  "
                    f"{format_size(r.bytes):>10}  {r.failed:>6}  {took:>8}  "
                    f"{when(r.last_success)}" + (f"  ({r.holder})" if r.holder else ""))
+    for r in rows:
+        if r.tasks:
+            _print_tasks(r, when)
     sources = sorted({(r.pair, r.src) for r in rows if r.src})
     for pair, src in sources:
         click.echo(f"{pair}: from {src}", err=True)
     sys.exit(EXIT_OK)
+
+
+def _print_tasks(r: Any, when: Callable[[float | None], str]) -> None:
+    """The tasks of a row's last run with workers, a line per worker (status.ShardStatus)."""
+    shard = f" shard {r.shard[0]}/{r.shard[1]}" if r.shard else ""
+    run_id, state = r.tasks_run
+    click.echo(f"\ntasks of {r.pair}{shard}, run {run_id} ({state}):")
+    click.echo(f"{'worker':<28}  {'tasks':>6}  {'retried':>7}  {'failed':>6}  {'objects':>9}  "
+               f"{'bytes':>10}  {'slowest':>8}  last done (UTC)")
+    for t in r.tasks:
+        slowest = f"{t.slowest_s:.1f}s" if t.slowest_s is not None else "-"
+        click.echo(f"{t.worker or '(unknown)':<28}  {t.tasks:>6}  {t.retried:>7}  {t.failed:>6}  "
+                   f"{t.objects:>9}  {format_size(t.bytes):>10}  {slowest:>8}  "
+                   f"{when(t.last_done)}" + (f"  ({t.slowest})" if t.slowest else ""))
 
 
 @cli.command(name="ls", epilog=EXIT_CODES_HELP)

@@ -551,6 +551,15 @@ def test_the_driver_commits_what_workers_return_and_moves_what_they_hand_back(
     ran.clear()
     again = run_with_pool(monkeypatch, pool, src, dst, tmp_path / "manifest.sqlite")
     assert again.objects_copied == 0 and again.tasks == 0
+    # The manifest holds the tasks of the last run with workers (for `mcsync status`).
+    from mcsync.status import summary
+
+    recorded = summary(tmp_path / "manifest.sqlite")
+    assert recorded["tasks_run"] == (1, "ok")
+    (worker,) = recorded["tasks"]  # a pool that does not say who ran its tasks: ""
+    assert (worker.worker, worker.tasks, worker.retried, worker.failed, worker.objects) == (
+        "", report.tasks, 0, 0, 31)
+    assert worker.slowest is not None and worker.slowest.startswith("task ")
 
 
 def records(manifest: Path) -> dict[str, tuple]:

@@ -108,6 +108,19 @@ def test_three_workers_write_each_key_once_and_report_as_one_process(source_tree
 
     assert results(report) == results(single) and len(report["objects"]) == len(OBJECTS)
 
+    # The target's state says what each worker did (mcsync status, from the manifest's copy).
+    shown = run_cli("status", f"meta://{bucket}/run/", env=env)
+    assert shown.exit_code == 0 and "tasks of " in shown.output, shown.output
+    (row,) = json.loads(run_cli("status", f"meta://{bucket}/run/", "--json", env=env).stdout)
+    assert row["tasks_run"]["status"] == "done"
+    tasks = row["tasks"]
+    assert 1 <= len(tasks) <= 3 and all(t["worker"].startswith("pid ") for t in tasks)
+    assert sum(t["tasks"] for t in tasks) == report["tasks"]
+    assert sum(t["objects"] for t in tasks) == len(SMALL)
+    assert sum(t["bytes"] for t in tasks) == sum(len(v) for v in SMALL.values())
+    assert all(t["slowest"].startswith("task ") and t["retried"] == t["failed"] == 0
+               for t in tasks)
+
     # Every object was recorded: the next run with workers has nothing to move.
     code, again, err = run(command(source_tree, f"meta://{bucket}/run/", "--workers", "3"), env)
     assert code == 0, err
@@ -139,6 +152,10 @@ def test_a_worker_killed_mid_run_has_its_task_given_to_another(source_tree, seaw
     assert report["tasks_retried"] >= 1
     assert len(report["retried_tasks"]) == report["tasks_retried"]
     assert all(t.startswith("task ") and "died" in t for t in report["retried_tasks"])
+    (row,) = json.loads(run_cli("status", f"meta://{bucket}/run/", "--json",
+                                env=seaweed_proxy.endpoint.meta_env()).stdout)
+    assert sum(t["retried"] for t in row["tasks"]) == report["tasks_retried"]
+    assert sum(t["tasks"] for t in row["tasks"]) == report["tasks"]
 
 
 def test_a_killed_driver_takes_its_workers_and_the_same_command_resumes(source_tree, seaweed,
@@ -186,12 +203,30 @@ def test_workers_auto_and_a_local_target(source_tree, tmp_path):
 def test_workers_refusals_are_one_line_before_anything_moves(source_tree, tmp_path):
     code, _, err = run(command(source_tree, str(tmp_path / "dst"), "--workers", "0"), {})
     assert code == 2 and "--workers must be a number of processes" in err, err  # click's usage
-    for extra, says in ((("--workers", "2", "--bwlimit", "10MiB"), "--bwlimit"),
-                        (("--workers", "2", "--watch"), "--watch")):
+    for extra, says in ((("--workers", "2", "--watch"), "--watch"),):
         code, _, err = run(command(source_tree, str(tmp_path / "dst"), *extra), {})
         assert code == 2, err
         assert says in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "dst").exists() or not any((tmp_path / "dst").rglob("*.bin"))
+
+
+def test_bwlimit_is_the_total_of_the_workers_not_each_ones(tmp_path, seaweed):
+    """--bwlimit with --workers 2: each worker paces itself at half the limit, so the run
+    takes at least the time the whole limit allows (less each worker's first object, which
+    its bucket lets through before paying for it). Were each worker given the whole limit,
+    the run would take half that time."""
+    objects = {f"w/{i:03d}.bin": payload(128 * 1024, 7000 + i) for i in range(128)}
+    write_tree(tmp_path / "src", objects)
+    bucket, limit = new_bucket(seaweed), 3 * MiB
+    code, report, err = run(command(tmp_path / "src", f"meta://{bucket}/run/", "--workers", "2",
+                                    "-c", "8", "--bwlimit", "3MiB"), seaweed.meta_env())
+    assert code == 0, err
+    assert read_bucket(seaweed, bucket, "run/") == objects
+    assert report["tasks"] >= 4 and report["bytes_transferred"] >= 16 * MiB  # 32 objects each
+    # Only workers moved data bytes: at most the limit times the time, plus a first object
+    # each; seconds from the report (listing and starting the workers only add to them).
+    floor = (16 * MiB - 2 * 128 * 1024) / limit
+    assert report["elapsed_s"] >= floor, (report["elapsed_s"], floor)
 
 
 def test_sigterm_lets_the_workers_tasks_finish_and_the_rerun_completes(source_tree, seaweed,

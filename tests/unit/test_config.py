@@ -51,11 +51,10 @@ def test_workers_auto_is_the_cores_this_process_may_run_on():
             parse_workers(bad)
 
 
-def test_workers_refuse_the_limits_each_worker_would_keep_for_itself():
+def test_workers_take_the_limits_as_the_runs_total():
     assert SyncOptions(workers=4).workers == 4
     for limit in ({"tps_limit": 100.0}, {"bw_limit": "50MiB"}):
-        with pytest.raises(UsageError, match="--workers cannot be combined"):
-            SyncOptions(workers=2, **limit)
+        assert SyncOptions(workers=2, **limit).workers == 2  # split: ratelimit.limits_share
     with pytest.raises(UsageError, match="--workers"):
         SyncOptions(workers=-1)
 

@@ -105,3 +105,21 @@ def test_the_bandwidth_follows_the_timetable_as_time_passes():
         assert t.now > 2.0
 
     asyncio.run(go())
+
+
+def test_workers_and_the_driver_each_pace_themselves_at_a_share_of_the_limits():
+    from mcsync.config import SyncOptions
+    from mcsync.ratelimit import limits_share
+    from mcsync.worker_runner import worker_options
+
+    opts = SyncOptions(workers=4, tps_limit=100.0, bw_limit="08:00,100MiB 20:00,off 23:30,2MiB")
+    each = worker_options(opts, 4)
+    assert each.workers == 0 and each.tps_limit == 25.0
+    share = Timetable.parse(each.bw_limit or "")
+    assert share.entries == ((8 * 60, 25 * MiB), (20 * 60, None), (23 * 60 + 30, MiB // 2))
+    assert limits_share(opts, 4).tps_limit == 25.0  # the driver's share
+    assert worker_options(SyncOptions(workers=3, bw_limit="10MiB"), 3).bw_limit == str(
+        10 * MiB // 3)
+    assert limits_share(SyncOptions(bw_limit="10MiB"), 1).bw_limit == "10MiB"
+    assert worker_options(SyncOptions(workers=2), 2).bw_limit is None
+
