@@ -91,6 +91,9 @@ async def prefetched(items: AsyncIterator[T], depth: int = 2000,
                 if len(held) >= batch or queue.empty():
                     await queue.put(held)
                     held = []
+        except asyncio.CancelledError:
+            # The consumer left (a stopped run): a put into the full queue would wait forever.
+            raise
         except BaseException as exc:  # hand the failure to the consumer
             if held:
                 await queue.put(held)

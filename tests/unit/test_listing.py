@@ -54,3 +54,26 @@ def test_prefetched_passes_items_and_errors():
         return got
 
     assert asyncio.run(go()) == [1]
+
+
+def test_a_consumer_that_leaves_early_ends_the_listing_ahead_of_it():
+    """A stopped run leaves a long listing with its queue full: leaving ends the listing at
+    once (it used to wait forever to put what it held, and a SIGTERM never ended the run)."""
+    listed = 0
+
+    async def endless():
+        nonlocal listed
+        while True:
+            listed += 1
+            yield listed
+            await asyncio.sleep(0)
+
+    async def go() -> list[int]:
+        async with prefetched(endless(), depth=8, batch=2) as it:
+            got = [await anext(it) for _ in range(3)]
+            for _ in range(200):  # the queue fills behind the consumer, and the listing waits
+                await asyncio.sleep(0)
+            assert listed < 50
+        return got
+
+    assert asyncio.run(asyncio.wait_for(go(), 5)) == [1, 2, 3]
