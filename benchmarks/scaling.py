@@ -17,8 +17,9 @@ gives). Each row is the median (and the range) of ``--repeat`` runs; ``x linear`
 aggregate throughput over N times the median of the 1-worker capped row of the same variant.
 
 The data (``mixed``): objects of 16 KiB to 4 MiB that one request each moves (to the workers)
-and a few of 24 MiB sent as multipart uploads (which the driver moves itself, at its own 1/N
-share of the limit, beside the workers). Made once per ``--workdir``, seeded.
+and a few of 24 MiB sent as multipart uploads (the driver opens and completes them; their parts
+go to the workers since part tasks landed, after the 2026-12-04 figures, when the driver moved
+them itself at its own 1/N share of the limit). Made once per ``--workdir``, seeded.
 
 Variants: ``--variant NAME=ARGS`` adds mcsync arguments to every run of a variant (default
 ``local=``, the local process pool); an executor that takes ``--workers N`` is measured the same
