@@ -157,6 +157,14 @@ class CacheEvicted:
 
 
 @dataclass(frozen=True, slots=True)
+class WarmListed:
+    """A warm's objects, listed: how many it will bring in or find cached, and their bytes."""
+
+    objects: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class CacheUsage:
     """The bytes the cache's entries are charged now, and its limit (0: none)."""
 
@@ -167,7 +175,7 @@ class CacheUsage:
 Event = (
     RunStarted | ObjectPlanned | DeltaPlanned | ListingDone | BytesMoved | ObjectDone
     | ObjectFailed | ObjectDeferred | RequestThrottled | CheckpointChosen | RunFinished
-    | CacheServed | CacheFetched | CacheEvicted | CacheUsage
+    | CacheServed | CacheFetched | CacheEvicted | CacheUsage | WarmListed
 )
 
 

@@ -465,7 +465,7 @@ class Cache:
         self.max_size = got.limit
         for c in got.evicted:
             self._evicted(c.url, c.charge)
-        self._emit(CacheUsage(got.in_use, got.limit))
+        self.emit(CacheUsage(got.in_use, got.limit))
         return got.entry, got.fd
 
     def _drop(self, entry: Entry) -> None:
@@ -476,7 +476,7 @@ class Cache:
 
     # -- events ----------------------------------------------------------------------------
 
-    def _emit(self, event: Event) -> None:
+    def emit(self, event: Event) -> None:
         if self._sink is not None:
             self._sink.emit(event)
 
@@ -485,15 +485,15 @@ class Cache:
             self.stats.hits += 1
         else:
             self.stats.misses += 1
-        self._emit(CacheServed(entry.url, entry.size, hit))
+        self.emit(CacheServed(entry.url, entry.size, hit))
 
     def _fetched(self, url: str, nbytes: int) -> None:
         self.stats.bytes_fetched += nbytes
-        self._emit(CacheFetched(url, nbytes))
+        self.emit(CacheFetched(url, nbytes))
 
     def _evicted(self, url: str, size: int) -> None:
         self.stats.evictions += 1
-        self._emit(CacheEvicted(url, size))
+        self.emit(CacheEvicted(url, size))
 
 
 def _reopen(cache_dir: str, validate: str, options: StoreOptions, part_size: int,

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import CacheFull, MCSyncError
+from ..events import WarmListed
 from ..stores.registry import open_store
 from ..types import ObjectInfo
 from .cache import Cache, object_url
@@ -62,6 +63,7 @@ async def warm(cache: Cache, url: str, order: list[str] | None = None, *,
     keys = list(listed) if order is None else order
     report.missing = [prefix + k for k in keys if k not in listed]
     todo = [(prefix + k, listed[k]) for k in keys if k in listed]
+    cache.emit(WarmListed(len(todo), sum(info.size for _, info in todo)))
     token = uuid.uuid4().hex
     before = cache.stats.bytes_fetched
     if order is not None:

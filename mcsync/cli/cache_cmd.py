@@ -13,7 +13,7 @@ import click
 
 from ..config import format_size, parse_size
 from ..errors import UsageError
-from .progress import counted
+from .progress import LogProgress, TerminalProgress, counted
 from .run import EXIT_FAILED, EXIT_OK, configure_logging, guarded, write_stdout
 
 if TYPE_CHECKING:
@@ -70,12 +70,13 @@ def cache() -> None:
 @click.option("--endpoint-url", default=None, metavar="URL")
 @click.option("--profile", default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-@click.option("--verbose", "-v", is_flag=True, help="A line per object.")
+@click.option("--verbose", "-v", is_flag=True, help="A line per object (instead of progress).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress; failures and the summary only.")
 @click.option("--metrics-file", default=None, metavar="PATH",
               help="Write the cache's metrics there at the end (node_exporter textfile).")
 def warm(url: str, cache_dir: str, max_size: str | None, order_file: Any, validate: str,
          part_size: str, endpoint_url: str | None, profile: str | None, as_json: bool,
-         verbose: bool, metrics_file: str | None) -> None:
+         verbose: bool, quiet: bool, metrics_file: str | None) -> None:
     """Fetch the objects under URL into the cache, stopping (exit 0) when the next one would
     only fit by evicting one this warm brought in."""
     from ..cache.warm import read_order
@@ -88,19 +89,30 @@ def warm(url: str, cache_dir: str, max_size: str | None, order_file: Any, valida
         if verbose:
             click.echo(f"{state}: {obj} ({format_size(size)})", err=True)
 
+    from ..events import FanOut
+
+    sinks: list[EventSink] = []
+    display: TerminalProgress | LogProgress | None = None
+    if not (verbose or quiet):  # progress as a sync shows it: a bar, or a line every 5 s
+        display = TerminalProgress() if sys.stderr.isatty() else LogProgress()
+        sinks.append(display)
     metrics = None
     if metrics_file is not None:
         from ..metrics import Metrics
 
         metrics = Metrics()
+        sinks.append(metrics)
 
     def go() -> Any:
         order = read_order(order_file.read()) if order_file is not None else None
         with _open(cache_dir, max_size=max_size, validate=validate, part_size=part_size,
-                   endpoint_url=endpoint_url, profile=profile, on_event=metrics) as c:
+                   endpoint_url=endpoint_url, profile=profile,
+                   on_event=FanOut(sinks) if sinks else None) as c:
             try:
                 return c.run(warm_objects(c, url, order, on_object=say))
             finally:
+                if display is not None:
+                    display.close()
                 if metrics is not None and metrics_file is not None:
                     metrics.write_textfile(Path(metrics_file))
 

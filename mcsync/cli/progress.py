@@ -11,6 +11,8 @@ from typing import IO, TYPE_CHECKING
 from ..config import format_size
 from ..events import (
     BytesMoved,
+    CacheFetched,
+    CacheServed,
     CheckpointChosen,
     Event,
     ListingDone,
@@ -18,6 +20,7 @@ from ..events import (
     ObjectFailed,
     ObjectPlanned,
     RequestThrottled,
+    WarmListed,
 )
 from ..report import SyncReport
 
@@ -56,6 +59,20 @@ class _Totals:
                 self.objects_total += 1
             case ListingDone():
                 self.listing_done = True
+            # A cache warm's: its objects listed, each served (already cached: its bytes
+            # done at once), the bytes fetched.
+            case WarmListed(objects=n, nbytes=size):
+                self.objects_total += n
+                self.bytes_total += size
+                self.listing_done = True
+            case CacheServed(size=size, hit=hit):
+                self.objects_done += 1
+                if hit:
+                    self.bytes_done += size
+                    return size
+            case CacheFetched(nbytes=n):
+                self.bytes_done += n
+                return n
             case RequestThrottled(limit=limit):
                 self.throttled += 1
                 self.in_flight_limit = limit
@@ -83,13 +100,15 @@ class TerminalProgress:
     def emit(self, event: Event) -> None:
         moved = self._t.count(event)
         bar = self._bar
-        if isinstance(event, ObjectPlanned) and bar.total != self._t.bytes_total:
+        if isinstance(event, ObjectPlanned | WarmListed) and bar.total != self._t.bytes_total:
             bar.total = self._t.bytes_total
             bar.refresh()
         if moved:
             bar.update(moved)
-        if isinstance(event, (ObjectDone, ObjectFailed, ListingDone, RequestThrottled)):
-            desc = "syncing" if self._t.listing_done else "listing+syncing"
+        if isinstance(event, ObjectDone | ObjectFailed | ListingDone | RequestThrottled
+                      | WarmListed | CacheServed):
+            doing = "warming" if isinstance(event, WarmListed | CacheServed) else "syncing"
+            desc = doing if self._t.listing_done else f"listing+{doing}"
             bar.set_description_str(f"{desc} {self._t.objects_done}/{self._t.objects_total} obj"
                                     f"{self._t.throttling()}", refresh=False)
         if isinstance(event, ObjectFailed):

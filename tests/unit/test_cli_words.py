@@ -46,3 +46,18 @@ def test_the_plan_says_one_changed_object_and_one_part(capsys):
     assert "block delta for 1 changed object:" in out
     assert "(1 part)" in delta_line(delta)
     assert "1 object " in out and "1 objects" not in out
+
+
+def test_a_warms_progress_counts_cached_objects_done_and_fetched_bytes():
+    from mcsync.events import CacheFetched, CacheServed, WarmListed
+
+    out = io.StringIO()
+    clock = iter([0.0, 1.0, 2.0, 3.0, 4.0, 10.0])
+    progress = LogProgress(out, interval=5.0, clock=lambda: next(clock))
+    progress.emit(WarmListed(objects=3, nbytes=3 * 1024))
+    progress.emit(CacheServed("s3://b/a", 1024, hit=True))  # already cached: done at once
+    progress.emit(CacheFetched("s3://b/b", 512))
+    progress.emit(CacheFetched("s3://b/b", 512))
+    assert out.getvalue() == ""
+    progress.emit(CacheServed("s3://b/b", 1024, hit=False))  # its bytes counted as fetched
+    assert out.getvalue().startswith("progress: 2/3 objects, 2.0 KiB/3.0 KiB, "), out.getvalue()
