@@ -23,6 +23,7 @@ entrants rotated; medians and ranges; the load average is sampled each round.
 
     python benchmarks/cache.py [--quick] [--repeat 3] [--link-mbit N] [--objects 64]
                                [--object-mib 16] [--big-mib 1024] [--workdir DIR] [--json OUT]
+    python benchmarks/cache.py --merge A.json B.json ...   # one table over several runs
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import argparse
 import filecmp
 import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
@@ -44,6 +44,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # testbed/: not installed
+sys.path.append(str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from make_sample_data import random_chunks, write_file
 
 MiB = 1 << 20
 CHUNK = 8 * MiB
@@ -175,14 +178,7 @@ def make_source(root: Path, objects: int, object_bytes: int, big_bytes: int) -> 
     for key, size in want.items():
         path = root / key
         if not (path.exists() and path.stat().st_size == size):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            rng = random.Random(key)
-            with path.open("wb") as f:
-                left = size
-                while left:
-                    n = min(left, 16 * MiB)
-                    f.write(rng.randbytes(n))
-                    left -= n
+            write_file(path, random_chunks(key, size))
         out[key] = path
     return out
 
@@ -195,6 +191,8 @@ def summary(values: list[float]) -> dict[str, float]:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--probe":
         return child(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] == "--merge":
+        return merge([Path(p) for p in sys.argv[2:]])
     import bench_netns
     from bench_measure import run_measured
     from bench_tools import _venv_or_path, base_env
@@ -337,6 +335,7 @@ def main() -> int:
                  (time.time() - started) / 60))
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args), "link": link_note, "loads": loads,
+                                         "minutes": (time.time() - started) / 60,
                                          "runs": runs}, indent=2, default=str) + "\n")
     if args.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -377,7 +376,8 @@ def render(runs: list[dict[str, Any]], args: argparse.Namespace, link_note: str,
     lines = [f"node cache · {args.objects} x {args.object_mib} MiB "
              f"({ds_bytes / MiB:,.0f} MiB) and one {big_bytes / MiB:,.0f} MiB object · "
              f"link: {link_note} · {args.repeat} rounds · load average (1 min) "
-             f"{min(loads):.1f}–{max(loads):.1f} · {minutes:.1f} min", "",
+             f"{min(loads):.1f}–{max(loads):.1f}" + (f" · {minutes:.1f} min" if minutes else ""),
+             "",
              "| measurement | s (median) | range | MB/s | ÷ link rate | CPU s | RSS MiB |",
              "|---|---|---|---|---|---|---|"]
     for name in ("capped", "uncapped"):
@@ -402,6 +402,12 @@ def render(runs: list[dict[str, Any]], args: argparse.Namespace, link_note: str,
         mb = ds_bytes / statistics.median(walls) / 1e6
         lines.append(f"| re-read: {key} | {cell(walls, '.3f')} {mb:,.0f} | | "
                      f"{_med(r['out'][key]['cpu_s'] for r in rereads)} | |")
+    for key in sorted(keys, key=lambda k: ("dropped" in k, k)):
+        if key.startswith("local file"):
+            continue
+        base = key.replace(key.split(" · ")[0], "local file")
+        ratios = [r["out"][key]["wall_s"] / r["out"][base]["wall_s"] for r in rereads]
+        lines.append(f"| re-read ÷ local file, same round: {key} | {cell(ratios)} | | | |")
     big = f"{big_bytes / MiB:,.0f} MiB"
     for what, label in (("ttfb open", "`Cache.open().read(1 MiB)`"),
                         ("ttfb s5cmd", "`s5cmd cat`, first MiB (incl. process start)")):
@@ -425,6 +431,18 @@ def render(runs: list[dict[str, Any]], args: argparse.Namespace, link_note: str,
         if not r["ok"]:
             lines.append(f"\nFAIL {r['what']} rep {r['rep']}: {r['why']}")
     return "\n".join(lines)
+
+
+def merge(paths: list[Path]) -> int:
+    """``--merge A.json B.json ...``: one table over the rounds of several runs' ``--json``
+    (same sizes; the first one's link described)."""
+    got = [json.loads(p.read_text()) for p in paths]
+    a = argparse.Namespace(**got[0]["args"])
+    a.repeat = sum(g["args"]["repeat"] for g in got)
+    print(render([r for g in got for r in g["runs"]], a, got[0]["link"],
+                 a.link_mbit / 8 if a.link_mbit else None, a.objects * a.object_mib * MiB,
+                 a.big_mib * MiB, [x for g in got for x in g["loads"]], 0.0))
+    return 0
 
 
 def _med(vals: Any, fmt: str = ".2f") -> str:
