@@ -53,7 +53,8 @@ from .types import ObjectInfo
 log = logging.getLogger(__name__)
 
 # A part task not yet full goes after this long: parts come back to the upload's window a
-# few at a time, and each waiting part is megabytes idle (a task costs ~1 ms; a part, tens).
+# few at a time, and each waiting part is megabytes idle, while a task costs far less than a
+# part takes to send.
 LINGER_S = 0.005
 KEEP_UPLOADS = 64  # upload handles a worker keeps reopened (S3: one ListParts each)
 

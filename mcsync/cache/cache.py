@@ -144,9 +144,9 @@ class Cache:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._landed: dict[int, Landed] = {}  # entry id → its parts' bytes written, here
         self._loop = asyncio.new_event_loop()
-        # Each part in flight drains its stream in a to_thread worker; asyncio's default pool
-        # is min(32, cores + 4): 6 on 2 cores, fewer than one fill's 8 parts, so part 0 could
-        # wait for another to end (open()'s first byte at 0.9 s, not 0.06: benchmarks/cache.py)
+        # Each part in flight drains its stream in a to_thread worker, and asyncio's default
+        # pool can be smaller than one fill's parts: part 0 would wait for another to end
+        # (first-byte figures: benchmarks/results/2026-12-05-cache.md).
         self._loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
             max(32, self.concurrency + 8), thread_name_prefix="mcsync-cache-io"))
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcsync-cache",
