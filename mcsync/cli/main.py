@@ -33,6 +33,7 @@ from ..types import RESERVED_PREFIX
 from .cache_cmd import cache as cache_group
 from .progress import counted
 from .run import (
+    EXIT_CODES_HELP,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_LOCKED,
@@ -45,22 +46,11 @@ from .run import (
     run_command,
     write_stdout,
 )
+from .status_cmd import status as status_cmd
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_LOCKED", "EXIT_OK", "EXIT_USAGE", "Seams",
            "cli", "main"]
 
-EXIT_CODES_HELP = """\b
-Exit codes:
-  0    everything done (deferred objects are no failure; a --watch stopped
-       by SIGTERM/SIGINT ends with 0)
-  1    some objects failed (listed; the rest were committed)
-  2    usage or configuration error (bad URL, missing bucket, bad credentials,
-       unwritable target); nothing moved
-  3    another run holds the lock (or the manifest)
-  4    --latest-checkpoint found no complete checkpoint under SRC; nothing
-       moved
-  130  interrupted (state saved; run the same command again to resume)
-"""
 
 
 class _Parsed(click.ParamType):  # type: ignore[type-arg]  # generic only in newer clicks
@@ -369,77 +359,6 @@ async def _manifests_of(store: Any, tmp: Path) -> list[Path]:
     return found
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
-@click.argument("dst")
-@click.option("--endpoint-url", default=None, metavar="URL")
-@click.option("--profile", default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout.")
-def status(dst: str, endpoint_url: str | None, profile: str | None, as_json: bool) -> None:
-    """Show what the state mcsync keeps at DST says: per pair, or per shard of a pair run with
-    --shard, done / running / failed / interrupted / not started, objects and bytes recorded,
-    failures and time of the newest run, and when the last run that ended well finished; for
-    the last run with --workers, its tasks per worker (done, retried, failed, objects, bytes,
-    the slowest, the last done)."""
-    import tempfile
-
-    from ..status import status as read_status  # the status command's alone
-
-    async def go() -> list[Any]:
-        where = dst if dst.endswith("/") else dst + "/"
-        state = open_store(where + RESERVED_PREFIX,
-                           StoreOptions(endpoint_url=endpoint_url, profile=profile))
-        try:
-            with tempfile.TemporaryDirectory(prefix="mcsync-status-") as tmp:
-                return await read_status(state, Path(tmp))
-        finally:
-            await state.aclose()
-
-    rows = guarded(lambda: run_blocking(go()))
-    if not isinstance(rows, list):
-        sys.exit(rows)
-    if not rows:
-        click.echo(f"mcsync: error: {dst}: no mcsync state there (.mcsync/): nothing was "
-                   "synced to it", err=True)
-        sys.exit(EXIT_USAGE)
-    if as_json:
-        write_stdout(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
-        sys.exit(EXIT_OK)
-
-    def when(t: float | None) -> str:
-        return (datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") if t is not None
-                else "-")
-
-    click.echo(f"{'pair':<20}  {'shard':>7}  {'state':<12}  {'objects':>9}  {'bytes':>10}  "
-               f"{'failed':>6}  {'took':>8}  last success (UTC)")
-    for r in rows:
-        shard = f"{r.shard[0]}/{r.shard[1]}" if r.shard else "-"
-        took = f"{r.elapsed_s:.0f}s" if r.elapsed_s is not None else "-"
-        click.echo(f"{r.pair:<20}  {shard:>7}  {r.state:<12}  {r.objects:>9}  "
-                   f"{format_size(r.bytes):>10}  {r.failed:>6}  {took:>8}  "
-                   f"{when(r.last_success)}" + (f"  ({r.holder})" if r.holder else ""))
-    for r in rows:
-        if r.tasks:
-            _print_tasks(r, when)
-    sources = sorted({(r.pair, r.src) for r in rows if r.src})
-    for pair, src in sources:
-        click.echo(f"{pair}: from {src}", err=True)
-    sys.exit(EXIT_OK)
-
-
-def _print_tasks(r: Any, when: Callable[[float | None], str]) -> None:
-    """The tasks of a row's last run with workers, a line per worker (status.ShardStatus)."""
-    shard = f" shard {r.shard[0]}/{r.shard[1]}" if r.shard else ""
-    run_id, state = r.tasks_run
-    click.echo(f"\ntasks of {r.pair}{shard}, run {run_id} ({state}):")
-    click.echo(f"{'worker':<28}  {'tasks':>6}  {'retried':>7}  {'failed':>6}  {'objects':>9}  "
-               f"{'bytes':>10}  {'slowest':>8}  last done (UTC)")
-    for t in r.tasks:
-        slowest = f"{t.slowest_s:.1f}s" if t.slowest_s is not None else "-"
-        click.echo(f"{t.worker or '(unknown)':<28}  {t.tasks:>6}  {t.retried:>7}  {t.failed:>6}  "
-                   f"{t.objects:>9}  {format_size(t.bytes):>10}  {slowest:>8}  "
-                   f"{when(t.last_done)}" + (f"  ({t.slowest})" if t.slowest else ""))
-
-
 @cli.command(name="ls", epilog=EXIT_CODES_HELP)
 @click.argument("url")
 @click.option("--endpoint-url", default=None, metavar="URL")
@@ -484,6 +403,7 @@ def ls_cmd(url: str, endpoint_url: str | None, profile: str | None, as_json: boo
 
 
 cli.add_command(cache_group)
+cli.add_command(status_cmd)
 
 
 def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, quiet: bool,

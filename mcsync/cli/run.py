@@ -45,6 +45,19 @@ if TYPE_CHECKING:
     from ..watching import Cycle
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+# What the commands of a run say of their exit codes (their help's epilog).
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0    everything done (deferred objects are no failure; a --watch stopped
+       by SIGTERM/SIGINT ends with 0)
+  1    some objects failed (listed; the rest were committed)
+  2    usage or configuration error (bad URL, missing bucket, bad credentials,
+       unwritable target); nothing moved
+  3    another run holds the lock (or the manifest)
+  4    --latest-checkpoint found no complete checkpoint under SRC; nothing
+       moved
+  130  interrupted (state saved; run the same command again to resume)
+"""
 EXIT_NO_CHECKPOINT = 4  # --latest-checkpoint found none: a first start, nothing to restore
 
 

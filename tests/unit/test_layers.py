@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("local_pool", "ray_pool", "workers", "driver", "engine", "watching", "cache.cache",
      "cache.warm"),
     ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.faults",
-     "cache.fs", "cli.cache_cmd"),
+     "cache.fs", "cli.cache_cmd", "cli.status_cmd"),
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
