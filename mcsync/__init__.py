@@ -42,7 +42,7 @@ from .report import ObjectFailure, ObjectResult, SyncReport
 from .stores.base import ReadStore, Store
 
 if TYPE_CHECKING:
-    from .watching import Cycle
+    from .run.watching import Cycle
 
 __all__ = [
     "ConfigError",
@@ -93,8 +93,8 @@ async def async_sync(src: str | ReadStore, dst: str | Store, options: SyncOption
     every engine event (``mcsync.events``), on the loop's thread. Raises ``UsageError`` /
     ``ConfigError`` before anything moves, ``Locked`` when another run holds the pair;
     per-object failures are in the report (``failures``, ``exit_code`` 1)."""
-    from .engine import run_sync
-    from .workers import reopenable
+    from .run.engine import run_sync
+    from .scale.workers import reopenable
 
     opts = _options(options, overrides)
     async with _opened(src, dst, opts) as (source, target):
@@ -127,7 +127,7 @@ async def async_watch(src: str | ReadStore, dst: str | Store, options: SyncOptio
     only a setup error or ``Locked`` ends the watch, raised). Unless ``options`` or
     ``min_age_s=`` says otherwise, files modified in the last 30 s wait for a later cycle
     (they may still be written). A stop lets the cycle in flight finish within ``grace_s``."""
-    from .watching import watch as watching
+    from .run.watching import watch as watching
 
     opts = _options(options, overrides)
     if options is None and "min_age_s" not in overrides:
@@ -167,7 +167,7 @@ def tune_process() -> None:
 
 def __getattr__(name: str) -> Any:
     if name == "Cycle":  # in watching, which imports the engine: loaded when asked for
-        from .watching import Cycle
+        from .run.watching import Cycle
 
         return Cycle
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -218,7 +218,7 @@ async def _opened(src: str | ReadStore, dst: str | ReadStore,
     """The two stores: an address opened with its side's options (and closed at the end;
     two addresses through ``open_pair``, where a source may be one file or object), a store
     object as given."""
-    from .engine import close_quietly
+    from .run.engine import close_quietly
     from .stores.registry import open_store
 
     sides: tuple[tuple[str | ReadStore, Literal["source", "target"]], ...] = (

@@ -105,17 +105,18 @@ class SyncOptions:
     # process). Multipart uploads, block deltas and resumed uploads stay in this process.
     workers: int = 0
     # One shard of the keys, (index, count) numbered from 0 (--shard I/N): this run touches
-    # only the keys that hash to it, with a manifest and lock of its own (mcsync.shard).
+    # only the keys that hash to it, with a manifest and lock of its own (mcsync.state.shard).
     shard: tuple[int, int] | None = None
     # For s3:// on both sides unless a side has its own (--client-cert, --client-key; see
     # StoreOptions): fields last, so that positional uses of the others stay as they were.
     client_cert: str | None = None
     client_key: str | None = None
     # Only the newest complete checkpoint under the source and the marker naming it
-    # (--latest-checkpoint; see mcsync.latest).
+    # (--latest-checkpoint; see mcsync.checkpoints.latest).
     latest_checkpoint: bool = False
     # Where the workers run (--executor): processes on this machine (local), or Ray actors on
-    # the cluster at ray_address (None: RAY_ADDRESS, else one on this machine; mcsync.ray_pool).
+    # the cluster at ray_address (None: RAY_ADDRESS, else one on this machine;
+    # mcsync.scale.ray_pool).
     executor: str = "local"
     ray_address: str | None = None
 

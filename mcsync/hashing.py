@@ -13,6 +13,7 @@ import xxhash
 
 from .types import Buffer, ByteRange
 
+DIGEST_SIZE = 16  # bytes of an xxh3-128 digest
 _OFF_LOOP = 1 << 20  # hash buffers of 1 MiB and more in a worker thread (xxhash drops the GIL)
 
 

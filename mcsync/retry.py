@@ -2,7 +2,7 @@
 
 Two levels, never more: the SDK clients retry a request a few times quickly
 (``sdk_attempts``: botocore's standard mode, obstore's RetryConfig, the CRT's S3RetryConfig,
-the GCS store's own loop for it has no SDK), and ``mcsync.resilience`` retries what outlasts
+the GCS store's own loop for it has no SDK), and ``mcsync.stores.resilience`` retries what outlasts
 that — throttling until the deadline, other transient errors up to ``max_attempts`` — around
 every request of a run. So a request is tried at most ``sdk_attempts`` x ``max_attempts``
 times, and throttling is met by fewer requests in flight (``limits.AdaptiveLimit``) rather
@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    max_attempts: int = 10  # tries of a request by mcsync.resilience (throttling: unlimited)
+    max_attempts: int = 10  # tries of a request by mcsync.stores.resilience (throttling: unlimited)
     sdk_attempts: int = 3  # tries of a request inside the SDK, per try of ours
     mode: str = "standard"  # botocore's; its adaptive rate limiter would be a second one
 

@@ -25,9 +25,9 @@ from typing import Any, BinaryIO, Literal, TypeVar
 from ..config import StoreOptions, parse_duration, parse_size
 from ..errors import CacheFull, NotFound, PreconditionFailed, UsageError
 from ..events import CacheEvicted, CacheFetched, CacheServed, CacheUsage, Event, EventSink
-from ..resilience import Pacing, resilient
 from ..stores.base import ReadStore
 from ..stores.registry import open_store, parse_url
+from ..stores.resilience import Pacing, resilient
 from ..types import MiB, ObjectInfo
 from . import files
 from .files import Layout

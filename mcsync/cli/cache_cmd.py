@@ -98,7 +98,7 @@ def warm(url: str, cache_dir: str, max_size: str | None, order_file: Any, valida
         sinks.append(display)
     metrics = None
     if metrics_file is not None:
-        from ..metrics import Metrics
+        from ..observe.metrics import Metrics
 
         metrics = Metrics()
         sinks.append(metrics)

@@ -27,7 +27,7 @@ from ..config import (
 )
 from ..errors import UsageError
 from ..limits import Limits
-from ..manifest import Manifest, last_run_status, manifest_dir, pair_of
+from ..state.manifest import Manifest, last_run_status, manifest_dir, pair_of
 from ..stores.registry import StoreOptions, open_store
 from ..types import RESERVED_PREFIX
 from .cache_cmd import cache as cache_group
@@ -81,7 +81,7 @@ def _rate(text: str) -> str:
 
 
 def _addr(text: str) -> tuple[str, int]:
-    from ..metrics import parse_addr  # prometheus_client only for a run that asks for it
+    from ..observe.metrics import parse_addr  # prometheus_client only for a run that asks for it
 
     return parse_addr(text)
 
@@ -263,7 +263,7 @@ def resume(src: str | None, dst: str | None, **kw: Any) -> None:
     """Finish an interrupted sync. With SRC and DST it is `sync SRC DST`; without, it takes
     the pair whose last run on this machine was interrupted."""
     if src is None or dst is None:
-        from ..shard import of_name
+        from ..state.shard import of_name
 
         pending = []
         for path in manifest_dir().glob("*.sqlite"):
@@ -298,7 +298,7 @@ def verify(dst: str, manifests: tuple[str, ...], endpoint_url: str | None, profi
     """Re-read DST and compare every object mcsync wrote there with the hashes it recorded."""
     import tempfile
 
-    from ..verify import verify_entries  # the verify command's alone: not imported by a sync
+    from ..move.verify import verify_entries  # the verify command's alone: not imported by a sync
 
     async def go() -> tuple[int, list[tuple[str, str]]]:
         options = SyncOptions(endpoint_url=endpoint_url, profile=profile,
@@ -425,7 +425,7 @@ def _run(src: str, dst: str, *, dry_run: bool, show_plan: bool, as_json: bool, q
             min_age = 30.0 if watch else 0.0  # a watch meets files as they are written
         shard = kw.pop("shard")
         if shard is not None:
-            from ..shard import parse as parse_shard
+            from ..state.shard import parse as parse_shard
 
             kw["shard"] = parse_shard(shard)
         kw["workers"] = workers_for(kw["workers"], kw["executor"])

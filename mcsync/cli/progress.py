@@ -25,7 +25,7 @@ from ..events import (
 from ..report import SyncReport
 
 if TYPE_CHECKING:
-    from ..watching import Cycle
+    from ..run.watching import Cycle
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:

@@ -21,28 +21,21 @@ import click
 
 from .. import run_blocking
 from ..config import SyncOptions
-from ..engine import ManifestFactory, close_quietly, run_sync
 from ..errors import MCSyncError, NoCheckpoint, UsageError
 from ..events import EventSink, FanOut
-from ..lock import Locked
-from ..manifest import Manifest
 from ..report import SyncReport, report_json
+from ..run.engine import ManifestFactory, close_quietly, run_sync
+from ..scale.workers import reopenable
+from ..state.lock import Locked
+from ..state.manifest import Manifest
 from ..stores.base import ReadStore
 from ..stores.registry import StoreOptions, open_store
 from ..stores.single import open_pair
-from ..workers import reopenable
-from .progress import (
-    ChosenLine,
-    FailureLines,
-    LogProgress,
-    TerminalProgress,
-    cycle_line,
-    summary,
-)
+from .progress import ChosenLine, FailureLines, LogProgress, TerminalProgress, cycle_line, summary
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
-    from ..watching import Cycle
+    from ..observe.metrics import Metrics
+    from ..run.watching import Cycle
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 # What the commands of a run say of their exit codes (their help's epilog).
@@ -121,7 +114,7 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
                 return await run_sync(opened[0], opened[1], run_options, FanOut(sinks),
                                       stop=stop, manifest_factory=seams.open_manifest,
                                       addresses=addresses)
-            from ..watching import watch  # watchfiles only for a watch
+            from ..run.watching import watch  # watchfiles only for a watch
 
             return await watch(opened[0], opened[1], options, FanOut(sinks), stop,
                                interval_s=watch_interval_s,
@@ -228,7 +221,7 @@ def _metrics_for(addr: tuple[str, int] | None, path: str | None) -> Metrics | in
         return None
     from prometheus_client import disable_created_metrics
 
-    from ..metrics import Metrics
+    from ..observe.metrics import Metrics
 
     # No *_created series: this process is the command's own. (prometheus_client is untyped.)
     disable_created_metrics()  # type: ignore[no-untyped-call]

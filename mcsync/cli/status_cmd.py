@@ -31,7 +31,7 @@ def status(dst: str, endpoint_url: str | None, profile: str | None, as_json: boo
     the slowest, the last done)."""
     import tempfile
 
-    from ..status import status as read_status  # the status command's alone
+    from ..state.status import status as read_status  # the status command's alone
 
     async def go() -> list[Any]:
         where = dst if dst.endswith("/") else dst + "/"

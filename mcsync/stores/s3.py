@@ -160,7 +160,7 @@ class S3Store:
             raise as_config_error(exc, self.url, self.endpoint_url or "S3") from exc
         except Transient:
             # Busy (throttled), credentials renewed, an answer broken off: not a wrong
-            # configuration. mcsync.resilience tries the check again.
+            # configuration. mcsync.stores.resilience tries the check again.
             raise
         except MCSyncError as exc:
             raise as_config_error(exc, self.url, self.endpoint_url or "S3") from exc

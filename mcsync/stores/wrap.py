@@ -1,11 +1,11 @@
 """``wrap(store, hooks)``: a store that passes every operation of another through hooks.
 
-What wraps a store — fault injection for tests (``mcsync.testing.faults``), request metrics
-(``mcsync.metrics``) — must offer exactly the abilities of what it wraps: the engine asks for
-them with ``isinstance``, and since Python 3.12 a protocol's methods are looked up statically,
-so a ``__getattr__`` that forwards everything claims none. ``wrap`` therefore builds (once per
-combination) a class from one mixin per ability the inner store has, and wraps the uploads it
-opens the same way.
+What wraps a store — fault injection for tests (``mcsync.testing.faults``), request
+metrics (``mcsync.observe.metrics``) — must offer exactly the abilities of what it wraps: the
+engine asks for them with ``isinstance``, and since Python 3.12 a protocol's methods are looked
+up statically, so a ``__getattr__`` that forwards everything claims none. ``wrap`` therefore
+builds (once per combination) a class from one mixin per ability the inner store has, and wraps
+the uploads it opens the same way.
 
 Each operation is an ``Op`` named after the protocol's method (``get``, ``put_part``,
 ``open_file``, ...) with the key of its object (an upload's operations: its object's key;

@@ -147,7 +147,7 @@ def test_a_missing_object_and_bad_addresses(source: Source, tmp_path, monkeypatc
 
 
 def test_metrics_count_hits_misses_fetched_bytes_evictions_and_use(source: Source, tmp_path):
-    from mcsync.metrics import Metrics
+    from mcsync.observe.metrics import Metrics
 
     for i in range(3):
         source.put(f"m/{i}", _blob(2 * MiB, 30 + i))

@@ -8,11 +8,10 @@ import asyncio
 from typing import Any
 
 from mcsync.config import SyncOptions
-from mcsync.dispatch import Dispatch, Outcome
 from mcsync.events import BytesMoved, Event, ObjectDone
 from mcsync.limits import Limits
-from mcsync.manifest import OpenUpload, WrittenPart
-from mcsync.plan import Action
+from mcsync.move.dispatch import Dispatch, Outcome
+from mcsync.records import Action, OpenUpload, WrittenPart
 from mcsync.stores.memory import MemoryStore
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 from mcsync.types import ObjectInfo

@@ -182,7 +182,7 @@ def test_a_stopped_run_resumes_its_upload_sending_only_the_missing_parts(pair, t
 
     async def first_run() -> mcsync.SyncReport:
         from mcsync.config import SyncOptions
-        from mcsync.engine import run_sync
+        from mcsync.run.engine import run_sync
 
         options = SyncOptions(part_size=PART, part_concurrency=1, grace_s=5,
                               manifest=str(tmp_path / "manifest.sqlite"))
@@ -478,10 +478,10 @@ def in_process_pool(src, dst, ran: list[list[Any]], before: Callable[[list[Any]]
     """The executor seam in one process: a pool whose tasks run as a worker's do (a
     whole-objects-only dispatch and a ``WorkerParts`` on the same stores), behind the real
     ``Workers``; ``ran`` gets each task's items."""
-    from mcsync.dispatch import Dispatch
     from mcsync.limits import Limits
-    from mcsync.part_tasks import WorkerParts
-    from mcsync.worker_runner import TaskResult, run_items
+    from mcsync.move.dispatch import Dispatch
+    from mcsync.move.part_tasks import WorkerParts
+    from mcsync.scale.worker_runner import TaskResult, run_items
 
     class InProcessPool:
         size = 2
@@ -509,8 +509,8 @@ def in_process_pool(src, dst, ran: list[list[Any]], before: Callable[[list[Any]]
 
 def run_with_pool(monkeypatch, pool, src, dst, manifest: Path,
                   **options: Any) -> mcsync.SyncReport:
-    from mcsync import engine
-    from mcsync.worker_runner import Addresses
+    from mcsync.run import engine
+    from mcsync.scale.worker_runner import Addresses
 
     monkeypatch.setattr(engine, "open_pool", lambda addresses, options: pool(options))
     here = Addresses("src", "dst", mcsync.StoreOptions(), mcsync.StoreOptions())
@@ -527,7 +527,7 @@ def test_the_driver_commits_what_workers_return_and_moves_what_they_hand_back(
     """An object that grew past one request after it was listed comes back handed back; the
     driver opens and journals its upload and its parts go to the pool as part tasks. Every
     object is recorded, so a second run moves nothing."""
-    from mcsync.part_tasks import PartJob
+    from mcsync.move.part_tasks import PartJob
 
     src, dst = pair
     seed(src, {**{f"small/{i:02d}": payload(100 + i, i) for i in range(30)}, "grows": b"x"})
@@ -552,7 +552,7 @@ def test_the_driver_commits_what_workers_return_and_moves_what_they_hand_back(
     again = run_with_pool(monkeypatch, pool, src, dst, tmp_path / "manifest.sqlite")
     assert again.objects_copied == 0 and again.tasks == 0
     # The manifest holds the tasks of the last run with workers (for `mcsync status`).
-    from mcsync.status import summary
+    from mcsync.state.status import summary
 
     recorded = summary(tmp_path / "manifest.sqlite")
     assert recorded["tasks_run"] == (1, "ok")
@@ -577,7 +577,7 @@ def test_parts_sent_by_workers_are_recorded_as_one_process_records_them(
     """Large objects split across the pool by parts (2 workers: each object's parts in two
     tasks or more), the records' block hashes exactly those of a run without workers
     (with a content-defined cut, the workers' reads checked against the driver's cut)."""
-    from mcsync.part_tasks import PartJob
+    from mcsync.move.part_tasks import PartJob
 
     src, dst = pair
     big = {"big/a.bin": payload(3 * PART - 5, 7), "big/b.bin": payload(2 * PART + 9, 8)}

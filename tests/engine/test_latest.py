@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import mcsync
+from mcsync.checkpoints.latest import step_of
 from mcsync.errors import NoCheckpoint, UsageError
 from mcsync.events import CheckpointChosen, Event
-from mcsync.latest import step_of
 from mcsync.stores.memory import MemoryEndpoint, MemoryStore
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 
@@ -226,6 +226,6 @@ def test_orbax_in_the_making_is_never_chosen(tmp_path: Path) -> None:
 
 
 def passed_over_of(src: MemoryStore) -> tuple[tuple[str, str], ...]:
-    from mcsync.latest import choose
+    from mcsync.checkpoints.latest import choose
 
     return asyncio.run(choose(src)).passed_over

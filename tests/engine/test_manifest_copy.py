@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from mcsync.engine import target_lock_key
 from mcsync.errors import Permanent
-from mcsync.lock import Locked
-from mcsync.manifest import Manifest
-from mcsync.manifest_copy import send_file, target_manifest_key
+from mcsync.run.engine import target_lock_key
+from mcsync.run.manifest_copy import send_file, target_manifest_key
+from mcsync.state.lock import Locked
+from mcsync.state.manifest import Manifest
 from mcsync.stores.memory import MemoryEndpoint, MemoryObject, MemoryStore
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 from mcsync.types import Capabilities, ObjectInfo
@@ -118,9 +118,9 @@ def test_a_killed_runs_open_upload_of_the_copy_is_aborted_by_the_next_run(tmp_pa
 def test_a_copy_that_takes_long_is_refreshed_less_often(tmp_path, monkeypatch):
     """During a run the copy is refreshed every REFRESH_EVERY_S, or after nine times
     as long as the last refresh took: it never takes over a tenth of the run."""
-    import mcsync.manifest_copy
+    import mcsync.run.manifest_copy
 
-    monkeypatch.setattr(mcsync.manifest_copy, "REFRESH_EVERY_S", 0.01)
+    monkeypatch.setattr(mcsync.run.manifest_copy, "REFRESH_EVERY_S", 0.01)
     src = MemoryStore("src", endpoint=MemoryEndpoint("a"))
     dst = MemoryStore("dst", endpoint=MemoryEndpoint("b"))
     seed(src, {f"k{i:02d}": b"x" * i for i in range(12)})

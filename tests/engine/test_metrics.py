@@ -8,7 +8,7 @@ from typing import Any
 import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 
-from mcsync.metrics import Metrics
+from mcsync.observe.metrics import Metrics
 from mcsync.stores.memory import MemoryEndpoint, MemoryStore
 
 from .test_engine import OBJECTS, PART, contents, payload, seed, sync

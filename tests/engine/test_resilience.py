@@ -1,4 +1,4 @@
-"""The one retry layer (mcsync.resilience) as the engine runs it, on MemoryStore with faults:
+"""The one retry layer (mcsync.stores.resilience) as the engine runs it, on MemoryStore with faults:
 throttling waited out with fewer requests in flight, transient errors retried by type, what
 must not be retried left alone, a broken listing resumed, rate limits taken, and all of it in
 the report."""
@@ -11,11 +11,11 @@ import logging
 import pytest
 
 from mcsync.config import SyncOptions
-from mcsync.engine import run_sync
 from mcsync.errors import Throttled, Transient, Unreachable, UsageError
 from mcsync.limits import AdaptiveLimit
-from mcsync.resilience import Pacing, pacing_of, resilient
+from mcsync.run.engine import run_sync
 from mcsync.stores.memory import MemoryEndpoint, MemoryStore
+from mcsync.stores.resilience import Pacing, pacing_of, resilient
 from mcsync.testing.faults import Faults, Rule, faulty
 
 from .test_engine import PART, contents, payload, seed

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 import mcsync
-from mcsync.engine import target_lock_key
-from mcsync.manifest import default_path
-from mcsync.manifest_copy import target_manifest_key
-from mcsync.shard import shard_of
+from mcsync.run.engine import target_lock_key
+from mcsync.run.manifest_copy import target_manifest_key
+from mcsync.state.manifest import default_path
+from mcsync.state.shard import shard_of
 from mcsync.stores.memory import MemoryEndpoint, MemoryStore
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 
@@ -159,7 +159,7 @@ def test_status_reads_each_shard_s_state_at_the_target(tmp_path: Path) -> None:
     import json
     import time
 
-    from mcsync.status import status
+    from mcsync.state.status import status
 
     src, dst = MemoryStore(), MemoryStore(endpoint=MemoryEndpoint("target"))
     objects = {f"k{i:03}": payload(10 + i, i) for i in range(90)}
@@ -197,8 +197,8 @@ def test_status_reads_each_shard_s_state_at_the_target(tmp_path: Path) -> None:
 def test_a_shards_sweep_clears_its_own_staging_space_only(tmp_path):
     """After a kill, a shard's run sweeps the staging objects its deltas may have left; another
     shard's, in flight beside it, are not its to clear."""
-    from mcsync.compose import DeltaSender, staging_space
     from mcsync.limits import Limits
+    from mcsync.move.delta_sender import DeltaSender, staging_space
 
     dst = MemoryStore("ckpt", endpoint=MemoryEndpoint("t"))
     spaces = {shard: staging_space(shard) for shard in (None, (0, 2), (1, 2))}

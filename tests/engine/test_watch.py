@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from mcsync.config import SyncOptions
-from mcsync.engine import run_sync
 from mcsync.errors import Permanent
-from mcsync.lock import Locked
+from mcsync.run.engine import run_sync
+from mcsync.run.watching import Cycle, watch
+from mcsync.state.lock import Locked
 from mcsync.stores.memory import MemoryEndpoint, MemoryStore
 from mcsync.testing.faults import Faults, Rule, faulty
-from mcsync.watching import Cycle, watch
 
 from .test_engine import contents, seed
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from mcsync.cli.main import Seams, main
-from mcsync.manifest import Manifest
+from mcsync.state.manifest import Manifest
 from mcsync.stores.base import ReadStore
 from mcsync.stores.registry import StoreOptions, open_store
 from mcsync.testing.faults import Call, Faults, Rule, faulty

@@ -238,7 +238,7 @@ def test_a_good_config_file_still_works(tmp_path):
 # A target inside the source would be listed as part of the source and copied into itself, a
 # level deeper every run; a source inside the target would be overwritten (and, with --delete,
 # deleted). Refused before anything is written
-# (mcsync.preflight.refuse_nested, before either store's check()).
+# (mcsync.run.preflight.refuse_nested, before either store's check()).
 
 
 @pytest.mark.parametrize("where", ["target inside source", "source inside target", "same"])
@@ -259,7 +259,7 @@ def test_nested_local_source_and_target_is_a_usage_error(tmp_path, where):
 
 
 def test_nested_local_directories_are_recognised(tmp_path):
-    from mcsync.preflight import refuse_nested
+    from mcsync.run.preflight import refuse_nested
     from mcsync.stores.local import LocalStore
 
     (tmp_path / "real").mkdir()

@@ -13,7 +13,7 @@ LATER = ("aiohttp", "botocore", "aiobotocore", "awscrt", "xml.etree.ElementTree"
 
 
 def test_importing_the_command_loads_no_client_a_run_may_not_need() -> None:
-    code = ("import json, sys; import mcsync, mcsync.cli.main, mcsync.workers; "
+    code = ("import json, sys; import mcsync, mcsync.cli.main, mcsync.scale.workers; "
             f"print(json.dumps([m for m in {LATER!r} if m in sys.modules]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)

@@ -15,7 +15,7 @@ import pytest
 import mcsync
 from mcsync import StoreOptions, SyncOptions
 from mcsync.events import Event, ObjectDone
-from mcsync.manifest import last_run_status
+from mcsync.state.manifest import last_run_status
 from testbed.faultproxy import Reply, Rule
 from testbed.servers import S3Endpoint
 

@@ -17,7 +17,7 @@ import pytest
 
 import mcsync
 from mcsync.errors import Transient
-from mcsync.manifest import default_path
+from mcsync.state.manifest import default_path
 from mcsync.stores.registry import open_store
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcsync.events import ObjectDone
-from mcsync.metrics import Metrics
+from mcsync.observe.metrics import Metrics
 from mcsync.report import ObjectResult
 from testbed.processes import free_port
 

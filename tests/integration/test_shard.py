@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mcsync
-from mcsync.shard import shard_of
+from mcsync.state.shard import shard_of
 
 from .helpers import new_bucket, payload, read_bucket, run_cli, write_tree
 
@@ -50,7 +50,8 @@ def test_the_split_is_the_same_under_another_hash_seed(names, count):
     """Computed in children with other hash seeds (and a fresh interpreter each), every key
     lands in the shard it lands in here."""
     names = [*names, "日本語/ファイル", "a b/c+d", "run/checkpoint-9/config.json"]
-    code = ("import json, sys\nfrom mcsync.shard import shard_of\nkeys, n = json.load(sys.stdin)"
+    code = ("import json, sys\nfrom mcsync.state.shard import shard_of\n"
+            "keys, n = json.load(sys.stdin)"
             "\nprint(json.dumps([shard_of(k, n) for k in keys]))")
     here = [shard_of(k, count) for k in names]
     for hash_seed in ("0", "4242"):
@@ -113,7 +114,7 @@ def test_two_shards_in_two_processes_share_a_target(moto, tmp_path):
 
 
 def test_resume_without_addresses_resumes_a_shard_as_that_shard(tmp_path):
-    from mcsync.manifest import Manifest, manifest_dir, pair_of
+    from mcsync.state.manifest import Manifest, manifest_dir, pair_of
 
     write_tree(tmp_path / "src", OBJECTS)
     first = run_cli("sync", str(tmp_path / "src"), str(tmp_path / "dst"), "--shard", "1/3",

@@ -30,8 +30,7 @@ from typing import Any
 import pytest
 
 from mcsync.errors import NotFound, Permanent, Transient
-from mcsync.metrics import Metrics
-from mcsync.resilience import Pacing, resilient
+from mcsync.observe.metrics import Metrics
 from mcsync.retry import RetryPolicy
 from mcsync.stores.azure import AzureStore
 from mcsync.stores.base import (
@@ -50,6 +49,7 @@ from mcsync.stores.base import (
 from mcsync.stores.gcs import GCSStore
 from mcsync.stores.local import LocalStore
 from mcsync.stores.memory import MemoryEndpoint, MemoryStore
+from mcsync.stores.resilience import Pacing, resilient
 from mcsync.stores.s3 import S3Credentials, S3Store
 from mcsync.stores.wrap import inner_of
 from mcsync.testing.faults import Faults, faulty

@@ -24,13 +24,7 @@ from typing import Any
 
 import pytest
 
-from mcsync.errors import (
-    ConfigError,
-    ListingOrderError,
-    NotFound,
-    PreconditionFailed,
-    UnsafeKey,
-)
+from mcsync.errors import ConfigError, ListingOrderError, NotFound, PreconditionFailed, UnsafeKey
 from mcsync.hashing import chunk_digests
 from mcsync.stores.base import (
     Composer,

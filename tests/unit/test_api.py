@@ -59,8 +59,8 @@ def test_exported_names_are_pinned_and_each_resolves(module, names) -> None:
 
 
 def test_the_error_set_is_closed_under_mcsync_error_and_moved_names_still_import() -> None:
-    from mcsync.compose import ComposeRefused
-    from mcsync.lock import Locked as LockLocked
+    from mcsync.move.delta_sender import ComposeRefused
+    from mcsync.state.lock import Locked as LockLocked
 
     assert LockLocked is Locked and ComposeRefused is mcsync.errors.ComposeRefused
     for name in ERRORS:
@@ -70,10 +70,10 @@ def test_the_error_set_is_closed_under_mcsync_error_and_moved_names_still_import
 
 
 def test_mcsync_watch_stays_the_function_once_its_module_is_imported() -> None:
-    import mcsync.watching
+    import mcsync.run.watching
 
     assert callable(mcsync.watch) and mcsync.watch.__module__ == "mcsync"
-    assert mcsync.Cycle is mcsync.watching.Cycle
+    assert mcsync.Cycle is mcsync.run.watching.Cycle
 
 
 # -- options ---------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Choosing what a delta composes from: scope, preference, samples."""
 
 from mcsync.chunking import fixed_chunks
-from mcsync.delta_bases import MAX_BASES, in_scope, rank, samples, scope_root
-from mcsync.manifest import ManifestEntry
+from mcsync.delta.bases import MAX_BASES, in_scope, rank, samples, scope_root
+from mcsync.records import ManifestEntry
 from mcsync.types import ByteRange
 
 

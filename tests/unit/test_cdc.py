@@ -7,8 +7,8 @@ import random
 import xxhash
 
 from mcsync.chunking import CDC_MAX, cdc_cut
+from mcsync.delta.read import scan_cdc
 from mcsync.limits import Limits
-from mcsync.scan import scan_cdc
 from mcsync.stores.local import LocalStore
 
 MiB = 1 << 20

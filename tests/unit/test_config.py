@@ -93,8 +93,8 @@ def test_what_a_ray_worker_is_told_says_where_never_who(monkeypatch):
     """ray_pool.settings_of: the driver's endpoints and regions go to the workers, its keys
     do not (each node signs with its own)."""
     from mcsync.config import StoreOptions
-    from mcsync.ray_pool import settings_of
-    from mcsync.worker_runner import Addresses
+    from mcsync.scale.ray_pool import settings_of
+    from mcsync.scale.worker_runner import Addresses
 
     env = {"AWS_ENDPOINT_URL": "http://s3.example:9000", "AWS_REGION": "eu-west-1",
            "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret-aws",

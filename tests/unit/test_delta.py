@@ -17,7 +17,7 @@ from mcsync.chunking import (
     parse_safetensors,
     safetensors_chunks,
 )
-from mcsync.delta import Segment, changed_tensors, match, pack
+from mcsync.delta.match import Segment, changed_tensors, match, pack
 
 # Small numbers stand in for S3's: a 64-byte "minimum part" exercises the same rules as 5 MiB.
 MIN_PART = 64

@@ -4,8 +4,9 @@ from before the index had it is indexed when opened."""
 import sqlite3
 
 from mcsync.chunking import fixed_chunks
-from mcsync.index import MIN_INDEXED
-from mcsync.manifest import SCHEMA_VERSION, Manifest, ManifestEntry
+from mcsync.records import ManifestEntry
+from mcsync.state.chunk_index import MIN_INDEXED
+from mcsync.state.manifest import SCHEMA_VERSION, Manifest
 
 MiB = 1 << 20
 

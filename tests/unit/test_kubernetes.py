@@ -223,7 +223,7 @@ def test_the_indexed_job_runs_one_shard_per_index() -> None:
 
 def test_shard_auto_in_the_job_s_environment_names_its_shard() -> None:
     """What the pod's environment gives --shard auto is a shard it accepts."""
-    from mcsync.shard import parse
+    from mcsync.state.shard import parse
 
     spec = by_kind("Job", "indexed-job.yaml")["spec"]
     count = spec["completions"]

@@ -1,7 +1,8 @@
-"""Data flows one way, and so do imports: no module under mcsync/ imports from a layer above
-its own, and no two modules import each other. The layers are the ones docs/ARCHITECTURE.md
-draws; a new module is given its layer here. And nothing under mcsync/ imports ``testbed``,
-which the wheel does not ship."""
+"""Data flows one way, and so do imports. The packages under mcsync/ are the layers
+docs/ARCHITECTURE.md draws: a package imports only from packages below it, and the modules at
+the top of mcsync/ are the leaves every layer may hold (records, errors, config, events ...),
+which import no package. No two modules import each other. Nothing under mcsync/ imports
+``testbed``, which the wheel does not ship."""
 
 from __future__ import annotations
 
@@ -12,27 +13,17 @@ import pytest
 
 PACKAGE = Path(__file__).parents[2] / "mcsync"
 
-# Lowest first. A module may import from its own layer and those below.
+# Lowest first: a package may import from the leaves and from the packages of layers below its
+# own, never from one beside it or above. ``__init__`` is the library's API (mcsync.sync).
 LAYERS: list[tuple[str, ...]] = [
-    ("_version", "types", "errors", "tasks"),
-    ("config", "retry", "limits", "ratelimit", "hashing", "checksums", "chunking", "delta",
-     "report", "events", "stores.base", "stores.wrap", "cache.space"),
-    ("streaming", "stores.s3_errors", "stores.s3_body", "stores.s3_clients", "stores.s3_crt",
-     "stores.s3_transport", "stores.s3_store_clients", "stores.s3_upload",
-     "stores.obstore_body", "stores.s3_listing", "stores.s3",
-     "stores.local_files", "stores.local_paths", "stores.local", "stores.gcs", "stores.azure",
-     "stores.memory",
-     "stores.registry", "stores.single",
-     "metrics", "resilience", "cache.files"),
-    ("index", "manifest_schema", "manifest", "task_log", "listing", "checkpoints", "latest",
-     "shard", "plan", "spool", "lock", "delta_bases", "preflight", "cache.index", "cache.reader"),
-    ("scan", "compare", "verify", "delta_planner", "status"),
-    ("upload", "compose", "part_sender", "part_tasks", "transfer", "manifest_copy", "dispatch",
-     "worker_runner", "cache.fill", "cache.room"),
-    ("local_pool", "ray_pool", "workers", "driver", "engine", "watching", "cache.cache",
-     "cache.warm"),
-    ("__init__", "cli.main", "cli.run", "cli.plan_view", "cli.progress", "testing.faults",
-     "cache.fs", "cli.cache_cmd", "cli.status_cmd"),
+    ("stores",),
+    ("checkpoints", "delta", "observe", "testing", "cache"),
+    ("state",),
+    ("move",),
+    ("scale",),
+    ("run",),
+    ("__init__",),
+    ("cli",),
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
@@ -40,18 +31,28 @@ LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 def modules() -> dict[str, Path]:
     found = {}
     for path in PACKAGE.rglob("*.py"):
-        rel = path.relative_to(PACKAGE).with_suffix("")
-        parts = rel.parts
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
         if parts[-1] == "__init__" and len(parts) > 1:
-            continue  # package markers (cli/, stores/, testing/) hold no code of their own
+            parts = parts[:-1]  # a package's own __init__ stands for the package
         found[".".join(parts)] = path
     return found
 
 
+def unit(module: str) -> str:
+    """The package a module is in, or the module itself at the top of mcsync/ (a leaf)."""
+    return module.split(".")[0]
+
+
+def is_leaf(name: str) -> bool:
+    return name not in LAYER and not (PACKAGE / name).is_dir()
+
+
 def imports_of(name: str, path: Path) -> set[str]:
-    """The mcsync modules ``name`` imports, those under ``if TYPE_CHECKING:`` included: an
-    import only the type checker follows is still a dependency between the two modules."""
-    package = name.split(".")[:-1] if name != "__init__" else []
+    """The mcsync modules ``name`` imports, those under ``if TYPE_CHECKING:`` and inside
+    functions included: an import only the type checker or one path follows is still a
+    dependency between the two modules."""
+    is_package = path.name == "__init__.py"
+    package = name.split(".") if is_package and name != "__init__" else name.split(".")[:-1]
     found: set[str] = set()
     known = modules()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -63,7 +64,7 @@ def imports_of(name: str, path: Path) -> set[str]:
                 target = node.module.removeprefix("mcsync").lstrip(".")
             else:
                 continue
-            for alias in node.names:  # "from .. import checksums" names a module
+            for alias in node.names:  # "from . import checksums" names a module
                 sub = f"{target}.{alias.name}" if target else alias.name
                 found.add(sub if sub in known else target or "__init__")
         elif isinstance(node, ast.Import):
@@ -74,15 +75,27 @@ def imports_of(name: str, path: Path) -> set[str]:
     return {m for m in found if m in known or m == "__init__"}
 
 
-def test_every_module_has_a_layer():
-    assert sorted(set(modules()) - set(LAYER)) == []
+def test_every_package_has_a_layer():
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert sorted(packages - set(LAYER)) == []
+
+
+def test_the_top_holds_only_leaves_and_few_of_them():
+    leaves = sorted(m for m in modules() if "." not in m and is_leaf(m))
+    assert len(leaves) + 1 <= 20, leaves  # and __init__
 
 
 @pytest.mark.parametrize("name", sorted(modules()))
-def test_no_module_imports_from_a_layer_above_its_own(name):
-    path = modules()[name]
-    above = sorted(m for m in imports_of(name, path) if LAYER[m] > LAYER[name])
-    assert above == [], f"{name} (layer {LAYER[name]}) imports {above} from above"
+def test_no_import_reaches_up_or_sideways(name):
+    here = unit(name)
+    wrong = []
+    for m in sorted(imports_of(name, modules()[name])):
+        there = unit(m)
+        if there == here or is_leaf(there):
+            continue
+        if is_leaf(here) or LAYER[there] >= LAYER[here]:
+            wrong.append(m)
+    assert wrong == [], f"{name} imports {wrong}: not from a layer below its own"
 
 
 def test_the_package_never_imports_the_testbed():

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcsync.errors import MCSyncError
-from mcsync.listing import merge_join, prefetched
+from mcsync.run.listing import merge_join, prefetched
 from mcsync.types import ObjectInfo
 
 

@@ -3,7 +3,8 @@ kept (losing them would cost a full re-copy and every resumable upload)."""
 
 import sqlite3
 
-from mcsync.manifest import SCHEMA_VERSION, Manifest, ManifestEntry
+from mcsync.records import ManifestEntry
+from mcsync.state.manifest import SCHEMA_VERSION, Manifest
 from mcsync.types import ByteRange
 
 V1 = """

@@ -1,4 +1,4 @@
-"""``mcsync.metrics``: the sink's figures from events, the store wrapper's requests, the
+"""``mcsync.observe.metrics``: the sink's figures from events, the store wrapper's requests, the
 exposition (the textfile; the HTTP server is tested in tests/integration/test_metrics.py), each
 read back through prometheus_client's own parser."""
 
@@ -23,7 +23,7 @@ from mcsync.events import (
     RunFinished,
     RunStarted,
 )
-from mcsync.metrics import OBJECT_RESULTS, Metrics, parse_addr, status_of
+from mcsync.observe.metrics import OBJECT_RESULTS, Metrics, parse_addr, status_of
 from mcsync.report import ObjectResult, SyncReport
 from mcsync.stores.base import (
     Composer,

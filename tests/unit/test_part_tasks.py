@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 import pytest
 
 from mcsync.config import SyncOptions
-from mcsync.delta import Part
+from mcsync.delta.match import Part
 from mcsync.errors import Interrupted, MCSyncError, PreconditionFailed, Transient
 from mcsync.limits import Limits
-from mcsync.manifest import WrittenPart
-from mcsync.part_sender import PartSender
-from mcsync.part_tasks import PartJob, PartSent, RemoteParts, parts_per_task, portable
+from mcsync.move.part_sender import PartSender
+from mcsync.move.part_tasks import PartJob, PartSent, RemoteParts, parts_per_task, portable
+from mcsync.records import WrittenPart
+from mcsync.scale.worker_runner import TaskResult, WorkerLost
+from mcsync.scale.workers import MAX_TRIES, Workers
 from mcsync.types import ByteRange, ObjectInfo
-from mcsync.worker_runner import TaskResult, WorkerLost
-from mcsync.workers import MAX_TRIES, Workers
 
 MiB = 1 << 20
 SRC = ObjectInfo("big.bin", 40 * MiB, "etag", 1.0)

@@ -1,7 +1,8 @@
 import pytest
 
 from mcsync.config import SyncOptions
-from mcsync.plan import Pair, is_commit_marker, plan
+from mcsync.records import Pair
+from mcsync.run.plan import is_commit_marker, plan
 from mcsync.types import ObjectInfo
 
 OPTS = SyncOptions()
@@ -89,7 +90,7 @@ MD5_A, MD5_B = "0" * 31 + "a", "0" * 31 + "b"
 def entry(key: str = "a", size: int = 10, src_etag: str | None = None,
           src_mtime: float | None = 100.0, dst_etag: str | None = "t1",
           xxh3: str | None = "ff" * 16):
-    from mcsync.manifest import ManifestEntry
+    from mcsync.records import ManifestEntry
 
     return ManifestEntry(key, size, src_etag, src_mtime, None, size, dst_etag, 50.0,
                          size if xxh3 else 0, bytes(16) if xxh3 else b"", xxh3, None, 0.0)

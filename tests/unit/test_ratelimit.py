@@ -110,7 +110,7 @@ def test_the_bandwidth_follows_the_timetable_as_time_passes():
 def test_workers_and_the_driver_each_pace_themselves_at_a_share_of_the_limits():
     from mcsync.config import SyncOptions
     from mcsync.ratelimit import limits_share
-    from mcsync.worker_runner import worker_options
+    from mcsync.scale.worker_runner import worker_options
 
     opts = SyncOptions(workers=4, tps_limit=100.0, bw_limit="08:00,100MiB 20:00,off 23:30,2MiB")
     each = worker_options(opts, 4)

@@ -23,14 +23,7 @@ from mcsync.errors import (
 )
 from mcsync.retry import RetryPolicy
 from mcsync.stores.s3_clients import ClientSettings
-from mcsync.stores.s3_crt import (
-    Endpoint,
-    Response,
-    _checked,
-    crt_retry_config,
-    first,
-    xml_fields,
-)
+from mcsync.stores.s3_crt import Endpoint, Response, _checked, crt_retry_config, first, xml_fields
 from mcsync.stores.s3_errors import S3Answered, answer_of, crt_answer, crt_error, translate
 
 

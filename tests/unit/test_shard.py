@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 from mcsync.config import SyncOptions
 from mcsync.errors import UsageError
-from mcsync.manifest import default_path
-from mcsync.plan import Pair, plan
-from mcsync.shard import holds, of_name, parse, shard_key, shard_of, suffix
+from mcsync.records import Pair
+from mcsync.run.plan import plan
+from mcsync.state.manifest import default_path
+from mcsync.state.shard import holds, of_name, parse, shard_key, shard_of, suffix
 from mcsync.types import ObjectInfo
 
 keys = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=80)
@@ -147,7 +148,7 @@ def test_a_shard_is_read_back_from_its_state_s_name(shard: tuple[int, int] | Non
 def test_the_quick_test_of_shard_key_covers_every_checkpoint_directory_known_by_name() -> None:
     """shard_key skips keys holding none of "step", "iter_", "checkpoint-": a framework
     recognised by its directory's name alone must be one whose names all hold one of them."""
-    from mcsync.checkpoints import FRAMEWORKS
+    from mcsync.checkpoints.frameworks import FRAMEWORKS
 
     by_name = {f.name: f.directory for f in FRAMEWORKS
                if f.directory is not None and f.contains is None}

@@ -1,7 +1,7 @@
 """The spool of held-back actions: everything added comes back, in order, a page at a time."""
 
-from mcsync.plan import Action
-from mcsync.spool import Spool
+from mcsync.records import Action
+from mcsync.state.spool import Spool
 from mcsync.types import ObjectInfo
 
 

@@ -1,0 +1,1 @@
+"""What operators look at: Prometheus metrics of a run's requests and bytes."""

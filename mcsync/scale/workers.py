@@ -1,0 +1,288 @@
+"""Worker processes (``--workers N``): the executor seam of a run, the driver's side.
+
+The driver (``driver``) lists and plans every key and is the only writer of the manifest. The
+actions that are one request each (``Dispatch.is_whole``: a whole-object PUT, one CopyObject, a
+delete) it hands to ``Workers``, which cuts them into tasks balanced by bytes (many more tasks
+than workers, sent as workers free up: DistCp's dynamic strategy) and returns each action's
+``Outcome`` for the driver to commit as its task comes back.
+
+Where the tasks run is a ``WorkerPool``: processes on this machine (``local_pool``), each
+running a ``worker_runner.TaskRunner``. Multipart uploads, block deltas and uploads a killed run
+left stay in the driver's process, which journals them: a worker has no journal, so an object
+that grew past one request since it was listed comes back ``handed_back``. The parts of a copy
+in parts the driver opened go to workers all the same, as part tasks (``part_tasks``:
+``send_parts``), retried like any task.
+
+A task whose worker died goes to another, each at most ``MAX_TRIES`` times, and the report
+names it. A killed driver takes its workers with it; the same command resumes as any run does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import multiprocessing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..config import SyncOptions
+from ..errors import Interrupted, Transient, UsageError
+from ..events import BytesMoved, Event, ObjectFailed
+from ..move.dispatch import Outcome, kind_of
+from ..move.part_tasks import PartJob, PartSent
+from ..records import Action
+from ..state.task_log import TaskDone
+from ..stores.base import ReadStore
+from ..stores.single import is_one_object
+from ..stores.wrap import innermost
+from ..tasks import fail_waiting
+from .worker_runner import (
+    Addresses,
+    TaskItem,
+    TaskResult,
+    WorkerLost,
+    WorkerUnavailable,
+    worker_options,
+)
+
+log = logging.getLogger(__name__)
+
+# A task closes at this many bytes or this many objects (or a worker's requests in flight, if
+# more), whichever comes first: small objects cost a request each, large ones their bytes. A
+# part-full task goes after LINGER_S.
+TASK_BYTES = 64 * 2**20
+TASK_OBJECTS = 32
+LINGER_S = 0.05
+TASKS_AHEAD = 3  # tasks per worker planned ahead (in flight or waiting): memory flat in keys
+MAX_TRIES = 3  # a task whose worker died this often fails its objects (retryable next run)
+MAX_NAMED = 1000  # retried tasks the report names
+
+
+class WorkerPool(Protocol):
+    """Where tasks run. ``run`` raises ``WorkerLost`` when a worker died under the task (the
+    pool replaces what it lost) and ``WorkerUnavailable`` when none could run it."""
+
+    size: int
+
+    def describe(self) -> str: ...
+
+    async def run(self, items: list[TaskItem]) -> TaskResult: ...
+
+    async def aclose(self, *, wait: bool) -> None: ...
+
+
+def open_pool(addresses: Addresses, options: SyncOptions) -> WorkerPool:
+    """The run's pool of ``options.workers`` workers, each with its share of the limits: Ray
+    actors for ``--executor ray`` (``ray_pool``, whose import loads Ray), else processes here."""
+    if options.executor == "ray":
+        from .ray_pool import RayPool
+
+        return RayPool(addresses, options, max(options.workers, 0), options.ray_address)
+    from .local_pool import LocalPool
+
+    n = options.workers
+    return LocalPool(addresses, worker_options(options, n), n)
+
+
+def reopenable(source: ReadStore, target: ReadStore,
+               options: SyncOptions) -> tuple[SyncOptions, Addresses | None]:
+    """A run's options and the addresses its workers reopen ``source`` and ``target`` from,
+    for stores opened from addresses (their ``url``s open the same stores): the options
+    without workers when the pair is one object (``stores.single``: nothing to share out).
+    ``--executor ray`` connects here, before anything is locked: no cluster, exit 2 (a dry
+    run moves nothing, and needs no cluster)."""
+    if not options.workers:
+        return options, None
+    if is_one_object(source) or is_one_object(target):
+        log.info("one object: moved without worker processes")
+        return dataclasses.replace(options, workers=0), None
+    if options.executor == "ray" and not options.dry_run:
+        from .ray_pool import connect
+
+        connect(options.ray_address)
+    return options, Addresses(source.url, target.url, options.store_options("source"),
+                              options.store_options("target"))
+
+
+def folds_case(target: ReadStore) -> bool:
+    """Does ``target`` (a directory whose filesystem folds case) tell two keys apart only by
+    what one process remembers writing? Its whole objects then stay in the driver's process:
+    two workers could each write one of two names that differ only by case, one file."""
+    probe = getattr(innermost(target), "folds_case", None)
+    if not callable(probe):
+        return False
+    try:
+        return bool(probe())
+    except OSError:  # cannot tell: as if it did
+        return True
+
+
+def refuse_in_a_starting_worker() -> None:
+    """A worker process starts by importing the caller's main script (``spawn``): a script
+    that calls ``mcsync.sync(..., workers=N)`` unguarded would start a sync in each worker.
+    Refused there, before any lock or listing, with what to change."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise UsageError("workers: a worker process is importing the script that started the "
+                         "sync; call mcsync.sync(..., workers=N) under "
+                         "if __name__ == '__main__':")
+
+
+@dataclass
+class _Task:
+    number: int
+    actions: list[TaskItem]
+    futures: list[asyncio.Future[Outcome]]  # none for part jobs: ``send_parts`` awaits them
+    tries: int = 0
+
+    def name(self) -> str:
+        first, last = self.actions[0], self.actions[-1]
+        if isinstance(first, PartJob):
+            numbers = ", ".join(str(j.part.number) for j in self.actions
+                                if isinstance(j, PartJob))
+            return f"task {self.number} (parts {numbers} of {first.key})"
+        keys = first.key if first.key == last.key else f"{first.key} .. {last.key}"
+        return f"task {self.number} ({len(self.actions)} objects, {keys})"
+
+    def objects(self) -> int:
+        """Whole objects it carries (a part task carries none: its object is the driver's)."""
+        return sum(1 for a in self.actions if not isinstance(a, PartJob))
+
+
+class Workers:
+    """The driver's side of a pool: actions batched into tasks, tasks run on the pool and
+    retried when their worker died, outcomes handed back per action, the workers' counters
+    summed for the report."""
+
+    def __init__(self, pool: WorkerPool, options: SyncOptions,
+                 emit: Callable[[Event], None], stop: asyncio.Event,
+                 on_task: Callable[[TaskDone], None] | None = None) -> None:
+        self.pool = pool
+        self.size = pool.size
+        self.task_bytes = TASK_BYTES
+        self.on_task = on_task  # told of each task's end (task_log.TaskLog)
+        self.emit = emit
+        self.stop = stop
+        # A task holds enough objects to keep its worker's requests busy.
+        self.task_objects = max(TASK_OBJECTS, worker_options(options, pool.size).concurrency)
+        # Actions handed to workers and not yet come back, at most: the driver waits for room.
+        self.room = asyncio.Semaphore(pool.size * TASKS_AHEAD * self.task_objects)
+        self._batch: list[tuple[Action, asyncio.Future[Outcome]]] = []
+        self._batch_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+        self._numbered = 0
+        self.tasks = 0
+        self.retried: list[str] = []
+        self.tasks_retried = 0
+        self.throttled = self.requests_retried = self.expired = 0
+
+    async def run(self, action: Action) -> Outcome:
+        """``action``'s outcome, from a worker (``handed_back`` when it is not one request
+        after all). The caller holds a unit of ``room`` meanwhile."""
+        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._batch.append((action, fut))
+        self._batch_bytes += action.size
+        if len(self._batch) >= self.task_objects or self._batch_bytes >= TASK_BYTES:
+            self._flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(LINGER_S, self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        # Actions whose driver task was cancelled (a stop's grace over) are not sent.
+        batch = [(a, f) for a, f in self._batch if not f.cancelled()]
+        self._batch, self._batch_bytes = [], 0
+        if not batch:
+            return
+        self._numbered += 1
+        task = _Task(self._numbered, [a for a, _ in batch], [f for _, f in batch])
+        sending = asyncio.create_task(self._send(task))
+        self._sending.add(sending)
+        sending.add_done_callback(self._sending.discard)
+
+    async def _send(self, task: _Task) -> None:
+        try:
+            outcomes = await self._outcomes(task)
+        except BaseException as exc:
+            fail_waiting(task.futures, exc)
+            raise
+        for fut, outcome in zip(task.futures, outcomes, strict=True):
+            if not fut.done():
+                assert isinstance(outcome, Outcome)
+                fut.set_result(outcome)
+
+    async def send_parts(self, jobs: list[PartJob]) -> list[PartSent]:
+        """One task of part jobs (``part_tasks.RemoteParts`` batched them), run on a worker
+        and on another when its worker died; a ``PartSent`` per job."""
+        self._numbered += 1
+        results = await self._outcomes(_Task(self._numbered, list(jobs), []))
+        assert all(isinstance(r, PartSent) for r in results)
+        return [r for r in results if isinstance(r, PartSent)]
+
+    async def _outcomes(self, task: _Task) -> list[Outcome | PartSent]:
+        while True:
+            task.tries += 1
+            try:
+                result = await self.pool.run(task.actions)
+            except WorkerLost as exc:
+                ended = self._after_death(task, exc)
+                if ended is None:
+                    continue
+                return ended
+            except WorkerUnavailable as exc:
+                if task.tries < MAX_TRIES and not self.stop.is_set():
+                    continue
+                return self._failed(task, str(exc))
+            self.tasks += 1
+            self.throttled += result.throttled
+            self.requests_retried += result.retried
+            self.expired += result.expired
+            for key, nbytes in result.moved:
+                self.emit(BytesMoved(key, nbytes))
+            self._ended(TaskDone(task.name(), "done", result.worker, task.objects(),
+                                 sum(n for _, n in result.moved), result.seconds))
+            return result.outcomes
+
+    def _after_death(self, task: _Task, exc: WorkerLost) -> list[Outcome | PartSent] | None:
+        """A worker died under ``task``: another takes it (None), unless the run is stopping
+        or the task has had its tries."""
+        if self.stop.is_set():  # interrupted: the next run takes these (an upload stays open)
+            return [PartSent(a.part.number, None, error=Interrupted(f"{task.name()}: stopped"))
+                    if isinstance(a, PartJob) else Outcome(a.key, None) for a in task.actions]
+        if task.tries >= MAX_TRIES:
+            return self._failed(task, f"a worker died running it {task.tries} times ({exc})")
+        self.tasks_retried += 1
+        self._ended(TaskDone(task.name(), "retried"))
+        if len(self.retried) < MAX_NAMED:
+            self.retried.append(f"{task.name()}: {exc}; run again")
+        return None
+
+    def _failed(self, task: _Task, why: str) -> list[Outcome | PartSent]:
+        self._ended(TaskDone(task.name(), "failed", objects=task.objects()))
+        return [PartSent(a.part.number, None, error=Transient(f"{task.name()}: {why}"))
+                if isinstance(a, PartJob) else
+                Outcome(a.key, ObjectFailed(a.key, kind_of(a), a.size, f"{task.name()}: {why}",
+                                            "WorkerDied", retryable=True))
+                for a in task.actions]
+
+    def _ended(self, done: TaskDone) -> None:
+        if self.on_task is not None:
+            self.on_task(done)
+
+    async def aclose(self) -> None:
+        """After the run (or its cancellation): no task left waiting, the workers gone."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for sending in list(self._sending):
+            sending.cancel()
+        if self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
+        # Tasks still running (a cancelled run) finish their few objects, then the workers
+        # end; a run that ended normally has none.
+        await self.pool.aclose(wait=not self.stop.is_set())
