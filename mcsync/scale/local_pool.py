@@ -28,6 +28,7 @@ import socket
 import struct
 import subprocess
 import time
+import warnings
 from multiprocessing import spawn
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -225,7 +226,11 @@ class LocalPool:
         try:
             process = ctx.Process(target=_serve, daemon=True, name="mcsync-worker",
                                   args=(theirs, self.addresses, self.options, os.getpid()))
-            process.start()
+            with warnings.catch_warnings():
+                # spawn's resource tracker starts from the same interpreter: when that one
+                # cannot start, the reason given below is the one line to say so.
+                warnings.filterwarnings("ignore", "resource_tracker: process died")
+                process.start()
         except OSError as exc:  # fork or exec refused here (no memory, too many processes)
             ours.close()
             raise WorkerUnavailable(f"could not start a worker process on "

@@ -4,9 +4,10 @@ the last came back. ``workers.Workers`` tells a ``TaskLog`` of each task as it e
 goes into the manifest at once, so the manifest's copy at the target (sent as the run goes and
 at its end) carries it to ``mcsync status``.
 
-A task whose worker died is not put to any worker (which one died is not known): it counts
-under the worker named ``""`` (shown as "(unknown)"), as do tasks failed for want of a worker
-and tasks done by a pool that does not say who ran them.
+A task whose worker died (or was killed at its deadline) counts as retried under that worker
+when the pool names it (``WorkerLost.worker``: the local pool does); otherwise under the worker
+named ``""`` (shown as "(unknown)"), as do failed tasks and tasks done by a pool that does not
+say who ran them.
 """
 
 from __future__ import annotations
