@@ -26,8 +26,8 @@ from .test_workers import LARGE, OBJECTS, ROOT, command, run, source_tree, wait_
 
 __all__ = ["source_tree"]  # the module's fixture, shared
 
-SENT_BY = re.compile(r"^DEBUG mcsync\.part_tasks: (.+): parts ([\d, ]+) sent by worker (\d+)@",
-                     re.M)
+SENT_BY = re.compile(r"^DEBUG mcsync\.move\.part_tasks: (.+): parts ([\d, ]+) sent by worker "
+                     r"(\d+)@", re.M)
 PARTS = {key: -(-len(data) // (5 << 20)) for key, data in LARGE.items()}  # 5 MiB parts
 
 
