@@ -74,6 +74,8 @@ def _serve(channel: socket.socket, addresses: Addresses, options: SyncOptions,
                 log.debug("a task failed in this worker", exc_info=True)
                 reply = pickle.dumps(("failed", f"{type(cause).__name__}: {cause}"))
             _send(channel, reply)
+    except ConnectionError:  # the driver gave up on this worker (a stopped run): just end
+        pass
     finally:
         runner.close()
 
@@ -191,6 +193,7 @@ class LocalPool:
         self._slots: asyncio.Queue[_Worker | None] | None = None
         self._running: set[_Worker] = set()
         self._closed = False
+        self._why: asyncio.Task[str] | None = None  # why workers fail to start, found once
 
     def describe(self) -> str:
         return f"{self.size} local worker processes"
@@ -203,6 +206,13 @@ class LocalPool:
         slots = self._slots
         worker = await slots.get()
         try:
+            if worker is not None and worker.process.exitcode is not None:
+                # It died idle (between tasks): it lost no task, so this one is not charged.
+                log.warning("worker %s died between tasks (%s): starting another",
+                            worker.name, worker.how_it_ended())
+                self._running.discard(worker)
+                await worker.kill()
+                worker = None
             if worker is None:
                 worker = await self._start()
             result = await worker.run(items, deadline_s)
@@ -237,7 +247,12 @@ class LocalPool:
                                     f"{socket.gethostname()}: {exc.strerror or exc}") from exc
         finally:
             theirs.close()  # the worker's now: its death closes the channel
-        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=ours)
+        except BaseException:
+            ours.close()
+            process.kill()
+            raise
         worker = _Worker(process, reader, writer)
         self._running.add(worker)
         try:
@@ -249,17 +264,24 @@ class LocalPool:
             await worker.kill()
             how = (f"not ready within {START_S:.0f} s" if isinstance(exc, TimeoutError)
                    else worker.how_it_ended())
-            cause = await asyncio.to_thread(why_workers_fail)
+            if self._why is None:  # workers that fail to start all fail alike: asked once
+                self._why = asyncio.create_task(asyncio.to_thread(why_workers_fail))
+            cause = await asyncio.shield(self._why)
             raise WorkerUnavailable(f"could not start a worker process on "
                                     f"{socket.gethostname()} ({how}): {cause}") from None
+        self._why = None
         return worker
 
     async def aclose(self, *, wait: bool) -> None:
-        """Every worker gone before this returns: told to end after its task (``wait``), or
-        killed (a stopped run's tasks in flight were given up by their senders already)."""
+        """Every worker gone before this returns: those waiting for a task told to end, so
+        are those running one when ``wait`` (they end after it), else those are killed (a
+        stopped run's senders gave their tasks up already)."""
         self._closed = True
+        idle = set()
+        while self._slots is not None and not self._slots.empty():
+            idle.add(self._slots.get_nowait())
         workers, self._running = list(self._running), set()
-        await asyncio.gather(*((w.end() if wait else w.kill()) for w in workers))
+        await asyncio.gather(*((w.end() if wait or w in idle else w.kill()) for w in workers))
 
 
 # What a worker imports before its first line runs (``spawn``: the driver's main module, then

@@ -43,7 +43,7 @@ def alive(pid: int) -> bool:
 def test_a_killed_worker_costs_its_own_task_and_the_others_keep_their_processes(
         source_tree, seaweed, seaweed_proxy):
     bucket = new_bucket(seaweed)
-    seaweed_proxy.add(Rule(Stall(0.15), op="PutObject"))  # keeps the run busy
+    seaweed_proxy.add(Rule(Stall(0.1), op="PutObject"))  # keeps the run busy
     env = dict(os.environ) | seaweed_proxy.endpoint.meta_env()
     proc = subprocess.Popen(command(source_tree, f"meta://{bucket}/run/", "--workers", "3",
                                     "-c", "6"),
@@ -83,7 +83,7 @@ def test_a_killed_worker_costs_its_own_task_and_the_others_keep_their_processes(
 def test_a_stuck_worker_is_killed_at_the_task_timeout_and_its_task_runs_elsewhere(
         source_tree, seaweed, seaweed_proxy):
     bucket = new_bucket(seaweed)
-    seaweed_proxy.add(Rule(Stall(0.15), op="PutObject"))
+    seaweed_proxy.add(Rule(Stall(0.1), op="PutObject"))
     env = dict(os.environ) | seaweed_proxy.endpoint.meta_env()
     proc = subprocess.Popen(command(source_tree, f"meta://{bucket}/run/", "--workers", "3",
                                     "-c", "6", "--task-timeout", "15"),
