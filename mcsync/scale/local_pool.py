@@ -140,9 +140,10 @@ class _Worker:
             raise WorkerLost(f"task timed out after {deadline_s:.0f} s on {self.name} (killed)",
                              self.name) from None
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            await _reaped(self.process, 2.0)  # what ended it, before a kill of our own
+            how = self.how_it_ended()
             await self.kill()
-            raise WorkerLost(f"worker {self.name} died ({self.how_it_ended()})",
-                             self.name) from exc
+            raise WorkerLost(f"worker {self.name} died ({how})", self.name) from exc
         if state == "failed":
             raise TaskFailed(f"in worker {self.name}: {answer}")
         if not isinstance(answer, TaskResult):
@@ -154,7 +155,10 @@ class _Worker:
         if code is None:
             return "its channel closed"
         if code < 0:
-            return f"killed by {signal.Signals(-code).name}"
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
         return f"exit code {code}"
 
     async def kill(self) -> None:
