@@ -113,6 +113,15 @@ class RequestThrottled:
 
 
 @dataclass(frozen=True, slots=True)
+class Bottleneck:
+    """What bounded the run over the last few seconds (``bottleneck.judge``): ``verdict`` one
+    of bwlimit, client, source, target, network; ``line`` the verdict with its figures."""
+
+    verdict: str
+    line: str
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointChosen:
     """``--latest-checkpoint`` chose the checkpoint ``directory`` (a key prefix ending in
     "/") of ``framework``; ``marker``: the file beside it naming it, copied too; newer ones
@@ -174,7 +183,8 @@ class CacheUsage:
 
 Event = (
     RunStarted | ObjectPlanned | DeltaPlanned | ListingDone | BytesMoved | ObjectDone
-    | ObjectFailed | ObjectDeferred | RequestThrottled | CheckpointChosen | RunFinished
+    | ObjectFailed | ObjectDeferred | RequestThrottled | Bottleneck | CheckpointChosen
+    | RunFinished
     | CacheServed | CacheFetched | CacheEvicted | CacheUsage | WarmListed
 )
 

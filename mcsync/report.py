@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from .bottleneck import LimitedBy
+
 ResultAction = Literal["copy", "server_copy", "delete"]
 # The report names at most this many objects changed and this many failures (the first ones);
 # every one is counted all the same (``objects_*``, ``*_not_listed``). A run of a million
@@ -83,6 +85,7 @@ class RunTotals:
     tasks: int = 0
     tasks_retried: int = 0
     retried_tasks: tuple[str, ...] = ()
+    limited_by: LimitedBy | None = None
 
 
 @dataclass
@@ -135,6 +138,9 @@ class SyncReport:
     tasks_retried: int = 0
     retried_tasks: tuple[str, ...] = ()
     elapsed_s: float = 0.0
+    # What bounded the throughput, judged from what the run measured (bottleneck.py); None
+    # for a dry run
+    limited_by: LimitedBy | None = None
     failures: list[ObjectFailure] = field(default_factory=list)  # the first MAX_LISTED_FAILURES
     deferred: list[tuple[str, str]] = field(default_factory=list)  # (key, why), the first 1000
     objects: list[ObjectResult] = field(default_factory=list)  # the first MAX_LISTED_OBJECTS
@@ -178,6 +184,7 @@ class SyncReport:
         d["objects"] = [r.to_dict() for r in self.objects]
         d["failures"] = [f.to_dict() for f in self.failures]
         d["deferred"] = [{"key": k, "reason": why} for k, why in self.deferred]
+        d["limited_by"] = self.limited_by.to_dict() if self.limited_by is not None else None
         d["bytes_transferred"] = self.bytes_transferred
         d["throughput_bps"] = round(self.throughput_bps, 1)
         ratio = self.sent_per_changed

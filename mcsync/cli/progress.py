@@ -10,6 +10,7 @@ from typing import IO, TYPE_CHECKING
 
 from ..config import format_size
 from ..events import (
+    Bottleneck,
     BytesMoved,
     CacheFetched,
     CacheServed,
@@ -43,11 +44,13 @@ class _Totals:
         self.listing_done = False
         self.throttled = 0  # answers that said slow down
         self.in_flight_limit = 0  # requests in flight to the store that said it, since
+        self.bound_by = ""  # what limited the run over the last few seconds
 
     def throttling(self) -> str:
+        bound = f", limited by {self.bound_by}" if self.bound_by else ""
         if not self.throttled:
-            return ""
-        return f", throttled {self.throttled}x (now {self.in_flight_limit} in flight)"
+            return bound
+        return f", throttled {self.throttled}x (now {self.in_flight_limit} in flight){bound}"
 
     def count(self, event: Event) -> int:
         """Update the totals; returns the bytes this event moved."""
@@ -73,6 +76,8 @@ class _Totals:
             case CacheFetched(nbytes=n):
                 self.bytes_done += n
                 return n
+            case Bottleneck(verdict=verdict):
+                self.bound_by = verdict
             case RequestThrottled(limit=limit):
                 self.throttled += 1
                 self.in_flight_limit = limit
@@ -106,7 +111,7 @@ class TerminalProgress:
         if moved:
             bar.update(moved)
         if isinstance(event, ObjectDone | ObjectFailed | ListingDone | RequestThrottled
-                      | WarmListed | CacheServed):
+                      | Bottleneck | WarmListed | CacheServed):
             doing = "warming" if isinstance(event, WarmListed | CacheServed) else "syncing"
             desc = doing if self._t.listing_done else f"listing+{doing}"
             bar.set_description_str(f"{desc} {self._t.objects_done}/{self._t.objects_total} obj"

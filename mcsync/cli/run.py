@@ -153,6 +153,8 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
         click.echo(f"mcsync: note: {result.manifest_note}", err=True)
     if not out.quiet:
         click.echo(summary(result), err=True)
+        if result.limited_by is not None and result.limited_by.verdict != "none":
+            click.echo(f"mcsync: {result.limited_by.describe()}", err=True)
     if result.interrupted:
         click.echo("mcsync: interrupted: state saved; run the same command again to resume",
                    err=True)

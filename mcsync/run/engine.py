@@ -17,11 +17,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from ..bottleneck import Meter, judge
 from ..checkpoints.frameworks import Completion
 from ..checkpoints.latest import Chosen, choose, only_chosen
 from ..config import SyncOptions
 from ..errors import ListingOrderError, UsageError, first_error
 from ..events import (
+    Bottleneck,
     CheckpointChosen,
     EventSink,
     FanOut,
@@ -56,6 +58,8 @@ from .listing import Handoff, prefetched
 from .preflight import check_stores, writable_pair
 
 log = logging.getLogger(__name__)
+
+BOTTLENECK_EVERY_S = 5.0  # the progress display's "limited by", judged over this window
 
 ManifestFactory = Callable[[Path, str, str], Manifest]
 
@@ -269,6 +273,7 @@ class _Run:
         sweep = (writing and self.manifest is not None and isinstance(self.dst, TempFileSweeper)
                  and self.manifest.last_status() in ("running", "interrupted"))
         started = time.time()
+        meter = Meter(*self.pacing.timings())
         run_id = self.manifest.start_run() if writing and self.manifest else 0
         self.task_log.run_id = run_id
         self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
@@ -286,6 +291,7 @@ class _Run:
         main = asyncio.current_task()
         self.pacing.listeners.append(self._throttled)
         watchdog = asyncio.create_task(self._watchdog(main)) if main else None
+        judging = asyncio.create_task(self._judge_every(BOTTLENECK_EVERY_S))
         keeper = self.keeper
         uploader = asyncio.create_task(keeper.refresh()) if keeper else None
         try:
@@ -310,7 +316,7 @@ class _Run:
             self.interrupted = True
         finally:
             self.pacing.listeners.remove(self._throttled)
-            await cancel_and_wait(watchdog, uploader)
+            await cancel_and_wait(watchdog, uploader, judging)
             if self.workers is not None:
                 await self.workers.aclose()
             deletes.close()
@@ -336,7 +342,9 @@ class _Run:
             parts_in_flight_peak=self.limits.parts.most_busy,
             parts_in_flight_limit_peak=self.limits.parts.peak,
             tasks=w.tasks if w else 0, tasks_retried=w.tasks_retried if w else 0,
-            retried_tasks=tuple(w.retried) if w else ()))
+            retried_tasks=tuple(w.retried) if w else (),
+            limited_by=None if self.options.dry_run else judge(meter.timings(
+                *self.pacing.timings(), self.src.url, self.dst.url))))
         if keeper is not None and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
                                      ("failed" if report.objects_failed else "ok"),
@@ -365,6 +373,16 @@ class _Run:
         if swept:
             log.info("removed %d temporary files a killed run left in %s", len(swept),
                      self.dst.url)
+
+    async def _judge_every(self, seconds: float) -> None:
+        """What bounded the run over each last ``seconds``, for the progress display (on
+        the loop's thread: the meter reads that thread's clock)."""
+        while True:
+            meter = Meter(*self.pacing.timings())
+            await asyncio.sleep(seconds)
+            found = judge(meter.timings(*self.pacing.timings(), self.src.url, self.dst.url))
+            if found.verdict != "none":
+                self.sink.emit(Bottleneck(found.verdict, found.describe()))
 
     async def _watchdog(self, main: asyncio.Task[Any]) -> None:
         await self.stop.wait()
