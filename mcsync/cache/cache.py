@@ -30,6 +30,7 @@ from ..stores.registry import open_store, parse_url
 from ..stores.resilience import Pacing, resilient
 from ..types import MiB, ObjectInfo
 from . import files
+from .against import Recorded, target_of, verify_against
 from .files import Layout
 from .fill import Landed, fill
 from .index import Entry, Index, pinned, version_of
@@ -224,10 +225,16 @@ class Cache:
             self._evicted(e.url, e.charge)
         return gone
 
-    def verify(self) -> list[tuple[Entry, str]]:
+    def verify(self, against: Recorded | None = None) -> list[tuple[Entry, str]]:
         """Re-hash every complete entry; those whose bytes are not what was fetched are
-        dropped. The entries found so, and what was wrong."""
+        dropped. The entries found so, and what was wrong. ``against``: the records mcsync
+        keeps at a target (``mcsync.run.target_manifests``): the entries under it are compared
+        with the chunk hashes recorded when their objects were written there
+        (``against.py``)."""
         self._here()
+        if against is not None:
+            return verify_against(self.entries(target_of(against)), self.layout, against,
+                                  self.room.drop).bad
         return self.room.verify()
 
     def close(self) -> None:
