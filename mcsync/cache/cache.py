@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TypeVar
@@ -185,6 +185,18 @@ class Cache:
         """``url`` as a readable binary file; while it fills, reads wait for their bytes."""
         raw = self._run(self._open(url))
         return io.BufferedReader(raw, buffer_size=1 << 20)
+
+    def iter_safetensors(self, url: str, framework: Literal["np", "pt"] = "np",
+                         ) -> Iterator[tuple[str, Any]]:
+        """``(name, tensor)`` of a safetensors object, each as its bytes land (numpy arrays;
+        torch's with ``framework="pt"``): ``safetensors.py``."""
+        from .safetensors import iter_safetensors  # numpy (the cache extra) on first use
+
+        return iter_safetensors(self.open, url, framework)
+
+    def load_safetensors(self, url: str, framework: Literal["np", "pt"] = "np",
+                         ) -> dict[str, Any]:
+        return dict(self.iter_safetensors(url, framework))
 
     def prefetch(self, urls: Iterable[str]) -> concurrent.futures.Future[list[Path]]:
         """Start fetching ``urls`` in the background (four at a time); the future is done
