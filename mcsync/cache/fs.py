@@ -143,6 +143,8 @@ class MCSyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is u
         _, root, key = object_url(url + "/")
         if not key:
             return self._dir(url)  # a bucket
+        if _hidden(key):
+            raise FileNotFoundError(name)
         parent = name.rsplit("/", 1)[0]
         try:  # a listing of its directory, when one is kept, answers without a request
             for e in self.dircache[parent]:

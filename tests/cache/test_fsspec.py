@@ -106,6 +106,16 @@ def test_prefixes_are_directories(source: Source, tmp_path):
             fs.ls(source.url("ds/nothing"))
     finally:
         fs.close()
+    # chained to one protocol (mcsync::s3://...), paths and names are without it
+    chained = MCSyncFileSystem(cache_dir=str(tmp_path / "c"), target_protocol="s3",
+                               skip_instance_cache=True)
+    try:
+        bare = f"{source.bucket}/ds"
+        assert chained.glob(f"{bare}/*/data.parquet") == [f"{source.bucket}/{k}" for k in keys]
+        assert chained.isdir(bare) and chained.ls(bare, detail=False)[0] == f"{bare}/_SUCCESS"
+        assert chained.cat_file(f"{source.bucket}/{keys[0]}") == source.objects[keys[0]]
+    finally:
+        chained.close()
 
 
 def test_listings_are_kept_for_the_validation_window(source: Source, tmp_path):
