@@ -83,7 +83,10 @@ class MCSyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is u
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         if mode != "rb":
             raise NotImplementedError(f"{path}: the mcsync cache is read-only (mode {mode!r})")
-        return self.cache.open(self.url(path))
+        try:
+            return self.cache.open(self.url(path))
+        except NotFound as exc:  # as fsspec's clients expect of a missing file
+            raise FileNotFoundError(str(exc)) from None
 
     # -- listings ----------------------------------------------------------------------------
 

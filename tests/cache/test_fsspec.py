@@ -104,6 +104,8 @@ def test_prefixes_are_directories(source: Source, tmp_path):
             fs.info(source.url("ds/nothing"))
         with pytest.raises(FileNotFoundError):
             fs.ls(source.url("ds/nothing"))
+        with pytest.raises(FileNotFoundError, match="ds/nothing"):
+            fs.open(source.url("ds/nothing"), "rb")
     finally:
         fs.close()
     # chained to one protocol (mcsync::s3://...), paths and names are without it
