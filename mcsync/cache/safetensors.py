@@ -99,7 +99,10 @@ def _tensor(buf: bytearray, dtype: str, shape: tuple[int, ...], framework: Frame
     if framework == "pt":
         import torch  # an optional dependency: only for framework="pt"
 
-        kind = getattr(torch, TORCH[dtype])
+        kind = getattr(torch, TORCH[dtype], None)
+        if kind is None:  # uint16-64 and float8 came in later torch releases
+            raise UsageError(f"{url}: tensor {name[:200]!r} is {dtype}, which this torch "
+                             f"({torch.__version__}) has no type for")
         if not buf:
             return torch.empty(shape, dtype=kind)
         return torch.frombuffer(buf, dtype=kind).reshape(shape)
