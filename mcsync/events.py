@@ -113,6 +113,30 @@ class RequestThrottled:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestGroup:
+    """Requests of one kind another process made: each one's seconds, start to answer."""
+
+    store: str  # "source" or "target"
+    operation: str  # the Store protocol's method
+    status: str  # "ok" or the error's class name
+    throttled: bool  # the error was a Throttled
+    seconds: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestsCounted:
+    """The requests a worker process made for the run (``--workers``) since it last said, for
+    the metrics to count as if the driver had made them (``observe.requests.RequestTally``):
+    grouped by kind, the bytes it read from the source, and the most it had in flight at
+    once, per store. Labels only: never a key or an address."""
+
+    worker: str  # "pid P on HOST"
+    requests: tuple[RequestGroup, ...]
+    received: int
+    in_flight_peak: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointChosen:
     """``--latest-checkpoint`` chose the checkpoint ``directory`` (a key prefix ending in
     "/") of ``framework``; ``marker``: the file beside it naming it, copied too; newer ones
@@ -174,7 +198,8 @@ class CacheUsage:
 
 Event = (
     RunStarted | ObjectPlanned | DeltaPlanned | ListingDone | BytesMoved | ObjectDone
-    | ObjectFailed | ObjectDeferred | RequestThrottled | CheckpointChosen | RunFinished
+    | ObjectFailed | ObjectDeferred | RequestThrottled | RequestsCounted | CheckpointChosen
+    | RunFinished
     | CacheServed | CacheFetched | CacheEvicted | CacheUsage | WarmListed
 )
 

@@ -244,6 +244,8 @@ class Workers:
             self.expired += result.expired
             for key, nbytes in result.moved:
                 self.emit(BytesMoved(key, nbytes))
+            if result.requests is not None:  # for the metrics: the worker's requests
+                self.emit(result.requests)
             self._ended(TaskDone(task.name(), "done", result.worker, task.objects(),
                                  sum(n for _, n in result.moved), result.seconds))
             return result.outcomes
