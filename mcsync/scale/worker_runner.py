@@ -60,7 +60,13 @@ def worker_options(options: SyncOptions, n: int) -> SyncOptions:
 
 
 class WorkerLost(Exception):
-    """A worker died running a task (OOM, SIGKILL, its node gone): the task may go to another."""
+    """A worker died running a task (OOM, SIGKILL, its node gone): the task may go to another.
+    ``worker``: which ("pid P on HOST", as ``TaskResult.worker``), "" when the pool cannot
+    tell."""
+
+    def __init__(self, message: str, worker: str = "") -> None:
+        super().__init__(message)
+        self.worker = worker
 
 
 class WorkerUnavailable(Exception):
