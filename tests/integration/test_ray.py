@@ -21,6 +21,7 @@ import pytest
 from testbed.faultproxy import FaultProxy, Rule, Stall
 from testbed.servers import S3Endpoint
 
+from ..require import unavailable
 from .helpers import new_bucket, read_bucket, write_tree
 from .test_workers import LARGE, OBJECTS, ROOT, SMALL, TOTALS, command, run, wait_for
 
@@ -39,7 +40,7 @@ def ray_cluster(seaweed: S3Endpoint, tmp_path_factory: pytest.TempPathFactory) -
         try:
             cluster = stack.enter_context(ray_cluster(head_cpus=1, worker_cpus=1, env=keys))
         except RayMissing as exc:  # only a missing Ray: a cluster that fails to start fails
-            pytest.skip(str(exc))
+            unavailable("ray", str(exc))
         yield cluster
 
 
