@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -22,7 +23,7 @@ from testbed.faultproxy import FaultProxy, Rule, Stall
 from testbed.servers import S3Endpoint
 
 from ..require import unavailable
-from .helpers import new_bucket, read_bucket, write_tree
+from .helpers import new_bucket, read_bucket, run_cli, write_tree
 from .test_workers import LARGE, OBJECTS, ROOT, SMALL, TOTALS, command, run, wait_for
 
 
@@ -160,6 +161,11 @@ def test_a_ray_worker_killed_mid_run_has_its_task_given_to_another(
     assert len(report["retried_tasks"]) == report["tasks_retried"]
     assert all(t.startswith("task ") and "Ray worker died" in t
                for t in report["retried_tasks"]), report["retried_tasks"]
+    # mcsync status counts each retried task under the worker that died running it.
+    (row,) = json.loads(run_cli("status", f"meta://{busy.bucket}/run/", "--json",
+                                env=seaweed_proxy.endpoint.meta_env()).stdout)
+    retried = {t["worker"]: t["retried"] for t in row["tasks"] if t["retried"]}
+    assert retried == {f"pid {victims[0]} on {socket.gethostname()}": report["tasks_retried"]}
 
 
 @pytest.mark.slow
