@@ -199,8 +199,7 @@ class CacheUsage:
 Event = (
     RunStarted | ObjectPlanned | DeltaPlanned | ListingDone | BytesMoved | ObjectDone
     | ObjectFailed | ObjectDeferred | RequestThrottled | RequestsCounted | CheckpointChosen
-    | RunFinished
-    | CacheServed | CacheFetched | CacheEvicted | CacheUsage | WarmListed
+    | RunFinished | CacheServed | CacheFetched | CacheEvicted | CacheUsage | WarmListed
 )
 
 
