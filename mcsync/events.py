@@ -122,6 +122,30 @@ class Bottleneck:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestGroup:
+    """Requests of one kind another process made: each one's seconds, start to answer."""
+
+    store: str  # "source" or "target"
+    operation: str  # the Store protocol's method
+    status: str  # "ok" or the error's class name
+    throttled: bool  # the error was a Throttled
+    seconds: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestsCounted:
+    """The requests a worker process made for the run (``--workers``) since it last said, for
+    the metrics to count as if the driver had made them (``observe.requests.RequestTally``):
+    grouped by kind, the bytes it read from the source, and the most it had in flight at
+    once, per store. Labels only: never a key or an address."""
+
+    worker: str  # "pid P on HOST"
+    requests: tuple[RequestGroup, ...]
+    received: int
+    in_flight_peak: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointChosen:
     """``--latest-checkpoint`` chose the checkpoint ``directory`` (a key prefix ending in
     "/") of ``framework``; ``marker``: the file beside it naming it, copied too; newer ones
@@ -183,9 +207,9 @@ class CacheUsage:
 
 Event = (
     RunStarted | ObjectPlanned | DeltaPlanned | ListingDone | BytesMoved | ObjectDone
-    | ObjectFailed | ObjectDeferred | RequestThrottled | Bottleneck | CheckpointChosen
-    | RunFinished
-    | CacheServed | CacheFetched | CacheEvicted | CacheUsage | WarmListed
+    | ObjectFailed | ObjectDeferred | RequestThrottled | RequestsCounted | Bottleneck
+    | CheckpointChosen | RunFinished | CacheServed | CacheFetched | CacheEvicted | CacheUsage
+    | WarmListed
 )
 
 

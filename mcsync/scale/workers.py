@@ -33,7 +33,7 @@ from ..events import BytesMoved, Event, ObjectFailed
 from ..move.dispatch import Outcome, kind_of
 from ..move.part_tasks import PartJob, PartSent
 from ..records import Action
-from ..state.task_log import TaskDone
+from ..state.task_log import NO_WORKER, TaskDone
 from ..stores.base import ReadStore
 from ..stores.single import is_one_object
 from ..stores.wrap import innermost
@@ -237,13 +237,15 @@ class Workers:
             except WorkerUnavailable as exc:
                 if task.tries < MAX_TRIES and not self.stop.is_set():
                     continue
-                return self._failed(task, str(exc))
+                return self._failed(task, str(exc), NO_WORKER)
             self.tasks += 1
             self.throttled += result.throttled
             self.requests_retried += result.retried
             self.expired += result.expired
             for key, nbytes in result.moved:
                 self.emit(BytesMoved(key, nbytes))
+            if result.requests is not None:  # for the metrics: the worker's requests
+                self.emit(result.requests)
             self._ended(TaskDone(task.name(), "done", result.worker, task.objects(),
                                  sum(n for _, n in result.moved), result.seconds))
             return result.outcomes
@@ -255,15 +257,16 @@ class Workers:
             return [PartSent(a.part.number, None, error=Interrupted(f"{task.name()}: stopped"))
                     if isinstance(a, PartJob) else Outcome(a.key, None) for a in task.actions]
         if task.tries >= MAX_TRIES:
-            return self._failed(task, f"a worker died running it {task.tries} times ({exc})")
+            return self._failed(task, f"a worker died running it {task.tries} times ({exc})",
+                                exc.worker)
         self.tasks_retried += 1
-        self._ended(TaskDone(task.name(), "retried"))
+        self._ended(TaskDone(task.name(), "retried", exc.worker))
         if len(self.retried) < MAX_NAMED:
             self.retried.append(f"{task.name()}: {exc}; run again")
         return None
 
-    def _failed(self, task: _Task, why: str) -> list[Outcome | PartSent]:
-        self._ended(TaskDone(task.name(), "failed", objects=task.objects()))
+    def _failed(self, task: _Task, why: str, worker: str) -> list[Outcome | PartSent]:
+        self._ended(TaskDone(task.name(), "failed", worker, objects=task.objects()))
         return [PartSent(a.part.number, None, error=Transient(f"{task.name()}: {why}"))
                 if isinstance(a, PartJob) else
                 Outcome(a.key, ObjectFailed(a.key, kind_of(a), a.size, f"{task.name()}: {why}",
