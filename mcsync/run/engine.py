@@ -42,7 +42,7 @@ from ..scale.workers import Workers, folds_case, open_pool, refuse_in_a_starting
 from ..state.holdings import ManifestHoldings
 from ..state.lock import read_lock, run_lock
 from ..state.manifest import Manifest, default_path, pair_id
-from ..state.shard import Shard, suffix
+from ..state.shard import Shard, sharded, suffix
 from ..state.spool import Spool
 from ..state.task_log import TaskLog
 from ..stores.base import ReadStore, ServerSideCopier, Store, TempFileSweeper
@@ -53,6 +53,7 @@ from ..types import RESERVED_PREFIX, ObjectInfo
 from . import manifest_copy
 from .driver import Driver
 from .listing import Handoff, prefetched
+from .markers import commit_when_complete
 from .preflight import check_stores, writable_pair
 
 log = logging.getLogger(__name__)
@@ -291,7 +292,10 @@ class _Run:
         try:
             await self.driver.plan_and_copy(server_side, trust, deletes, markers)
             if markers and not self.stop.is_set():
-                await self.driver.commit_markers(markers)
+                if sharded(self.options.shard):  # the shard that finishes last writes them
+                    await commit_when_complete(self.driver, markers)
+                else:
+                    await self.driver.commit_markers(markers)
             if deletes and not self.stop.is_set():
                 await self.driver.delete(deletes)
             if not self.stop.is_set():

@@ -1,7 +1,8 @@
 """--shard I/N on in-process stores: the shards of a Job together write exactly the source,
-each key once, each shard reporting only its own keys; each shard's manifest, lock and copy at
-the target are its own; --delete deletes only a shard's own keys; a large object and a whole
-checkpoint each stay in one shard."""
+each key once, each shard reporting only its own keys and the markers it wrote; each shard's
+manifest, lock and copy at the target are its own; --delete deletes only a shard's own keys; a
+large object stays in one shard; a checkpoint's markers are written by the shard that finishes
+its files last, never before."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import mcsync
 from mcsync.run.engine import target_lock_key
 from mcsync.run.manifest_copy import target_manifest_key
+from mcsync.run.plan import is_commit_marker
 from mcsync.state.manifest import default_path
 from mcsync.state.shard import shard_of
 from mcsync.stores.memory import MemoryEndpoint, MemoryStore
@@ -38,6 +40,16 @@ OBJECTS = {
                                            "model.safetensors.index.json", "config.json",
                                            "trainer_state.json")},
 }
+
+
+MARKERS = {k for k in OBJECTS if is_commit_marker(k)}
+
+
+def writer(marker: str, count: int) -> int:
+    """The shard whose file of the marker's checkpoint comes last in shard order."""
+    directory = marker.rpartition("/")[0] + "/"
+    return max(shard_of(k, count) for k in OBJECTS
+               if k.startswith(directory) and not is_commit_marker(k))
 
 
 class Writes:
@@ -71,9 +83,14 @@ def test_the_shards_together_write_the_source_each_key_once(count: int) -> None:
     for index in range(count):
         report = run(src, target, shard=(index, count))
         assert report.exit_code == 0, report.failures
-        mine = {k for k in OBJECTS if shard_of(k, count) == index}
-        assert {o.key for o in report.objects} == mine
-        assert report.objects_copied == len(mine)
+        mine = {k for k in OBJECTS if shard_of(k, count) == index and not is_commit_marker(k)}
+        # run one after another, a checkpoint's markers are written by the shard of its last
+        # file, and deferred by the shards before it
+        written = {m for m in MARKERS if writer(m, count) == index}
+        assert {o.key for o in report.objects} == mine | written
+        assert report.objects_copied == len(mine | written)
+        assert {k for k, _ in report.deferred} == {m for m in MARKERS
+                                                   if writer(m, count) > index}
     assert contents(dst) == OBJECTS
     assert set(writes.keys) == set(OBJECTS) and set(writes.keys.values()) == {1}
     if count == 1:
@@ -119,7 +136,9 @@ def test_a_replaced_pod_resumes_from_its_shard_s_copy_at_the_target(tmp_path: Pa
     writes = Writes()
     again = run(src, faulty(dst, Faults(writes.rules())), shard=(1, 3))
     assert again.objects_copied == 0 and not writes.keys
-    assert again.objects_skipped == sum(1 for k in OBJECTS if shard_of(k, 3) == 1)
+    # its own keys, and every marker, which every shard plans (found at the target)
+    assert again.objects_skipped == sum(1 for k in OBJECTS
+                                        if shard_of(k, 3) == 1 or is_commit_marker(k))
 
 
 def test_delete_removes_only_the_shard_s_own_keys() -> None:
@@ -138,21 +157,74 @@ def test_delete_removes_only_the_shard_s_own_keys() -> None:
     assert not {k for k in keep if shard_of(k, 3) != 1} & set(left)
 
 
-def test_a_checkpoint_s_markers_wait_for_its_files_in_the_same_shard() -> None:
-    """Every file of checkpoint-100/ is one shard's, so its markers are still written after
-    its other files, and held back when one of them fails."""
+def test_a_checkpoint_s_markers_wait_for_every_shard_s_files() -> None:
+    """checkpoint-100/'s files are spread over the shards: its markers are held back by the
+    shard whose copy failed, deferred by every other shard, and written once that shard's
+    rerun brings the missing file."""
     src, dst = MemoryStore(), MemoryStore(endpoint=MemoryEndpoint("target"))
     ckpt = {k: v for k, v in OBJECTS.items() if k.startswith("run/checkpoint-100/")}
     seed(src, ckpt)
-    (index,) = {shard_of(k, 4) for k in ckpt}
-    fail = Rule("put", key="*model-00002-of-00002.safetensors",
-                error=mcsync.Permanent("refused"))
-    report = run(src, faulty(dst, Faults([fail])), shard=(index, 4))
-    assert report.exit_code == 1
-    held = {f.key for f in report.failures if "held back" in f.error}
-    assert held == {"run/checkpoint-100/model.safetensors.index.json",
-                    "run/checkpoint-100/config.json", "run/checkpoint-100/trainer_state.json"}
-    assert not set(contents(dst)) & held
+    bad = "run/checkpoint-100/model-00002-of-00002.safetensors"
+    fail = Rule("put", key=bad, error=mcsync.Permanent("refused"))
+    count = 4
+    assert len({shard_of(k, count) for k in ckpt if not is_commit_marker(k)}) > 1
+    markers = {k for k in ckpt if is_commit_marker(k)}
+    for index in range(count):
+        report = run(src, faulty(dst, Faults([fail])), shard=(index, count))
+        if index == shard_of(bad, count):
+            assert report.exit_code == 1
+            assert {f.key for f in report.failures if "held back" in f.error} == markers
+        else:
+            assert report.exit_code == 0, report.failures
+            assert {k for k, why in report.deferred if "not at the target yet" in why} == markers
+        assert not set(contents(dst)) & markers
+    again = run(src, dst, shard=(shard_of(bad, count), count))
+    assert again.exit_code == 0
+    assert {o.key for o in again.objects} == {bad} | markers
+    assert contents(dst) == ckpt
+
+
+def test_a_root_marker_waits_for_the_markers_inside_the_checkpoint() -> None:
+    """DeepSpeed's latest names global_step100/, whose own marker (an index) is in its scope:
+    the deepest markers go first, and the shard finishing last writes both, in that order."""
+    src, dst = MemoryStore(), MemoryStore(endpoint=MemoryEndpoint("target"))
+    ckpt = {**{f"ds/global_step100/zero_pp_rank_{i}_mp_rank_00_optim_states.pt":
+               payload(40 + i, i) for i in range(12)},
+            "ds/global_step100/model.safetensors.index.json": b"{}",
+            "ds/latest": b"global_step100", "ds/zero_to_fp32.py": b"# script"}
+    seed(src, ckpt)
+    order: list[str] = []
+    note = [Rule("put", phase="after", times=None, key=k, action=lambda c: order.append(c.key))
+            for k in ("ds/latest", "ds/global_step100/model.safetensors.index.json")]
+    for index in range(3):
+        report = run(src, faulty(dst, Faults(note)), shard=(index, 3))
+        assert report.exit_code == 0, report.failures
+        if index < 2:
+            assert "ds/latest" not in contents(dst)
+    assert order == ["ds/global_step100/model.safetensors.index.json", "ds/latest"]
+    assert contents(dst) == ckpt
+
+
+def test_a_marker_changed_at_the_source_since_it_was_listed_waits(monkeypatch: Any) -> None:
+    """The marker's scope is read again at the end; a marker whose text changed since the
+    shard listed it (a newer checkpoint named) is left to the next run."""
+    from mcsync.run import markers as cross
+
+    src, dst = MemoryStore(), MemoryStore(endpoint=MemoryEndpoint("target"))
+    ckpt = {"ds/global_step100/a.pt": b"a" * 10, "ds/latest": b"global_step100"}
+    seed(src, ckpt)
+    survey = cross.survey
+
+    async def later(driver: Any, directories: set[str]) -> Any:
+        seed(src, {"ds/latest": b"global_step101"})  # same size: told apart by its ETag
+        return await survey(driver, directories)
+
+    monkeypatch.setattr(cross, "survey", later)
+    report = run(src, dst, shard=(0, 2))
+    report = run(src, dst, shard=(1, 2))
+    assert ("ds/latest", "changed at the source since it was listed: the next run takes it"
+            ) in report.deferred
+    assert "ds/latest" not in contents(dst)
 
 
 def test_status_reads_each_shard_s_state_at_the_target(tmp_path: Path) -> None:
