@@ -113,8 +113,9 @@ async def survey(driver: Driver, directories: set[str]) -> dict[str, Scope]:
     for directory in sorted(directories):
         scope = scopes[directory]
         prefix = f"{directory}/" if directory else ""
-        async for key, src, dst in merge_join(listed_under(driver.src, prefix),
-                                              listed_under(driver.dst, prefix),
+        # --latest-checkpoint's source lists the chosen checkpoint alone: its own listing
+        source = listed_under(driver.src, prefix, by_level=not options.latest_checkpoint)
+        async for key, src, dst in merge_join(source, listed_under(driver.dst, prefix),
                                               src_name=driver.src.url, dst_name=driver.dst.url):
             if src is None:
                 continue

@@ -288,3 +288,16 @@ def test_a_shards_sweep_clears_its_own_staging_space_only(tmp_path):
     assert state(dst) == {f"{spaces[None]}0123-1", f"{spaces[1, 2]}0123-1"}
     asyncio.run(sweep(None))
     assert state(dst) == {f"{spaces[1, 2]}0123-1"}
+
+
+def test_latest_checkpoint_s_shards_write_its_marker_over_the_chosen_checkpoint() -> None:
+    """--latest-checkpoint lists the chosen checkpoint alone: the older one beside it, not
+    copied, does not keep latest waiting."""
+    src, dst = MemoryStore(), MemoryStore(endpoint=MemoryEndpoint("target"))
+    older = {f"global_step50/rank_{i}.pt": payload(30, i) for i in range(6)}
+    chosen = {f"global_step100/rank_{i}.pt": payload(30, 100 + i) for i in range(6)}
+    seed(src, {**older, **chosen, "latest": b"global_step100"})
+    for index in range(2):
+        report = run(src, dst, shard=(index, 2), latest_checkpoint=True)
+        assert report.exit_code == 0, report.failures
+    assert contents(dst) == {**chosen, "latest": b"global_step100"}
