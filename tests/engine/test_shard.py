@@ -301,3 +301,20 @@ def test_latest_checkpoint_s_shards_write_its_marker_over_the_chosen_checkpoint(
         report = run(src, dst, shard=(index, 2), latest_checkpoint=True)
         assert report.exit_code == 0, report.failures
     assert contents(dst) == {**chosen, "latest": b"global_step100"}
+
+
+@pytest.mark.parametrize("case", ["newer checkpoint being written", "excluded files"])
+def test_what_no_shard_copies_does_not_keep_a_marker_waiting(case: str) -> None:
+    """latest's scope is what a run would copy: not a newer step still being written (latest
+    does not name it yet: every shard defers it), not files left out by --exclude."""
+    src, dst = MemoryStore(), MemoryStore(endpoint=MemoryEndpoint("target"))
+    done = {f"ds/global_step100/rank_{i}.pt": payload(30, i) for i in range(8)}
+    left = ({f"ds/global_step200/rank_{i}.pt": payload(30, 200 + i) for i in range(3)}
+            if case.startswith("newer") else
+            {f"ds/global_step100/rank_{i}.tmp": payload(30, 300 + i) for i in range(3)})
+    seed(src, {**done, **left, "ds/latest": b"global_step100"})
+    options = {} if case.startswith("newer") else {"exclude": ["*.tmp"]}
+    for index in range(3):
+        report = run(src, dst, shard=(index, 3), **options)
+        assert report.exit_code == 0, report.failures
+    assert contents(dst) == {**done, "ds/latest": b"global_step100"}
