@@ -22,14 +22,15 @@ marker beside the checkpoints (DeepSpeed's ``latest``) waits for the markers ins
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING
 
 from ..checkpoints.frameworks import Completion
 from ..checkpoints.latest import listed_under
 from ..config import SyncOptions
-from ..events import ObjectDeferred, ObjectPlanned
+from ..events import Event, ObjectDeferred, ObjectPlanned
 from ..records import Action, Pair
+from ..state.spool import Spool
 from ..stores.base import FileTarget
 from ..types import RESERVED_PREFIX, ObjectInfo
 from .listing import merge_join
@@ -56,9 +57,12 @@ class Scope:
         default_factory=dict)
 
 
-async def commit_when_complete(driver: Driver, markers: Iterable[Action]) -> None:
+async def commit_when_complete(driver: Driver, markers: Iterable[Action]) -> set[str]:
     """Write the held-back ``markers`` whose scopes are complete at the target, deepest
-    first; defer the others (another shard writes them when it finishes)."""
+    first; defer the others (another shard writes them when it finishes). Returns the
+    directories of the markers deferred: the target's marker there may still name what a
+    delete would remove, so deletes under them wait too (``deletes_in_order``)."""
+    waiting: set[str] = set()
     by_depth: dict[int, list[Action]] = {}
     for action in markers:
         by_depth.setdefault(action.key.count("/"), []).append(action)
@@ -66,7 +70,7 @@ async def commit_when_complete(driver: Driver, markers: Iterable[Action]) -> Non
     for depth in sorted(by_depth, reverse=True):
         actions = by_depth[depth]
         if driver.stop.is_set():
-            return
+            return waiting
         if driver.stats.failed:  # held back, as a run that is not sharded holds them
             await driver.commit_markers(actions)
             continue
@@ -77,6 +81,7 @@ async def commit_when_complete(driver: Driver, markers: Iterable[Action]) -> Non
             if verdict == "write":
                 ready.append(action)
             elif verdict == "defer":
+                waiting.add(directory_of(action.key))
                 driver.sink.emit(ObjectDeferred(action.key, action.size, why))
             else:  # recorded, so this shard's next run trusts it without asking again
                 src, dst = scopes[directory_of(action.key)].markers[action.key]
@@ -84,6 +89,25 @@ async def commit_when_complete(driver: Driver, markers: Iterable[Action]) -> Non
                 driver.adopt(src, dst)
                 driver.sink.emit(ObjectPlanned(action.key, "skip", action.size, why))
         await driver.commit_markers(ready)
+    return waiting
+
+
+def deletes_in_order(deletes: Spool, waiting: Collection[str],
+                     emit: Callable[[Event], None]) -> tuple[Spool, Spool]:
+    """A run's deletes in two waves: markers first, so a reader never finds a marker whose
+    files are being deleted; then the rest, but for those under a directory of ``waiting``
+    (its marker at the target may be an older one that names them), left to a later run."""
+    first, then = Spool(), Spool()
+    for action in deletes:
+        if is_commit_marker(action.key):
+            first.add(action)
+        elif any(action.key.startswith(f"{d}/") or not d for d in waiting):
+            emit(ObjectDeferred(action.key, action.size, "not deleted yet: the marker of its "
+                                "directory waits for files of other shards, and the one at "
+                                "the target may still name it"))
+        else:
+            then.add(action)
+    return first, then
 
 
 def _verdict(action: Action, scope: Scope, files: bool) -> tuple[str, str]:

@@ -36,10 +36,11 @@ def plan(pair: Pair, options: SyncOptions, *, server_side: bool,
     system."""
     if pair.key.startswith(RESERVED_PREFIX) or not options.selects(pair.key):
         return None
-    if options.shard is not None and not holds(options.shard, pair.key) and not (
-            pair.src is not None and is_commit_marker(pair.key)):
-        # Another shard's: it copies, skips, records and deletes it. A marker at the source
-        # is every shard's to write: the last to finish writes it (``markers``).
+    if (options.shard is not None and not holds(options.shard, pair.key)
+            and not is_commit_marker(pair.key)):
+        # Another shard's: it copies, skips, records and deletes it. A marker is every
+        # shard's: the last to finish writes it (``markers``), and each deletes it before
+        # the files it names.
         return None
     src, dst, known = pair.src, pair.dst, pair.known
     if src is None:

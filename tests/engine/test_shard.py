@@ -318,3 +318,42 @@ def test_what_no_shard_copies_does_not_keep_a_marker_waiting(case: str) -> None:
         report = run(src, dst, shard=(index, 3), **options)
         assert report.exit_code == 0, report.failures
     assert contents(dst) == {**done, "ds/latest": b"global_step100"}
+
+
+def named_complete(dst: MemoryStore, steps: dict[str, set[str]]) -> bool:
+    """Does the target's latest name a step whose files are all there?"""
+    have = contents(dst)
+    named = have.get("ds/latest")
+    return named is None or steps[named.decode()] <= set(have)
+
+
+def test_deletes_under_a_waiting_marker_wait_for_it() -> None:
+    """The source moved on (latest names step 100, step 50 pruned). A shard that must leave
+    latest to another shard does not delete step 50's files, which the target's latest still
+    names; the shard that writes latest deletes its own after it; a later run the rest."""
+    src, dst = MemoryStore(), MemoryStore(endpoint=MemoryEndpoint("target"))
+    old = {f"ds/global_step50/rank_{i}.pt": payload(30, i) for i in range(8)}
+    new = {f"ds/global_step100/rank_{i}.pt": payload(30, 100 + i) for i in range(8)}
+    seed(dst, {**old, "ds/latest": b"global_step50"})
+    seed(src, {**new, "ds/latest": b"global_step100"})
+    steps = {"global_step50": set(old), "global_step100": set(new)}
+    for _ in range(2):  # the Job, and the next one
+        for index in range(3):
+            report = run(src, dst, shard=(index, 3), delete=True)
+            assert report.exit_code == 0, report.failures
+            assert named_complete(dst, steps)
+    assert contents(dst) == {**new, "ds/latest": b"global_step100"}
+
+
+@pytest.mark.parametrize("shard", [None, (0, 2)])
+def test_a_marker_is_deleted_before_the_files_it_names(shard: tuple[int, int] | None) -> None:
+    src, dst = MemoryStore(), MemoryStore(endpoint=MemoryEndpoint("target"))
+    gone = {f"run/checkpoint-50/model-0000{i}-of-00008.safetensors": payload(30, i)
+            for i in range(8)}
+    seed(dst, {**gone, "run/checkpoint-50/trainer_state.json": b"{}"})
+    seed(src, {"run/other.bin": b"x"})
+    order: list[str] = []
+    note = Rule("delete", phase="after", times=None, action=lambda c: order.append(c.key))
+    report = run(src, faulty(dst, Faults([note])), shard=shard, delete=True)
+    assert report.exit_code == 0, report.failures
+    assert order[0] == "run/checkpoint-50/trainer_state.json" and len(order) > 1
