@@ -147,7 +147,7 @@ class _Levels:
             return level
         files: list[ObjectInfo] = []
         dirs: list[str] = []
-        async for info in self.flat(prefix):
+        async for info in self._flat(prefix):
             rest = info.key[len(prefix):]
             if "/" not in rest:
                 files.append(info)
@@ -158,7 +158,7 @@ class _Levels:
     async def under(self, prefix: str) -> AsyncIterator[ObjectInfo]:
         """Every object under ``prefix``, in byte order."""
         if not isinstance(self.store, LevelLister):
-            async for info in self.flat(prefix):
+            async for info in self._flat(prefix):
                 yield info
             return
         last, self._last = self._last, None
@@ -177,7 +177,7 @@ class _Levels:
         for info in files:
             yield info
 
-    async def flat(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+    async def _flat(self, prefix: str) -> AsyncIterator[ObjectInfo]:
         async for info in self.store.list():
             if info.key.startswith(prefix):
                 yield info
@@ -205,13 +205,10 @@ class _OnlyChosen(PassThrough):
             yield marker
 
 
-def listed_under(store: ReadStore, prefix: str, *,
-                 by_level: bool = True) -> AsyncIterator[ObjectInfo]:
+def listed_under(store: ReadStore, prefix: str) -> AsyncIterator[ObjectInfo]:
     """Every object of ``store`` under ``prefix`` ("" or ending in "/"), in byte order: a
-    level at a time where the store lists by level (and ``by_level``), else cut from its
-    listing (a view whose listing differs from its levels, as ``only_chosen``'s)."""
-    levels = _Levels(store)
-    return levels.under(prefix) if by_level else levels.flat(prefix)
+    level at a time where the store lists by level, else cut from its listing."""
+    return _Levels(store).under(prefix)
 
 
 def only_chosen(store: ReadStore, chosen: Chosen) -> ReadStore:

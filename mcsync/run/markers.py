@@ -22,7 +22,7 @@ marker beside the checkpoints (DeepSpeed's ``latest``) waits for the markers ins
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import TYPE_CHECKING
 
 from ..checkpoints.frameworks import Completion
@@ -31,7 +31,7 @@ from ..config import SyncOptions
 from ..events import Event, ObjectDeferred, ObjectPlanned
 from ..records import Action, Pair
 from ..state.spool import Spool
-from ..stores.base import FileTarget
+from ..stores.base import FileTarget, LevelLister, ReadStore
 from ..types import RESERVED_PREFIX, ObjectInfo
 from .listing import merge_join
 from .plan import is_commit_marker, plan
@@ -128,36 +128,82 @@ def _verdict(action: Action, scope: Scope, files: bool) -> tuple[str, str]:
 
 async def survey(driver: Driver, directories: set[str]) -> dict[str, Scope]:
     """What the source holds and the target lacks under each of ``directories`` (all of one
-    depth, so no two nest), read now: one listing of each side per directory."""
+    depth, so no two nest), read now: each side listed under each directory where it lists
+    by level, else listed once for all of them."""
     options = driver.options
     files = isinstance(driver.dst, FileTarget)
     completion = Completion(driver.src, min_age_s=options.min_age_s,
                             atomic_renames=driver.src.facts.atomic_renames)
     scopes = {d: Scope(d) for d in directories}
-    for directory in sorted(directories):
-        scope = scopes[directory]
-        prefix = f"{directory}/" if directory else ""
-        # --latest-checkpoint's source lists the chosen checkpoint alone: its own listing
-        source = listed_under(driver.src, prefix, by_level=not options.latest_checkpoint)
-        async for key, src, dst in merge_join(source, listed_under(driver.dst, prefix),
-                                              src_name=driver.src.url, dst_name=driver.dst.url):
-            if src is None:
-                continue
-            completion.listed(key)
-            if key.startswith(RESERVED_PREFIX) or not options.selects(key):
-                continue
-            if is_commit_marker(key) and directory_of(key) == directory:
-                scope.markers[key] = (src, dst)  # a marker beside it: written with it
-                continue
-            if await completion.waiting(src):
-                continue  # not complete at the source: no shard copies it this run
-            if files and src.size == 0 and key.endswith("/"):
-                continue  # an S3 "directory marker": no file to write into a file system
-            scope.files += 1
-            if dst is None or not _current(src, dst, files):
-                scope.missing += 1
-                scope.example = scope.example or key
+    # --latest-checkpoint's source lists the chosen checkpoint alone: its own listing, cut
+    source = _Under(driver.src, by_level=not options.latest_checkpoint)
+    target = _Under(driver.dst)
+    try:
+        for directory in sorted(directories, key=lambda d: f"{d}/" if d else ""):
+            await _one(scopes[directory], source, target, completion, driver, files)
+    finally:
+        await source.aclose()
+        await target.aclose()
     return scopes
+
+
+async def _one(scope: Scope, source: _Under, target: _Under, completion: Completion,
+               driver: Driver, files: bool) -> None:
+    directory, options = scope.directory, driver.options
+    prefix = f"{directory}/" if directory else ""
+    async for key, src, dst in merge_join(source.under(prefix), target.under(prefix),
+                                          src_name=driver.src.url, dst_name=driver.dst.url):
+        if src is None:
+            continue
+        completion.listed(key)
+        if key.startswith(RESERVED_PREFIX) or not options.selects(key):
+            continue
+        if is_commit_marker(key) and directory_of(key) == directory:
+            scope.markers[key] = (src, dst)  # a marker beside it: written with it
+            continue
+        if await completion.waiting(src):
+            continue  # not complete at the source: no shard copies it this run
+        if files and src.size == 0 and key.endswith("/"):
+            continue  # an S3 "directory marker": no file to write into a file system
+        scope.files += 1
+        if dst is None or not _current(src, dst, files):
+            scope.missing += 1
+            scope.example = scope.example or key
+
+
+class _Under:
+    """A store's objects under one prefix after another (prefixes in byte order, none under
+    another): a level at a time where the store lists by level, else one listing of the whole
+    store cut into windows, so N directories cost one listing, not N."""
+
+    def __init__(self, store: ReadStore, *, by_level: bool = True) -> None:
+        self._store = store
+        self._by_level = by_level and isinstance(store, LevelLister)
+        self._listing: AsyncIterator[ObjectInfo] | None = None
+        self._ahead: ObjectInfo | None = None  # the first key past the last window
+
+    async def under(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        if self._by_level:
+            async for each in listed_under(self._store, prefix):
+                yield each
+            return
+        if self._listing is None:
+            self._listing = self._store.list()
+        while True:
+            info: ObjectInfo | None = self._ahead or await anext(self._listing, None)
+            self._ahead = None
+            if info is None:
+                return
+            if info.key.startswith(prefix):
+                yield info
+            elif info.key > prefix:
+                self._ahead = info
+                return
+
+    async def aclose(self) -> None:
+        close = getattr(self._listing, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def _current(src: ObjectInfo, dst: ObjectInfo, files: bool) -> bool:

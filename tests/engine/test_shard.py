@@ -357,3 +357,31 @@ def test_a_marker_is_deleted_before_the_files_it_names(shard: tuple[int, int] | 
     report = run(src, faulty(dst, Faults([note])), shard=shard, delete=True)
     assert report.exit_code == 0, report.failures
     assert order[0] == "run/checkpoint-50/trainer_state.json" and len(order) > 1
+
+
+def test_a_target_that_cannot_list_a_level_is_listed_once_for_every_marker() -> None:
+    """Markers in many directories: a target that lists only as a whole (no levels) is listed
+    once per depth of markers at the end of a shard, not once per directory."""
+    from mcsync.stores.base import LevelLister
+    from mcsync.stores.wrap import PassThrough, wrap
+
+    class Count(PassThrough):
+        lists = 0
+
+        def listing(self, entries: Any) -> Any:
+            Count.lists += 1
+            return entries
+
+    src, dst = MemoryStore(), MemoryStore(endpoint=MemoryEndpoint("target"))
+    ckpts = {f"run/checkpoint-{s}/{n}": payload(20, s + i) for s in range(100, 600, 100)
+             for i, n in enumerate(("model.safetensors", "optimizer.pt", "config.json",
+                                    "trainer_state.json"))}
+    seed(src, ckpts)
+    target = wrap(dst, Count(), without=(LevelLister,))
+    assert not isinstance(target, LevelLister)
+    for index in range(2):
+        Count.lists = 0
+        report = run(src, target, shard=(index, 2))
+        assert report.exit_code == 0, report.failures
+        assert Count.lists == 2  # the run's listing, and the markers' (one depth)
+    assert contents(dst) == ckpts
