@@ -1,5 +1,6 @@
 """--shard I/N over one DeepSpeed checkpoint, as an Indexed Job runs it: three `mcsync sync`
-processes at once into one SeaweedFS bucket, the checkpoint's 12 shard files spread over them.
+processes at once into one SeaweedFS bucket, the checkpoint's 12 shard files spread over them
+(and a Hugging Face, a DCP, a Megatron and an Orbax checkpoint beside it).
 A reader polling the target every 100 ms never finds a marker (``latest``, or any framework's)
 before every file of its checkpoint is there — whichever shard finishes last (one is slowed by
 --bwlimit), and when one is SIGKILLed and run again, as a replaced pod. The target ends
@@ -36,6 +37,24 @@ CKPT = {
     "ckpt/zero_to_fp32.py": b"# DeepSpeed's converter, written beside the checkpoints\n",
 }
 FILES = [k for k in CKPT if k.startswith(STEP)]
+SMALL = 64 * 1024
+# and one checkpoint of each other framework whose markers are files, beside it
+OTHERS = {
+    **{f"hf/checkpoint-100/model-0000{i}-of-00004.safetensors": payload(SMALL, 20 + i)
+       for i in range(1, 5)},
+    "hf/checkpoint-100/model.safetensors.index.json": b'{"weight_map": {}}',
+    "hf/checkpoint-100/config.json": b'{"model_type": "llama"}',
+    "hf/checkpoint-100/trainer_state.json": b'{"global_step": 100}',
+    **{f"dcp/step_5/__{i}_0.distcp": payload(SMALL, 30 + i) for i in range(3)},
+    "dcp/step_5/.metadata": b"dcp-metadata",
+    **{f"mg/iter_0000100/mp_rank_0{i}/model_optim_rng.pt": payload(SMALL, 40 + i)
+       for i in range(2)},
+    "mg/latest_checkpointed_iteration.txt": b"100",
+    "orbax/100/_CHECKPOINT_METADATA": b"{}",
+    **{f"orbax/100/state/d/{i}": payload(SMALL, 50 + i) for i in range(3)},
+    "orbax/100/commit_success.txt": b"done",
+}
+CKPT.update(OTHERS)
 
 
 def test_each_shard_writes_some_of_the_checkpoint_s_files() -> None:
