@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoints.frameworks import Completion
+from ..checkpoints.frameworks import Completion, is_commit_marker
 from ..config import SyncOptions
 from ..events import (
     EventSink,
@@ -30,7 +30,7 @@ from ..state.spool import Spool
 from ..stores.base import FileTarget, ReadStore, Store
 from ..types import RESERVED_PREFIX, ObjectInfo
 from .listing import Handoff, merge_join, prefetched
-from .plan import is_commit_marker, plan
+from .plan import plan
 
 if TYPE_CHECKING:
     from ..move.compare import Verdict

@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import TYPE_CHECKING
 
-from ..checkpoints.frameworks import Completion
+from ..checkpoints.frameworks import Completion, is_commit_marker
 from ..checkpoints.latest import listed_under
 from ..config import SyncOptions
 from ..events import Event, ObjectDeferred, ObjectPlanned
@@ -34,7 +34,7 @@ from ..state.spool import Spool
 from ..stores.base import FileTarget, LevelLister, ReadStore
 from ..types import RESERVED_PREFIX, ObjectInfo
 from .listing import merge_join
-from .plan import is_commit_marker, plan
+from .plan import plan
 
 if TYPE_CHECKING:
     from .driver import Driver

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import mcsync
+from mcsync.checkpoints.frameworks import is_commit_marker
 from mcsync.run.engine import target_lock_key
 from mcsync.run.manifest_copy import target_manifest_key
-from mcsync.run.plan import is_commit_marker
 from mcsync.state.manifest import default_path
 from mcsync.state.shard import shard_of
 from mcsync.stores.memory import MemoryEndpoint, MemoryStore
@@ -385,3 +385,30 @@ def test_a_target_that_cannot_list_a_level_is_listed_once_for_every_marker() -> 
         assert report.exit_code == 0, report.failures
         assert Count.lists == 2  # the run's listing, and the markers' (one depth)
     assert contents(dst) == ckpts
+
+
+@pytest.mark.parametrize("shard", [None, (0, 1), "each of 2"])
+def test_a_marker_changed_while_the_run_copied_its_checkpoint_is_left_to_the_next_run(
+        shard: Any) -> None:
+    """The trainer writes step 200 and points latest at it while the run copies step 100:
+    latest's new version names files this run never listed, so it is not taken (a copy of
+    any other object takes the new version); the next run copies step 200, then latest."""
+    src, dst = MemoryStore(), MemoryStore(endpoint=MemoryEndpoint("target"))
+    step100 = {f"ds/global_step100/rank_{i}.pt": payload(30, i) for i in range(6)}
+    step200 = {f"ds/global_step200/rank_{i}.pt": payload(30, 200 + i) for i in range(6)}
+    seed(src, {**step100, "ds/latest": b"global_step100"})
+
+    def trainer_moves_on(_: Call) -> None:
+        seed(src, {**step200, "ds/latest": b"global_step200"})
+
+    moved = Rule("put", key="ds/global_step100/*", phase="after", action=trainer_moves_on)
+    shards = [(0, 2), (1, 2)] if shard == "each of 2" else [shard]
+    for one in shards:
+        report = run(src, faulty(dst, Faults([moved])), shard=one)
+        assert report.exit_code == 0, report.failures
+        have = contents(dst)
+        assert have.get("ds/latest", b"global_step100") == b"global_step100"
+    assert "ds/latest" in {k for k, _ in report.deferred}
+    for one in shards:
+        assert run(src, dst, shard=one).exit_code == 0
+    assert contents(dst) == {**step100, **step200, "ds/latest": b"global_step200"}

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from mcsync.run.plan import is_commit_marker
+from mcsync.checkpoints.frameworks import is_commit_marker
 from mcsync.state.shard import shard_of
 from testbed.servers import S3Endpoint
 
