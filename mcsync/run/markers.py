@@ -17,6 +17,10 @@ complete last finds every other shard's files. Shards finishing together may bot
 the same bytes, which is harmless; what never happens is a marker before its files. A shard
 killed and rerun (a replaced pod) asks again when it finishes. Markers go deepest first, so a
 marker beside the checkpoints (DeepSpeed's ``latest``) waits for the markers inside them.
+
+Deletes (``--delete``, every run's): markers first, so a reader never finds a marker whose
+files are going; a shard that deferred a marker leaves the deletes under its directory to a
+later run, since the target's older marker may name what they remove.
 """
 
 from __future__ import annotations
