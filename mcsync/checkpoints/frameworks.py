@@ -221,6 +221,17 @@ FRAMEWORKS: tuple[Framework, ...] = (
 # other object of the run, so an index never points at shards that are not there yet.
 MARKERS = ("*.index.json", "config.json", "latest", "LATEST", "COMMIT", "_SUCCESS",
            *(f.marker for f in FRAMEWORKS if f.marker))
+# The markers' patterns as one expression: asked of every key of a run (11 fnmatch calls a
+# key cost 12 us).
+_MARKER = re.compile("|".join(fnmatch.translate(p) for p in MARKERS))
+
+
+def is_commit_marker(key: str) -> bool:
+    """A file readers open first to find a checkpoint (``MARKERS``): written after everything
+    else of the run."""
+    return _MARKER.match(key.rsplit("/", 1)[-1]) is not None
+
+
 # Never copied: a framework's directories in the making, renamed when done (Orbax; the
 # Hugging Face Trainer's staging directory in the versions that stage a checkpoint).
 IN_THE_MAKING = ("*.orbax-checkpoint-tmp-*", "tmp-checkpoint-*")

@@ -205,6 +205,12 @@ class _OnlyChosen(PassThrough):
             yield marker
 
 
+def listed_under(store: ReadStore, prefix: str) -> AsyncIterator[ObjectInfo]:
+    """Every object of ``store`` under ``prefix`` ("" or ending in "/"), in byte order: a
+    level at a time where the store lists by level, else cut from its listing."""
+    return _Levels(store).under(prefix)
+
+
 def only_chosen(store: ReadStore, chosen: Chosen) -> ReadStore:
     """``store`` seen as holding the chosen checkpoint and its marker alone (keys as they are
     in ``store``); every read passes through."""

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..checkpoints.frameworks import is_commit_marker
 from ..chunking import Layout, group_parts
 from ..config import SyncOptions
 from ..delta.match import Part
@@ -123,8 +124,11 @@ class Transfer:
             log.info("%s changed while it was copied; copying the new version", action.key)
             current = dataclasses.replace(action, src=fresh, dst=None)
 
+        # A marker's new version may name a checkpoint this run never listed: not taken (the
+        # run reports it deferred, and the next one copies that checkpoint, then the marker).
+        tries = 1 if is_commit_marker(action.key) else 2
         try:
-            return await retrying(lambda: self._write(current), RetryPolicy.immediate(2),
+            return await retrying(lambda: self._write(current), RetryPolicy.immediate(tries),
                                   retry_on=PreconditionFailed, before_retry=take_new_version)
         except NotFound as exc:
             # Of the source (deleted since it was listed) or of the target's side (an upload

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoints.frameworks import Completion
+from ..checkpoints.frameworks import Completion, is_commit_marker
 from ..config import SyncOptions
 from ..events import (
     EventSink,
@@ -30,7 +30,7 @@ from ..state.spool import Spool
 from ..stores.base import FileTarget, ReadStore, Store
 from ..types import RESERVED_PREFIX, ObjectInfo
 from .listing import Handoff, merge_join, prefetched
-from .plan import is_commit_marker, plan
+from .plan import plan
 
 if TYPE_CHECKING:
     from ..move.compare import Verdict
@@ -135,7 +135,7 @@ class Driver:
                                              action.reason))
                 if action.kind == "skip":
                     if pair.known is None and pair.dst is not None and pair.src is not None:
-                        self._adopt(pair.src, pair.dst)
+                        self.adopt(pair.src, pair.dst)
                     continue
                 if self.options.dry_run:
                     if self.dispatch.may_go_as_delta(action):
@@ -173,7 +173,7 @@ class Driver:
             self.sink.emit(ObjectPlanned(action.key, kind_of(action), action.size,
                                          action.reason))
             if verdict.same:
-                self._adopt(src, dst, verdict)
+                self.adopt(src, dst, verdict)
             elif self.options.dry_run:
                 pass
             elif is_commit_marker(action.key):
@@ -193,7 +193,7 @@ class Driver:
         if found is not None:
             self.sink.emit(found)
 
-    def _adopt(self, src: ObjectInfo, dst: ObjectInfo, content: Verdict | None = None) -> None:
+    def adopt(self, src: ObjectInfo, dst: ObjectInfo, content: Verdict | None = None) -> None:
         """A target object mcsync has no record of but found current (same size and ETag, or
         a target no older than the source): record it, so later runs that trust the manifest
         skip it too. Unless --checksum compared it (``content``: the source's block hashes),
@@ -209,7 +209,7 @@ class Driver:
         if self._adopted % 1000 == 0:
             self.manifest.commit()
 
-    async def commit_markers(self, markers: Spool) -> None:
+    async def commit_markers(self, markers: Iterable[Action]) -> None:
         """Index files, config.json and latest/COMMIT markers go last, and only when every
         other object arrived: a reader that finds them finds the whole checkpoint."""
         if self.stats.failed:
@@ -228,7 +228,7 @@ class Driver:
             return
         await self._execute_all(deletes)
 
-    async def _execute_all(self, actions: Spool) -> None:
+    async def _execute_all(self, actions: Iterable[Action]) -> None:
         async with asyncio.TaskGroup() as tg:
             for action in actions:
                 if self.stop.is_set():

@@ -44,7 +44,7 @@ from ..scale.workers import Workers, folds_case, open_pool, refuse_in_a_starting
 from ..state.holdings import ManifestHoldings
 from ..state.lock import read_lock, run_lock
 from ..state.manifest import Manifest, default_path, pair_id
-from ..state.shard import Shard, suffix
+from ..state.shard import Shard, sharded, suffix
 from ..state.spool import Spool
 from ..state.task_log import TaskLog
 from ..stores.base import ReadStore, ServerSideCopier, Store, TempFileSweeper
@@ -55,6 +55,7 @@ from ..types import RESERVED_PREFIX, ObjectInfo
 from . import manifest_copy
 from .driver import Driver
 from .listing import Handoff, prefetched
+from .markers import commit_when_complete, deletes_in_order
 from .preflight import check_stores, writable_pair
 
 log = logging.getLogger(__name__)
@@ -296,10 +297,14 @@ class _Run:
         uploader = asyncio.create_task(keeper.refresh()) if keeper else None
         try:
             await self.driver.plan_and_copy(server_side, trust, deletes, markers)
+            waiting: set[str] = set()  # directories whose markers wait for other shards
             if markers and not self.stop.is_set():
-                await self.driver.commit_markers(markers)
+                if sharded(self.options.shard):  # the shard that finishes last writes them
+                    waiting = await commit_when_complete(self.driver, markers)
+                else:
+                    await self.driver.commit_markers(markers)
             if deletes and not self.stop.is_set():
-                await self.driver.delete(deletes)
+                await self._delete(deletes, waiting)
             if not self.stop.is_set():
                 await self.dispatch.finish()
                 if keeper is not None:
@@ -355,6 +360,17 @@ class _Run:
                 await keeper.send()
         self.sink.emit(RunFinished(report))
         return report
+
+    async def _delete(self, deletes: Spool, waiting: set[str]) -> None:
+        """Markers first, then the rest (``markers.deletes_in_order``)."""
+        first, then = deletes_in_order(deletes, waiting, self.sink.emit)
+        try:
+            for wave in (first, then):
+                if wave and not self.stop.is_set():
+                    await self.driver.delete(wave)
+        finally:
+            first.close()
+            then.close()
 
     def _throttled(self, store: str, operation: str, limit: int) -> None:
         """A store said slow down: fewer parts on the wire too, and the report hears of it."""
