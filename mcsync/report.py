@@ -144,6 +144,14 @@ class SyncReport:
     manifest: str | None = None
     manifest_note: str | None = None  # e.g. a damaged manifest was set aside and rebuilt
     latest_checkpoint: str | None = None  # --latest-checkpoint: the directory it restored
+    # Retention (--keep-last): checkpoints deleted from the target whole, those thinned to
+    # their weights (--prune-optimizer-older-than), the objects and bytes of both (in a plan:
+    # what would be), and the newest complete checkpoint at the target after the run.
+    checkpoints_pruned: int = 0
+    checkpoints_thinned: int = 0
+    objects_pruned: int = 0
+    bytes_pruned: int = 0
+    newest_checkpoint: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -183,6 +183,18 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "DeepSpeed, Megatron-LM, PyTorch DCP, Hugging Face Trainer, Orbax, "
                           "NeMo; the one a 'latest' marker names, else the highest step) and "
                           "the marker naming it; exit 4 when there is none."),
+        click.option("--keep-last", type=int, default=None, metavar="N",
+                     help="Retention at the target: once a run's checkpoints are complete "
+                          "there, delete the checkpoints directly under DST older than the "
+                          "last N complete ones (marker first), unless --keep-every keeps "
+                          "them. Never the source; exit 2 when SRC holds no checkpoints."),
+        click.option("--keep-every", type=int, default=None, metavar="K",
+                     help="With --keep-last: also keep every checkpoint whose step is a "
+                          "multiple of K."),
+        click.option("--prune-optimizer-older-than", type=int, default=None, metavar="N",
+                     help="With --keep-last: of the checkpoints kept that are older than the "
+                          "last N, delete the optimizer files (DeepSpeed, Hugging Face "
+                          "Trainer, Megatron-LM distributed optimizer), keeping the weights."),
         click.option("--workers", type=WORKERS, default=0, metavar="N|auto",
                      help="Move objects in N worker processes on this machine (auto: the "
                           "cores available): small ones whole, larger ones by their parts "

@@ -1,0 +1,313 @@
+"""Retention done: the target's checkpoints scanned, the source seen without what would be
+pruned at once, and the checkpoints the rules drop deleted from the target, marker first.
+
+A run with ``--keep-last`` scans the target before it moves anything (``Retention.scan``: one
+listing of the target) and lists the source through ``hiding``: the checkpoints the rules would
+delete as soon as they arrived (older than the last N complete ones there, no multiple of K) are
+not copied, nor the optimizer files of a thinned one — else every run would copy back what the
+last one pruned. After the run's copies, markers and deletes, ``prune`` scans the target again
+and deletes what ``checkpoints.retention.decide`` drops: the checkpoint's completion marker and
+the files readers open first (``plan.is_commit_marker``) before its other files, so a reader
+never takes a half-deleted checkpoint for a complete one. A prune cut short (a kill) leaves a
+checkpoint without its marker, or one the rules still drop: the next run's scan finds it and
+finishes it. Only directories the frameworks table recognises directly under the target's root
+are ever deleted from, never the source, never mcsync's own ``.mcsync/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ..checkpoints.frameworks import FRAMEWORKS, Framework, Source, examine
+from ..checkpoints.latest import Levels, step_of
+from ..checkpoints.retention import Checkpoint, Decision, Policy, decide, fate, is_optimizer_file
+from ..config import SyncOptions
+from ..errors import MCSyncError, NotFound, UsageError
+from ..events import (
+    CheckpointDurable,
+    CheckpointKept,
+    CheckpointPruned,
+    EventSink,
+    ObjectFailed,
+)
+from ..stores.base import ReadStore, Store
+from ..stores.wrap import PassThrough, wrap
+from ..types import RESERVED_PREFIX, ObjectInfo
+from .plan import is_commit_marker
+
+log = logging.getLogger(__name__)
+
+DELETES_IN_FLIGHT = 32
+_RECOGNISE_WITHIN = 16  # a source directory's first keys in which its framework shows
+
+
+def policy_of(options: SyncOptions) -> Policy | None:
+    if options.keep_last is None:
+        return None
+    return Policy(options.keep_last, options.keep_every, options.prune_optimizer_older_than)
+
+
+@dataclass
+class _Dir:
+    objects: int = 0
+    bytes: int = 0
+    names: list[str] = field(default_factory=list)  # files directly in it
+    keys: list[ObjectInfo] = field(default_factory=list)
+
+
+@dataclass
+class Holdings:
+    """What a scan found at a store: its checkpoints, the directories root markers name, and
+    each checkpoint directory's objects."""
+
+    checkpoints: list[Checkpoint]
+    named: tuple[str, ...]
+    objects: dict[str, list[ObjectInfo]]
+    frameworks: dict[str, Framework]
+
+    @property
+    def complete_steps(self) -> list[int]:
+        return sorted(c.step for c in self.checkpoints if c.complete and c.step is not None)
+
+    def newest(self) -> Checkpoint | None:
+        done = [c for c in self.checkpoints if c.complete and c.step is not None]
+        return max(done, key=lambda c: c.step or 0, default=None)
+
+
+async def scan(store: ReadStore, *, atomic_renames: bool = False) -> Holdings:
+    """The checkpoints directly under ``store``'s root, each complete or not by the frameworks
+    table (one listing, and a GET of each root marker)."""
+    root: list[str] = []
+    dirs: dict[str, _Dir] = {}
+    async for info in store.list():
+        if info.key.startswith(RESERVED_PREFIX):
+            continue
+        top, sep, rest = info.key.partition("/")
+        if not sep:
+            root.append(top)
+            continue
+        d = dirs.setdefault(top, _Dir())
+        d.objects += 1
+        d.bytes += info.size
+        d.keys.append(info)
+        if "/" not in rest:
+            d.names.append(rest)
+    src = Source(store, atomic_renames)
+    src.level("", root)
+    found: list[Checkpoint] = []
+    objects: dict[str, list[ObjectInfo]] = {}
+    frameworks: dict[str, Framework] = {}
+    for name, d in dirs.items():
+        src.level(name, d.names)
+        seen = await examine(src, name, d.names)
+        if seen is None:
+            continue
+        framework, why = seen
+        directory = name + "/"
+        found.append(Checkpoint(directory, framework.name, step_of(name), why is None,
+                                d.objects, d.bytes))
+        objects[directory] = d.keys
+        frameworks[directory] = framework
+    named: list[str] = []
+    for framework in FRAMEWORKS:
+        if framework.names is None or framework.marker not in root:
+            continue
+        text = await src.text(framework.marker)
+        if text:
+            named.append(framework.names(text) + "/")
+    return Holdings(found, tuple(named), objects, frameworks)
+
+
+async def require_checkpoints(source: ReadStore) -> None:
+    """UsageError (exit 2) when the source holds objects but no checkpoint directory of the
+    frameworks table directly under its root: retention has nothing to count by. An empty
+    source passes (a watch started before the trainer's first checkpoint)."""
+    levels = Levels(source)
+    root = await levels.get("")
+    if not root.dirs and not root.files:
+        return
+    src = Source(source)
+    for d in root.dirs[:64]:
+        name = d[:-1]
+        if any(f.directory is not None and f.contains is None and f.recognises(name, ())
+               for f in FRAMEWORKS):
+            return
+        level = await levels.get(d)
+        names = [f.key[len(d):] for f in level.files]
+        src.level(name, names)
+        if await examine(src, name, names) is not None:
+            return
+    raise UsageError(f"{source.url}: --keep-last: no checkpoint directory of "
+                     + ", ".join(f.name for f in FRAMEWORKS) + " directly under it")
+
+
+class Retention:
+    """One run's retention: the target as scanned before the run, the source's view without
+    what would be pruned at once, and the prune after the run."""
+
+    def __init__(self, policy: Policy, target: Store, sink: EventSink, *,
+                 atomic_renames: bool = False) -> None:
+        self.policy = policy
+        self.target = target
+        self.sink = sink
+        self.atomic_renames = atomic_renames
+        self.before: Holdings | None = None  # the target, before the run
+        self.coming: Holdings | None = None  # the source
+        self._steps: list[int] = []
+
+    async def prepare(self, source: ReadStore) -> ReadStore:
+        """Scan the target and the source; ``source`` listed without the checkpoints
+        retention would delete on arrival, nor the optimizer files of those it would thin."""
+        self.before = await scan(self.target, atomic_renames=self.atomic_renames)
+        self.coming = await scan(source, atomic_renames=source.facts.atomic_renames)
+        # Once the run's copies are there, the complete ones at either side are at the target.
+        there = {c.directory: c.step for c in self.before.checkpoints if c.complete}
+        there |= {c.directory: c.step for c in self.coming.checkpoints if c.complete}
+        self._steps = sorted(s for s in there.values() if s is not None)
+        return wrap(source, _Hiding(self), name="Retained")
+
+    def verdict(self, directory: str, framework: Framework) -> Decision:
+        """What retention would do with the source's checkpoint ``directory`` once copied."""
+        before = self.before
+        assert before is not None
+        held = next((c for c in before.checkpoints if c.directory == directory), None)
+        if held is None or not held.complete:
+            # Once copied, it is complete at the target.
+            held = Checkpoint(directory, framework.name, step_of(directory[:-1]), True)
+        return fate(held, self.policy, self._steps, before.named)
+
+    async def prune(self, *, dry_run: bool = False) -> None:
+        """Scan the target and delete what the rules drop (a plan: say what would be,
+        counting the source's checkpoints this run would copy as there)."""
+        now = await scan(self.target, atomic_renames=self.atomic_renames)
+        checkpoints = now.checkpoints
+        coming = self.coming
+        if dry_run and coming is not None:
+            there = {c.directory for c in checkpoints if c.complete}
+            checkpoints = [c for c in checkpoints if c.directory not in
+                           {d.directory for d in coming.checkpoints if d.complete}]
+            checkpoints += [c for c in coming.checkpoints
+                            if c.complete or c.directory not in there]
+            now.objects.update({k: v for k, v in coming.objects.items() if k not in now.objects})
+            now.frameworks.update(coming.frameworks)
+            named = (*now.named, *coming.named)
+        else:
+            named = now.named
+        decisions = decide(checkpoints, self.policy, named)
+        for d in decisions:
+            c = d.checkpoint
+            if d.keep:
+                self.sink.emit(CheckpointKept(c.directory, c.step, d.reason, d.thin))
+        for d in sorted(decisions, key=lambda d: d.checkpoint.step or 0):  # oldest first
+            c = d.checkpoint
+            framework = now.frameworks[c.directory]
+            keys = now.objects.get(c.directory, [])
+            if not d.keep:
+                if not dry_run:
+                    await self._delete(framework, keys)
+                self.sink.emit(CheckpointPruned(c.directory, c.step, len(keys),
+                                                sum(k.size for k in keys)))
+            elif d.thin:
+                optim = [k for k in keys
+                         if is_optimizer_file(framework.name, k.key[len(c.directory):])]
+                if optim:
+                    if not dry_run:
+                        await self._delete(framework, optim)
+                    self.sink.emit(CheckpointPruned(c.directory, c.step, len(optim),
+                                                    sum(k.size for k in optim), thinned=True))
+        newest = max((d.checkpoint for d in decisions if d.keep and d.checkpoint.complete
+                      and d.checkpoint.step is not None),
+                     key=lambda c: c.step or 0, default=None)
+        if newest is not None:
+            self.sink.emit(CheckpointDurable(newest.directory, newest.step))
+
+    async def _delete(self, framework: Framework, keys: list[ObjectInfo]) -> None:
+        """The markers first (each gone before any other file goes), then the rest."""
+        first = [k.key for k in keys if _marks(framework, k.key)]
+        rest = [k.key for k in keys if not _marks(framework, k.key)]
+        for key in first:
+            if not await self._gone(key):
+                return  # its files stay until its marker is gone
+        room = asyncio.Semaphore(DELETES_IN_FLIGHT)
+
+        async def one(key: str) -> None:
+            async with room:
+                await self._gone(key)
+
+        async with asyncio.TaskGroup() as tg:
+            for key in rest:
+                tg.create_task(one(key))
+
+    async def _gone(self, key: str) -> bool:
+        assert not key.startswith(RESERVED_PREFIX)
+        try:
+            await self.target.delete(key)
+        except NotFound:
+            pass  # a prune cut short deleted it already
+        except MCSyncError as exc:  # the next run's scan finds the checkpoint and tries again
+            self.sink.emit(ObjectFailed.of(key, "delete", 0, exc,
+                                           f"retention could not delete it: {exc}"))
+            return False
+        return True
+
+
+def _marks(framework: Framework, key: str) -> bool:
+    name = key.rsplit("/", 1)[-1]
+    return name == framework.marker or is_commit_marker(key)
+
+
+class _Hiding(PassThrough):
+    """A source's listing without the keys of checkpoints retention drops on arrival (and
+    optimizer files of those it thins). A directory's first keys wait until its framework
+    shows (a DCP directory is one by its ``*.distcp`` files)."""
+
+    def __init__(self, retention: Retention) -> None:
+        self._retention = retention
+
+    async def listing(self, entries: AsyncIterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
+        current: str | None = None
+        held: list[ObjectInfo] = []
+        verdict: tuple[Framework, Decision] | None = None
+        decided = False
+        async for info in entries:
+            top, sep, _ = info.key.partition("/")
+            if not sep:
+                for h in held:
+                    yield h
+                held, current, decided = [], None, True
+                yield info
+                continue
+            if top != current:
+                for h in held:
+                    yield h
+                held, current, verdict, decided = [], top, None, False
+            if not decided:
+                held.append(info)
+                names = [h.key[len(top) + 1:] for h in held if "/" not in h.key[len(top) + 1:]]
+                framework = next((f for f in FRAMEWORKS if f.recognises(top, names)), None)
+                if framework is not None:
+                    verdict = (framework, self._retention.verdict(top + "/", framework))
+                if verdict is not None or len(held) >= _RECOGNISE_WITHIN:
+                    decided = True
+                    for h in held:
+                        if self._shows(verdict, top, h):
+                            yield h
+                    held = []
+                continue
+            if self._shows(verdict, top, info):
+                yield info
+        for h in held:
+            yield h
+
+    @staticmethod
+    def _shows(verdict: tuple[Framework, Decision] | None, top: str, info: ObjectInfo) -> bool:
+        if verdict is None:
+            return True
+        framework, decision = verdict
+        if not decision.keep:
+            return False
+        return not (decision.thin
+                    and is_optimizer_file(framework.name, info.key[len(top) + 1:]))
