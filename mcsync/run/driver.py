@@ -30,6 +30,7 @@ from ..state.spool import Spool
 from ..stores.base import FileTarget, ReadStore, Store
 from ..types import RESERVED_PREFIX, ObjectInfo
 from .listing import Handoff, merge_join, prefetched
+from .markers import not_yet
 from .plan import is_commit_marker, plan
 
 if TYPE_CHECKING:
@@ -219,7 +220,19 @@ class Driver:
                     f"held back: {self.stats.failed} other objects of this sync failed, and "
                     "this file tells readers the checkpoint is complete"))
             return
-        await self._execute_all(markers)
+        await self._execute_all(await self._vouched(markers))
+
+    async def _vouched(self, markers: Spool) -> list[Action]:
+        """The markers that may go: one naming another directory only once that directory is
+        complete at the target (``markers.not_yet``); the others wait, deferred."""
+        ready: list[Action] = []
+        for action in markers:
+            why = await not_yet(self.src, self.dst, action)
+            if why:
+                self.sink.emit(ObjectDeferred(action.key, action.size, why))
+            else:
+                ready.append(action)
+        return ready
 
     async def delete(self, deletes: Spool) -> None:
         if self.stats.failed:
@@ -228,7 +241,7 @@ class Driver:
             return
         await self._execute_all(deletes)
 
-    async def _execute_all(self, actions: Spool) -> None:
+    async def _execute_all(self, actions: Spool | list[Action]) -> None:
         async with asyncio.TaskGroup() as tg:
             for action in actions:
                 if self.stop.is_set():
