@@ -83,6 +83,7 @@ class RunTotals:
     tasks: int = 0
     tasks_retried: int = 0
     retried_tasks: tuple[str, ...] = ()
+    deferred_until: float | None = None
 
 
 @dataclass
@@ -101,6 +102,9 @@ class SyncReport:
     # written): a later run picks them up. Not failures.
     objects_deferred: int = 0
     bytes_deferred: int = 0
+    # When the first file deferred for its age alone (--min-age) comes of age (Unix time): a
+    # watch starts its next cycle then.
+    deferred_until: float | None = None
     bytes_copied: int = 0  # size of the objects copied through the client
     bytes_sent: int = 0  # bytes this run really sent (less than bytes_copied when resumed)
     bytes_server_copied: int = 0

@@ -33,6 +33,13 @@ _UNKNOWN = object()
 _CACHED = 4096  # answers of the source kept (per kind), and waiting directories named
 
 
+def _names_another(key: str) -> bool:
+    """A root marker naming another directory (``latest``): written whole, and never ahead of
+    the directory it names (``run/markers.py`` checks that at the target)."""
+    name = key.rsplit("/", 1)[-1]
+    return any(f.names is not None and f.marker == name for f in FRAMEWORKS)
+
+
 class Listed:
     """The last keys of the run's listing of the source (at least ``keep``), which come in
     order: whether a key the listing has passed was in it, known without a request."""
@@ -269,6 +276,10 @@ class Completion:
         self._making: str | None = None  # why it is in the making (IN_THE_MAKING), if it is
         self._verdict: str | object | None = _UNKNOWN  # its checkpoints' verdict
         self.waiting_dirs: dict[str, str] = {}  # checkpoint directory → why it waits
+        self._complete: set[str] = set()  # checkpoint directories above the key, complete
+        # The earliest time a file deferred for its age alone comes of age (a watch wakes
+        # then, not an interval later).
+        self.young_until: float | None = None
 
     def listed(self, key: str) -> None:
         """The run's listing of the source reached ``key`` (every key, in order, before the
@@ -282,12 +293,23 @@ class Completion:
             self._enter(parent)
         if self._making:
             return self._making
-        if self._min_age and info.mtime is not None and (
-                self._clock() - info.mtime < self._min_age):
-            return f"modified {self._clock() - info.mtime:.0f}s ago, within --min-age"
         if self._verdict is _UNKNOWN:
             self._verdict = await self._directories(key.split("/"))
-        return self._verdict  # type: ignore[return-value]
+        if self._verdict is not None:
+            return self._verdict  # type: ignore[return-value]
+        age = self._clock() - info.mtime if info.mtime is not None else None
+        if self._min_age and age is not None and age < self._min_age and not (
+                self._vouched(key) or _names_another(key)):
+            # Only a file no completion marker vouches for waits out --min-age.
+            self.young_until = min(self.young_until or float("inf"),
+                                   info.mtime + self._min_age)  # type: ignore[operator]
+            return f"modified {age:.0f}s ago, within --min-age"
+        return None
+
+    def _vouched(self, key: str) -> bool:
+        """Is ``key`` in a checkpoint directory whose framework's marker says it is complete
+        (its files are written, whatever their age)?"""
+        return any(key.startswith(d + "/") for d in self._complete)
 
     def _enter(self, parent: str) -> None:
         """The first key of another directory: forget what only the directories left behind
@@ -302,6 +324,7 @@ class Completion:
                 break
         above = {"/".join(parts[:depth]) for depth in range(1, len(parts) + 1)}
         self._dirs = {d: why for d, why in self._dirs.items() if d in above}
+        self._complete &= above
         self._src.trim()
 
     async def _directories(self, parts: list[str]) -> str | None:
@@ -319,6 +342,7 @@ class Completion:
         return None
 
     async def _check(self, directory: str, first_name: str | None) -> str | None:
+        vouched = False
         for framework in FRAMEWORKS:
             if not await self._is_one(framework, directory, first_name):
                 continue
@@ -328,6 +352,10 @@ class Completion:
                 why = f"cannot read its completion marker: {exc}"
             if why:
                 return f"{framework.name} checkpoint not complete: {why}"
+            # A marker vouches only where the framework has one (NeMo's is an absence).
+            vouched = vouched or framework.marker is not None
+        if vouched:
+            self._complete.add(directory)
         return None
 
     async def _is_one(self, framework: Framework, directory: str,

@@ -220,9 +220,13 @@ class Driver:
                     f"held back: {self.stats.failed} other objects of this sync failed, and "
                     "this file tells readers the checkpoint is complete"))
             return
-        await self._execute_all(await self._vouched(markers))
+        if self.options.latest_checkpoint:
+            # The choice read the marker before it listed the directory it names: no race.
+            await self._execute_all(markers)
+            return
+        await self._execute_all(await self._ready(markers))
 
-    async def _vouched(self, markers: Spool) -> list[Action]:
+    async def _ready(self, markers: Spool) -> list[Action]:
         """The markers that may go: one naming another directory only once that directory is
         complete at the target (``markers.not_yet``); the others wait, deferred."""
         ready: list[Action] = []

@@ -353,7 +353,8 @@ class _Run:
             parts_in_flight_peak=self.limits.parts.most_busy,
             parts_in_flight_limit_peak=self.limits.parts.peak,
             tasks=w.tasks if w else 0, tasks_retried=w.tasks_retried if w else 0,
-            retried_tasks=tuple(w.retried) if w else ()))
+            retried_tasks=tuple(w.retried) if w else (),
+            deferred_until=self.driver.completion.young_until))
         if keeper is not None and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
                                      ("failed" if report.objects_failed else "ok"),
