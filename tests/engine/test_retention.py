@@ -210,3 +210,18 @@ def test_a_source_without_checkpoints_is_refused(tmp_path):
     with pytest.raises(UsageError, match=r"no checkpoint directory of .* directly under it"):
         run(src, dst, tmp_path, keep_last=2)
     assert contents(dst) == {}
+
+
+def test_metrics_count_pruned_checkpoints_and_the_newest_durable_step(tmp_path):
+    from mcsync.observe.metrics import Metrics
+
+    objects = trained("hf")
+    src, dst = stores(objects)
+    run(src, dst, tmp_path)
+    metrics = Metrics()
+
+    run(src, dst, tmp_path, keep_last=2, keep_every=400, on_event=metrics.emit)
+
+    sample = metrics.registry.get_sample_value
+    assert sample("mcsync_checkpoints_pruned_total") == 5
+    assert sample("mcsync_checkpoint_durable_step") == 800
