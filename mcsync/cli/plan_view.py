@@ -41,6 +41,14 @@ class PlanLines:
         pass
 
 
+def fate_of(e: CheckpointKept | CheckpointPruned) -> str:
+    """"kept: last 3", "kept: every 1000", "pruned (3 objects, 1.2 GiB)"."""
+    if isinstance(e, CheckpointKept):
+        return e.reason + (", optimizer files to prune" if e.thinned else "")
+    what = "optimizer files pruned" if e.thinned else "pruned"
+    return f"{what} ({counted(e.objects, 'object')}, {format_size(e.bytes)})"
+
+
 def retention_line(e: CheckpointKept | CheckpointPruned) -> str:
     """A checkpoint's fate under --keep-last: "kept: last 3", "kept: every 1000", "pruned"."""
     if isinstance(e, CheckpointKept):
@@ -146,6 +154,6 @@ class PlanSummary:
                 click.echo(f"  {counted(n, 'object'):>14} {format_size(size):>10}  {why}")
         if self.retention:
             click.echo("")
-            click.echo("retention at the target (--keep-last), newest first:")
+            click.echo("retention at the target (--keep-last):")
             for e in self.retention[:SHOWN]:
-                click.echo("  " + retention_line(e)[13:].strip())
+                click.echo(f"  {e.directory:<40} {fate_of(e)}")

@@ -279,3 +279,16 @@ def test_a_marker_reaches_the_target_by_events_not_the_interval(seaweed, tmp_pat
         code, err = stop_watch(proc)
     assert code == 0, err
     assert all(lag < 15 for lag in lags), (lags, err[-2000:])  # well under the 60 s interval
+
+
+def test_plan_shows_what_would_be_pruned_and_why(seaweed, trained_tree):
+    bucket = new_bucket(seaweed)
+    put_objects(seaweed, bucket, read_tree(trained_tree))
+    plan = run_cli("plan", str(trained_tree), f"meta://{bucket}/", "--keep-last", "2",
+                   "--keep-every", "400", env=seaweed.meta_env())
+    assert plan.exit_code == 0, plan.output
+    fates = dict(re.findall(r"^  (checkpoint-\d+/)\s+(kept: [^\n]+|pruned)", plan.stdout, re.M))
+    assert fates == {"checkpoint-800/": "kept: last 2", "checkpoint-700/": "kept: last 2",
+                     "checkpoint-400/": "kept: every 400",
+                     **{f"checkpoint-{s}/": "pruned" for s in (100, 200, 300, 500, 600)}}
+    assert read_bucket(seaweed, bucket) == read_tree(trained_tree)  # a plan deletes nothing
