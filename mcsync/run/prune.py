@@ -44,6 +44,11 @@ DELETES_IN_FLIGHT = 32
 _RECOGNISE_WITHIN = 16  # a source directory's first keys in which its framework shows
 
 
+class NoCheckpoints(UsageError):
+    """``--keep-last`` and a source with objects but no checkpoint directory (exit 2; a watch
+    logs it as a failed cycle and goes on: the trainer may not have written one yet)."""
+
+
 def policy_of(options: SyncOptions) -> Policy | None:
     if options.keep_last is None:
         return None
@@ -140,7 +145,7 @@ async def require_checkpoints(source: ReadStore) -> None:
         src.level(name, names)
         if await examine(src, name, names) is not None:
             return
-    raise UsageError(f"{source.url}: --keep-last: no checkpoint directory of "
+    raise NoCheckpoints(f"{source.url}: --keep-last: no checkpoint directory of "
                      + ", ".join(f.name for f in FRAMEWORKS) + " directly under it")
 
 

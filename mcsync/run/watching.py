@@ -37,6 +37,7 @@ from ..stores.resilience import Pacing, pacing_of, resilient
 from ..tasks import cancel_and_wait
 from .engine import ManifestFactory, pair_lock, run_sync
 from .preflight import check_pair
+from .prune import NoCheckpoints
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,9 @@ async def _one(source: ReadStore, target: ReadStore, options: SyncOptions,
         report = await run_sync(source, target, options, sink, stop=stop,
                                 manifest_factory=manifest_factory, preflight=recheck,
                                 check_manifest_copy=recheck)
+    except NoCheckpoints as exc:  # none yet: the trainer writes its first one later
+        log.warning("cycle %d: %s; the next cycle syncs without looking again", number, exc)
+        return Cycle(number, None, str(exc), started, time.monotonic() - clock)
     except (UsageError, Locked):
         raise  # the setup is wrong: no later cycle would do better
     except MCSyncError as exc:

@@ -102,3 +102,33 @@ def test_later_cycles_ask_the_target_nothing_when_nothing_changed(tmp_path):
                       on_cycle=seen))
     # cycle 1 checks the target and copies; cycles 2-4 found nothing to do and asked nothing
     assert calls[1] == calls[2] == calls[3], calls
+
+
+def test_a_watch_with_retention_waits_for_the_first_checkpoint_then_prunes(tmp_path):
+    import dataclasses
+    import json
+
+    src = MemoryStore("s", endpoint=MemoryEndpoint("a"))
+    dst = MemoryStore("d", endpoint=MemoryEndpoint("b"))
+    seed(src, {"runs/events.out": b"tensorboard"})  # the trainer's logs come first
+    stop = asyncio.Event()
+    cycles: list[Cycle] = []
+
+    def step(n: int) -> dict[str, bytes]:
+        d = f"checkpoint-{n}/"
+        return {d + "model.safetensors": b"w%d" % n,
+                d + "trainer_state.json": json.dumps({"global_step": n}).encode()}
+
+    def seen(cycle: Cycle) -> None:
+        cycles.append(cycle)
+        if cycle.number <= 3:
+            seed(src, step(cycle.number * 100))
+        else:
+            stop.set()
+
+    asyncio.run(watch(src, dst, dataclasses.replace(options(tmp_path), keep_last=2), None,
+                      stop, interval_s=0.05, on_cycle=seen))
+    assert cycles[0].report is None and "no checkpoint directory" in (cycles[0].error or "")
+    assert all(c.report is not None for c in cycles[1:])
+    assert contents(dst) == {"runs/events.out": b"tensorboard", **step(200), **step(300)}
+    assert sum(c.report.checkpoints_pruned for c in cycles if c.report) == 1
