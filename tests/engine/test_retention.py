@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import mcsync
+from mcsync.checkpoints.latest import step_of
 from mcsync.checkpoints.retention import Checkpoint, Policy, decide
 from mcsync.errors import UsageError
 from mcsync.events import CheckpointKept, CheckpointPruned, Event
@@ -42,12 +43,33 @@ def dcp(step: int) -> dict[str, bytes]:
             d + ".metadata": b"meta-%d" % step}
 
 
+def megatron(step: int) -> dict[str, bytes]:
+    d = f"iter_{step:07d}/"
+    return {d + "mp_rank_00/model_optim_rng.pt": payload(3000, step),
+            d + "mp_rank_01/model_optim_rng.pt": payload(3000, step + 1)}
+
+
+def orbax(step: int) -> dict[str, bytes]:
+    d = f"{step}/"
+    return {d + "_CHECKPOINT_METADATA": b"{}", d + "default/array.zarr": payload(3000, step),
+            d + "commit_success.txt": b"ok"}
+
+
+def nemo(step: int) -> dict[str, bytes]:
+    d = f"megatron_gpt--val_loss=1.50-step={step}-consumed_samples={step * 8}.0/"
+    return {d + "model_weights/common.pt": payload(3000, step),
+            d + "model_weights/metadata.json": b"{}"}
+
+
 def trained(framework: str, steps: range = STEPS) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     for step in steps:
-        out |= {"deepspeed": deepspeed, "hf": hf, "dcp": dcp}[framework](step)
+        out |= {"deepspeed": deepspeed, "hf": hf, "dcp": dcp, "megatron": megatron,
+                "orbax": orbax, "nemo": nemo}[framework](step)
     if framework == "deepspeed":
         out["latest"] = b"global_step%d" % steps[-1]
+    if framework == "megatron":
+        out["latest_checkpointed_iteration.txt"] = b"%d" % steps[-1]
     return out
 
 
@@ -57,6 +79,10 @@ def stores(objects: dict[str, bytes]) -> tuple[MemoryStore, MemoryStore]:
     return src, MemoryStore("kept", endpoint=MemoryEndpoint("target"))
 
 
+def steps_at_key(key: str) -> int | None:
+    return step_of(key.split("/", 1)[0])
+
+
 def run(src: Any, dst: Any, tmp_path: Path, **options: Any) -> mcsync.SyncReport:
     options.setdefault("manifest", str(tmp_path / "manifest.sqlite"))
     report: mcsync.SyncReport = asyncio.run(mcsync.async_sync(src, dst, **options))
@@ -64,12 +90,11 @@ def run(src: Any, dst: Any, tmp_path: Path, **options: Any) -> mcsync.SyncReport
 
 
 def steps_at(store: MemoryStore) -> set[int]:
-    import re
-    return {int(m.group(1)) for k in contents(store)
-            if (m := re.match(r"\D*?(\d+)/", k)) is not None}
+    return {n for k in contents(store) if "/" in k
+            and (n := step_of(k.split("/", 1)[0])) is not None}
 
 
-@pytest.mark.parametrize("framework", ["deepspeed", "hf", "dcp"])
+@pytest.mark.parametrize("framework", ["deepspeed", "hf", "dcp", "megatron", "orbax", "nemo"])
 def test_one_shot_keeps_the_last_n_and_every_kth_and_never_copies_back(tmp_path, framework):
     objects = trained(framework)
     src, dst = stores(objects)
@@ -80,7 +105,7 @@ def test_one_shot_keeps_the_last_n_and_every_kth_and_never_copies_back(tmp_path,
     assert report.exit_code == 0
     assert steps_at(dst) == {400, 700, 800}
     assert contents(dst) == {k: v for k, v in objects.items()
-                             if k == "latest" or any(f"{s}/" in k for s in (400, 700, 800))}
+                             if "/" not in k or steps_at_key(k) in (400, 700, 800)}
     assert contents(src) == objects  # the source untouched
     kept = {e.directory: e.reason for e in seen if isinstance(e, CheckpointKept)}
     assert set(kept.values()) == {"kept: last 2", "kept: every 400"}
