@@ -53,10 +53,11 @@ def lag(ep: S3Endpoint, steps: int, code: Path | None, size: int) -> list[float]
         src.mkdir()
         argv, env = command(code)
         env |= ep.meta_env()
+        # From the other tree's directory: ``-m`` puts the working directory first on the path.
         proc = subprocess.Popen([*argv, "sync", str(src), f"meta://{bucket}/", "--watch",
                                  "--interval", "60s", "--manifest", f"{tmp}/m.sqlite"],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True)
+                                env=env, cwd=code or Path.cwd(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
         try:
             time.sleep(4)  # the first cycle, of an empty source
             for step in range(1, steps + 1):

@@ -363,6 +363,11 @@ class Completion:
         name = directory.rsplit("/", 1)[-1]
         marker = framework.contains
         if marker is None or any(c in marker for c in "*?["):
+            if first_name is not None and first_name == framework.marker:
+                # A DCP directory's .metadata sorts before its *.distcp files: the marker is
+                # the first key of a complete one, and speaks for it.
+                return framework.directory is None or re.fullmatch(framework.directory,
+                                                                   name) is not None
             return framework.recognises(name, () if first_name is None else (first_name,))
         # A plain name is looked for (a HEAD, unless the listing passed it) only in a
         # directory whose name matched.

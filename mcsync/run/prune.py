@@ -17,6 +17,7 @@ are ever deleted from, never the source, never mcsync's own ``.mcsync/``.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -49,6 +50,10 @@ class NoCheckpoints(UsageError):
     logs it as a failed cycle and goes on: the trainer may not have written one yet)."""
 
 
+def _is_glob(name: str) -> bool:
+    return any(c in name for c in "*?[")
+
+
 def policy_of(options: SyncOptions) -> Policy | None:
     if options.keep_last is None:
         return None
@@ -59,27 +64,31 @@ def policy_of(options: SyncOptions) -> Policy | None:
 class _Dir:
     objects: int = 0
     bytes: int = 0
-    names: list[str] = field(default_factory=list)  # files directly in it
-    keys: list[ObjectInfo] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # its files a completion check asks for
 
 
 @dataclass
 class Holdings:
     """What a scan found at a store: its checkpoints, the directories root markers name, and
-    each checkpoint directory's objects."""
+    each checkpoint directory's framework."""
 
     checkpoints: list[Checkpoint]
     named: tuple[str, ...]
-    objects: dict[str, list[ObjectInfo]]
     frameworks: dict[str, Framework]
+    store: ReadStore
 
-    @property
-    def complete_steps(self) -> list[int]:
-        return sorted(c.step for c in self.checkpoints if c.complete and c.step is not None)
 
-    def newest(self) -> Checkpoint | None:
-        done = [c for c in self.checkpoints if c.complete and c.step is not None]
-        return max(done, key=lambda c: c.step or 0, default=None)
+# The names a completion check or a framework's recognition asks about (a scan keeps these
+# alone of a directory's files, so a target of millions of keys is not held in memory).
+_PLAIN = {n for f in FRAMEWORKS for n in (f.marker, f.contains) if n and not _is_glob(n)}
+_GLOBS = tuple(f.contains for f in FRAMEWORKS if f.contains and _is_glob(f.contains))
+
+
+def _keep_name(name: str, kept: list[str]) -> bool:
+    if name in _PLAIN or name.endswith("-unfinished"):
+        return True
+    return any(fnmatch.fnmatchcase(name, g) and not any(fnmatch.fnmatchcase(k, g) for k in kept)
+               for g in _GLOBS)
 
 
 async def scan(store: ReadStore, *, atomic_renames: bool = False) -> Holdings:
@@ -92,18 +101,17 @@ async def scan(store: ReadStore, *, atomic_renames: bool = False) -> Holdings:
             continue
         top, sep, rest = info.key.partition("/")
         if not sep:
-            root.append(top)
+            if _keep_name(top, root):
+                root.append(top)
             continue
         d = dirs.setdefault(top, _Dir())
         d.objects += 1
         d.bytes += info.size
-        d.keys.append(info)
-        if "/" not in rest:
+        if "/" not in rest and _keep_name(rest, d.names):
             d.names.append(rest)
     src = Source(store, atomic_renames)
     src.level("", root)
     found: list[Checkpoint] = []
-    objects: dict[str, list[ObjectInfo]] = {}
     frameworks: dict[str, Framework] = {}
     for name, d in dirs.items():
         src.level(name, d.names)
@@ -114,7 +122,6 @@ async def scan(store: ReadStore, *, atomic_renames: bool = False) -> Holdings:
         directory = name + "/"
         found.append(Checkpoint(directory, framework.name, step_of(name), why is None,
                                 d.objects, d.bytes))
-        objects[directory] = d.keys
         frameworks[directory] = framework
     named: list[str] = []
     for framework in FRAMEWORKS:
@@ -123,7 +130,7 @@ async def scan(store: ReadStore, *, atomic_renames: bool = False) -> Holdings:
         text = await src.text(framework.marker)
         if text:
             named.append(framework.names(text) + "/")
-    return Holdings(found, tuple(named), objects, frameworks)
+    return Holdings(found, tuple(named), frameworks, store)
 
 
 async def require_checkpoints(source: ReadStore) -> None:
@@ -188,63 +195,77 @@ class Retention:
         """Scan the target and delete what the rules drop (a plan: say what would be,
         counting the source's checkpoints this run would copy as there)."""
         now = await scan(self.target, atomic_renames=self.atomic_renames)
-        checkpoints = now.checkpoints
+        checkpoints, named = now.checkpoints, now.named
+        frameworks = dict(now.frameworks)
+        held = {c.directory for c in checkpoints}
         coming = self.coming
-        if dry_run and coming is not None:
-            there = {c.directory for c in checkpoints if c.complete}
-            checkpoints = [c for c in checkpoints if c.directory not in
-                           {d.directory for d in coming.checkpoints if d.complete}]
+        if dry_run and coming is not None:  # as if this run's copies were there
+            complete = {c.directory for c in coming.checkpoints if c.complete}
+            checkpoints = [c for c in checkpoints if c.directory not in complete]
             checkpoints += [c for c in coming.checkpoints
-                            if c.complete or c.directory not in there]
-            now.objects.update({k: v for k, v in coming.objects.items() if k not in now.objects})
-            now.frameworks.update(coming.frameworks)
-            named = (*now.named, *coming.named)
-        else:
-            named = now.named
+                            if c.directory in complete or c.directory not in held]
+            frameworks = coming.frameworks | frameworks
+            named = (*named, *coming.named)
         decisions = decide(checkpoints, self.policy, named)
         for d in decisions:
-            c = d.checkpoint
             if d.keep:
+                c = d.checkpoint
                 self.sink.emit(CheckpointKept(c.directory, c.step, d.reason, d.thin))
         for d in sorted(decisions, key=lambda d: d.checkpoint.step or 0):  # oldest first
             c = d.checkpoint
-            framework = now.frameworks[c.directory]
-            keys = now.objects.get(c.directory, [])
+            framework = frameworks[c.directory]
             if not d.keep:
-                if not dry_run:
-                    await self._delete(framework, keys)
-                self.sink.emit(CheckpointPruned(c.directory, c.step, len(keys),
-                                                sum(k.size for k in keys)))
+                if dry_run:
+                    gone = (c.objects, c.bytes)
+                else:
+                    gone = await self._delete(framework, await self._under(c.directory))
+                self.sink.emit(CheckpointPruned(c.directory, c.step, *gone))
             elif d.thin:
-                optim = [k for k in keys
+                # In a plan, a checkpoint only the source holds yet is looked at there.
+                where = self.target if c.directory in held or coming is None else coming.store
+                optim = [k for k in await self._under(c.directory, where)
                          if is_optimizer_file(framework.name, k.key[len(c.directory):])]
                 if optim:
-                    if not dry_run:
-                        await self._delete(framework, optim)
-                    self.sink.emit(CheckpointPruned(c.directory, c.step, len(optim),
-                                                    sum(k.size for k in optim), thinned=True))
+                    gone = ((len(optim), sum(k.size for k in optim)) if dry_run
+                            else await self._delete(framework, optim))
+                    self.sink.emit(CheckpointPruned(c.directory, c.step, *gone, thinned=True))
         newest = max((d.checkpoint for d in decisions if d.keep and d.checkpoint.complete
                       and d.checkpoint.step is not None),
                      key=lambda c: c.step or 0, default=None)
         if newest is not None:
             self.sink.emit(CheckpointDurable(newest.directory, newest.step))
 
-    async def _delete(self, framework: Framework, keys: list[ObjectInfo]) -> None:
-        """The markers first (each gone before any other file goes), then the rest."""
-        first = [k.key for k in keys if _marks(framework, k.key)]
-        rest = [k.key for k in keys if not _marks(framework, k.key)]
-        for key in first:
-            if not await self._gone(key):
-                return  # its files stay until its marker is gone
+    async def _under(self, directory: str, store: ReadStore | None = None) -> list[ObjectInfo]:
+        return [i async for i in Levels(store or self.target).under(directory)
+                if not i.key.startswith(RESERVED_PREFIX)]
+
+    async def _delete(self, framework: Framework, keys: list[ObjectInfo]) -> tuple[int, int]:
+        """The markers first (each gone before any other file goes), then the rest; the
+        objects and bytes deleted."""
+        first = [k for k in keys if _marks(framework, k.key)]
+        rest = [k for k in keys if not _marks(framework, k.key)]
+        gone = [0, 0]
+
+        async def one(info: ObjectInfo) -> bool:
+            if await self._gone(info.key):
+                gone[0] += 1
+                gone[1] += info.size
+                return True
+            return False
+
+        for info in first:
+            if not await one(info):
+                return gone[0], gone[1]  # its files stay until its marker is gone
         room = asyncio.Semaphore(DELETES_IN_FLIGHT)
 
-        async def one(key: str) -> None:
+        async def limited(info: ObjectInfo) -> None:
             async with room:
-                await self._gone(key)
+                await one(info)
 
         async with asyncio.TaskGroup() as tg:
-            for key in rest:
-                tg.create_task(one(key))
+            for info in rest:
+                tg.create_task(limited(info))
+        return gone[0], gone[1]
 
     async def _gone(self, key: str) -> bool:
         assert not key.startswith(RESERVED_PREFIX)

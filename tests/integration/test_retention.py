@@ -148,7 +148,7 @@ def test_watch_beside_a_trainer_keeps_the_last_two_and_every_400th(seaweed, tmp_
     bucket = new_bucket(seaweed)
     src = tmp_path / "ckpt"
     src.mkdir()
-    trainer = Trainer(src, framework)
+    trainer = Trainer(src, framework, pause=0.6)
     proc = start_watch(str(src), f"meta://{bucket}/", "--interval", "1s", "--keep-last", "2",
                        "--keep-every", "400", env=seaweed.meta_env())
     poller = Poller(seaweed, bucket, framework)
@@ -156,6 +156,7 @@ def test_watch_beside_a_trainer_keeps_the_last_two_and_every_400th(seaweed, tmp_
                                else {})
     try:
         poller.start()
+        time.sleep(3)  # the watch is up: it meets the checkpoints one by one
         trainer.start()
         trainer.join(timeout=120)
         assert trainer.error is None and not trainer.is_alive()
@@ -171,6 +172,7 @@ def test_watch_beside_a_trainer_keeps_the_last_two_and_every_400th(seaweed, tmp_
     assert read_tree(src) == trainer.written  # the source untouched
     cycles = [line for line in err.splitlines() if re.match(r"\d\d:\d\d:\d\d cycle \d+", line)]
     assert cycles and all("failed 0" in line for line in cycles), err[-2000:]
+    assert "pruned checkpoint" in err, err[-2000:]  # pruned as newer ones landed
 
 
 # Ten instants of a prune of five Hugging Face checkpoints (15 deletes, markers first).
