@@ -267,6 +267,8 @@ class _Run:
         self.retention = retention
         if retention is not None:
             retention.sink = self.sink
+            if writing is not None:
+                retention.forget = writing.forget
 
     @staticmethod
     def _folds_case(dst: Store) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from ..checkpoints.frameworks import FRAMEWORKS, Framework, Source, examine
@@ -168,6 +168,9 @@ class Retention:
         self.atomic_renames = atomic_renames
         self.before: Holdings | None = None  # the target, before the run
         self.coming: Holdings | None = None  # the source
+        # What a deleted key's record is forgotten by (the run's manifest), so the manifest
+        # and the delta's index hold only what the target holds.
+        self.forget: Callable[[str], None] = lambda key: None
         self._steps: list[int] = []
 
     async def prepare(self, source: ReadStore) -> ReadStore:
@@ -277,6 +280,7 @@ class Retention:
             self.sink.emit(ObjectFailed.of(key, "delete", 0, exc,
                                            f"retention could not delete it: {exc}"))
             return False
+        self.forget(key)
         return True
 
 

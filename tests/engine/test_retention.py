@@ -135,6 +135,13 @@ def test_checkpoints_already_at_the_target_are_pruned_marker_first(tmp_path):
         assert mine[0].endswith("trainer_state.json") and len(mine) == 3
     assert report.to_dict()["checkpoints_pruned"] == 5
     assert report.newest_checkpoint == "checkpoint-800/"
+    from mcsync.state.manifest import Manifest
+
+    manifest = Manifest(tmp_path / "manifest.sqlite", src.url, dst.url)
+    try:  # the records of what was pruned are forgotten with it
+        assert {e.key for e in manifest.entries()} == set(contents(dst))
+    finally:
+        manifest.close()
 
 
 def test_a_prune_cut_short_is_finished_by_the_next_run(tmp_path):
