@@ -172,7 +172,8 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "together: 50MiB, or a timetable such as '08:00,100MiB 20:00,off'."),
         click.option("--min-age", type=DURATION, default=None, metavar="DURATION",
                      help="Leave files modified less than DURATION ago for a later run: they "
-                          "may still be written (default 0; 30s with --watch)."),
+                          "may still be written (default 0; 30s with --watch). Not the files "
+                          "of a checkpoint whose completion marker is there."),
         click.option("--shard", "shard", default=None, metavar="I/N|auto",
                      help="Only the keys of shard I of N (numbered from 0; by a stable hash of "
                           "the key), with a manifest and lock of their own: one pod of a "
