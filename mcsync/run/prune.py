@@ -192,7 +192,10 @@ class Retention:
         if held is None or not held.complete:
             # Once copied, it is complete at the target.
             held = Checkpoint(directory, framework.name, step_of(directory[:-1]), True)
-        return fate(held, self.policy, self._steps, before.named)
+        # The source's root marker may name another one (a trainer resumed from an older
+        # step): kept, so the marker can follow it.
+        named = (*before.named, *(self.coming.named if self.coming else ()))
+        return fate(held, self.policy, self._steps, named)
 
     async def prune(self, *, dry_run: bool = False) -> None:
         """Scan the target and delete what the rules drop (a plan: say what would be,

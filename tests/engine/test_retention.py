@@ -257,3 +257,18 @@ def test_metrics_count_pruned_checkpoints_and_the_newest_durable_step(tmp_path):
     sample = metrics.registry.get_sample_value
     assert sample("mcsync_checkpoints_pruned_total") == 5
     assert sample("mcsync_checkpoint_durable_step") == 800
+
+
+def test_a_trainer_resumed_from_an_older_step_keeps_the_one_its_marker_names(tmp_path):
+    objects = trained("deepspeed")
+    src, dst = stores(objects)
+    run(src, dst, tmp_path, keep_last=1)
+    assert steps_at(dst) == {800}
+    seed(src, {"latest": b"global_step700"})  # rolled back to 700 (800 was bad)
+
+    report = run(src, dst, tmp_path, keep_last=1)
+
+    assert report.exit_code == 0 and not report.objects_deferred
+    assert contents(dst)["latest"] == b"global_step700"
+    assert steps_at(dst) == {700, 800}  # 800: newer than the one named (latest no longer
+    # names it, so by the table it is not complete): kept, never deleted on a rollback
