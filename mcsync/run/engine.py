@@ -126,11 +126,10 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
                 source = only_chosen(source, chosen)
             retention = None
             if (policy := prune.policy_of(options)) is not None:
-                if preflight:
-                    await prune.require_checkpoints(source)
                 retention = prune.Retention(policy, target, NullSink(),
                                             atomic_renames=target.facts.atomic_renames)
-                source = await retention.prepare(source)  # what it would delete on arrival
+                # Without what it would delete on arrival; no checkpoint under SRC: exit 2.
+                source = await retention.prepare(source, require=preflight)
             if not locking:
                 return await _run_with_manifest(source, target, options, sink, stop, path,
                                                 manifest_factory, check_manifest_copy,

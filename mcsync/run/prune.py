@@ -1,17 +1,18 @@
 """Retention done: the target's checkpoints scanned, the source seen without what would be
 pruned at once, and the checkpoints the rules drop deleted from the target, marker first.
 
-A run with ``--keep-last`` scans the target before it moves anything (``Retention.scan``: one
-listing of the target) and lists the source through ``hiding``: the checkpoints the rules would
-delete as soon as they arrived (older than the last N complete ones there, no multiple of K) are
-not copied, nor the optimizer files of a thinned one — else every run would copy back what the
-last one pruned. After the run's copies, markers and deletes, ``prune`` scans the target again
-and deletes what ``checkpoints.retention.decide`` drops: the checkpoint's completion marker and
-the files readers open first (``plan.is_commit_marker``) before its other files, so a reader
-never takes a half-deleted checkpoint for a complete one. A prune cut short (a kill) leaves a
+A run with ``--keep-last`` scans the source and the target before it moves anything
+(``Retention.prepare``: one listing of each) and lists the source through a view of it without
+the checkpoints the rules would delete as soon as they arrived (older than the last N complete
+ones at either side, no multiple of K): they are not copied, nor the optimizer files of a
+thinned one — else every run would copy back what the last one pruned. After the run's
+copies, markers and deletes, ``prune`` scans the target again and deletes what
+``checkpoints.retention.decide`` drops: the checkpoint's completion marker and the files
+readers open first (``plan.is_commit_marker``) before its other files, so a reader never
+takes a half-deleted checkpoint for a complete one. A prune cut short (a kill) leaves a
 checkpoint without its marker, or one the rules still drop: the next run's scan finds it and
-finishes it. Only directories the frameworks table recognises directly under the target's root
-are ever deleted from, never the source, never mcsync's own ``.mcsync/``.
+finishes it. Only directories the frameworks table recognises directly under the target's
+root are ever deleted from, never the source, never mcsync's own ``.mcsync/``.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class Holdings:
     named: tuple[str, ...]
     frameworks: dict[str, Framework]
     store: ReadStore
+    objects: int  # every object under the root (mcsync's own .mcsync/ aside)
 
 
 # The names a completion check or a framework's recognition asks about (a scan keeps these
@@ -96,9 +98,11 @@ async def scan(store: ReadStore, *, atomic_renames: bool = False) -> Holdings:
     table (one listing, and a GET of each root marker)."""
     root: list[str] = []
     dirs: dict[str, _Dir] = {}
+    objects = 0
     async for info in store.list():
         if info.key.startswith(RESERVED_PREFIX):
             continue
+        objects += 1
         top, sep, rest = info.key.partition("/")
         if not sep:
             if _keep_name(top, root):
@@ -130,30 +134,7 @@ async def scan(store: ReadStore, *, atomic_renames: bool = False) -> Holdings:
         text = await src.text(framework.marker)
         if text:
             named.append(framework.names(text) + "/")
-    return Holdings(found, tuple(named), frameworks, store)
-
-
-async def require_checkpoints(source: ReadStore) -> None:
-    """UsageError (exit 2) when the source holds objects but no checkpoint directory of the
-    frameworks table directly under its root: retention has nothing to count by. An empty
-    source passes (a watch started before the trainer's first checkpoint)."""
-    levels = Levels(source)
-    root = await levels.get("")
-    if not root.dirs and not root.files:
-        return
-    src = Source(source)
-    for d in root.dirs[:64]:
-        name = d[:-1]
-        if any(f.directory is not None and f.contains is None and f.recognises(name, ())
-               for f in FRAMEWORKS):
-            return
-        level = await levels.get(d)
-        names = [f.key[len(d):] for f in level.files]
-        src.level(name, names)
-        if await examine(src, name, names) is not None:
-            return
-    raise NoCheckpoints(f"{source.url}: --keep-last: no checkpoint directory of "
-                     + ", ".join(f.name for f in FRAMEWORKS) + " directly under it")
+    return Holdings(found, tuple(named), frameworks, store, objects)
 
 
 class Retention:
@@ -173,11 +154,16 @@ class Retention:
         self.forget: Callable[[str], None] = lambda key: None
         self._steps: list[int] = []
 
-    async def prepare(self, source: ReadStore) -> ReadStore:
+    async def prepare(self, source: ReadStore, *, require: bool = True) -> ReadStore:
         """Scan the target and the source; ``source`` listed without the checkpoints
-        retention would delete on arrival, nor the optimizer files of those it would thin."""
-        self.before = await scan(self.target, atomic_renames=self.atomic_renames)
+        retention would delete on arrival, nor the optimizer files of those it would thin.
+        ``require``: NoCheckpoints (exit 2) for a source that holds objects but no checkpoint
+        directory (an empty one passes: a watch started before the first checkpoint)."""
         self.coming = await scan(source, atomic_renames=source.facts.atomic_renames)
+        if require and self.coming.objects and not self.coming.checkpoints:
+            raise NoCheckpoints(f"{source.url}: --keep-last: no checkpoint directory of "
+                                + ", ".join(f.name for f in FRAMEWORKS) + " directly under it")
+        self.before = await scan(self.target, atomic_renames=self.atomic_renames)
         # Once the run's copies are there, the complete ones at either side are at the target.
         there = {c.directory: c.step for c in self.before.checkpoints if c.complete}
         there |= {c.directory: c.step for c in self.coming.checkpoints if c.complete}
