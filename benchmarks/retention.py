@@ -1,9 +1,10 @@
 """The watch's lag and retention's prune, on SeaweedFS (127.0.0.1).
 
 Lag: ``mcsync sync SRC meta://bucket/ --watch --interval 60s`` (the default ``--min-age``, 30 s)
-beside a writer that, every few seconds, writes a Hugging Face Trainer checkpoint (two files,
-then ``trainer_state.json``) into the local SRC; the lag is from the marker's rename at the
-source to the marker answering a HEAD at the target (polled every 50 ms). ``--code DIR`` runs
+beside a writer that, every few seconds, writes a checkpoint (two files, then its marker by
+rename: PyTorch DCP's ``.metadata``, or with ``--framework hf`` the Trainer's
+``trainer_state.json``) into the local SRC; the lag is from the marker's rename at the source
+to the marker answering a HEAD at the target (polled every 50 ms). ``--code DIR`` runs
 the command from another tree (``git archive <commit> | tar -x -C DIR``: the code before).
 
 Prune: a bucket holding N checkpoints of F files each (all of them at the target already, as a
@@ -43,7 +44,14 @@ def command(code: Path | None) -> tuple[list[str], dict[str, str]]:
     return [sys.executable, "-m", "mcsync.cli.main"], env
 
 
-def lag(ep: S3Endpoint, steps: int, code: Path | None, size: int) -> list[float]:
+LAYOUTS = {  # framework: (directory, first file, second file, marker)
+    "dcp": ("step-{}", "__0_0.distcp", "__1_0.distcp", ".metadata"),
+    "hf": ("checkpoint-{}", "model.safetensors", "optimizer.pt", "trainer_state.json"),
+}
+
+
+def lag(ep: S3Endpoint, steps: int, code: Path | None, size: int,
+        framework: str = "dcp") -> list[float]:
     bucket = f"lag-{uuid.uuid4().hex[:8]}"
     ep.create_bucket(bucket)
     client = ep.client()
@@ -61,15 +69,16 @@ def lag(ep: S3Endpoint, steps: int, code: Path | None, size: int) -> list[float]
         try:
             time.sleep(4)  # the first cycle, of an empty source
             for step in range(1, steps + 1):
-                d = src / f"checkpoint-{step * 100}"
+                name, first, second, marker = LAYOUTS[framework]
+                d = src / name.format(step * 100)
                 d.mkdir()
-                (d / "model.safetensors").write_bytes(os.urandom(size))
-                (d / "optimizer.pt").write_bytes(os.urandom(size // 2))
-                tmp_marker = d / "trainer_state.json.tmp"
+                (d / first).write_bytes(os.urandom(size))
+                (d / second).write_bytes(os.urandom(size // 2))
+                tmp_marker = d / (marker + ".tmp")
                 tmp_marker.write_text(json.dumps({"global_step": step * 100}))
-                os.replace(tmp_marker, d / "trainer_state.json")
+                os.replace(tmp_marker, d / marker)
                 written = time.time()
-                key = f"checkpoint-{step * 100}/trainer_state.json"
+                key = f"{d.name}/{marker}"
                 while True:
                     try:
                         client.head_object(Bucket=bucket, Key=key)
@@ -134,12 +143,14 @@ def main() -> int:
     parser.add_argument("--code", type=Path, default=None,
                         help="run the lag's command from this tree (the code before)")
     parser.add_argument("--skip-prune", action="store_true")
+    parser.add_argument("--framework", choices=sorted(LAYOUTS), default="dcp")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work, seaweedfs(Path(work)) as ep:
-        print(f"lag, marker at the source -> marker at the target ({args.steps} steps, "
+        print(f"lag, {args.framework} marker at the source -> marker at the target "
+              f"({args.steps} steps, "
               f"{args.size_mib * 1.5:.0f} MiB each, --interval 60s, --min-age 30s)"
               + (f", code from {args.code}" if args.code else ""), flush=True)
-        lags = lag(ep, args.steps, args.code, int(args.size_mib * MiB))
+        lags = lag(ep, args.steps, args.code, int(args.size_mib * MiB), args.framework)
         print(f"lag: median {statistics.median(lags):.2f} s, max {max(lags):.2f} s")
         if not args.skip_prune:
             print(f"prune: {args.checkpoints} checkpoints x {args.files + 1} files at the "

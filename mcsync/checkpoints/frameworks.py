@@ -191,6 +191,10 @@ class Framework:
     # A marker beside the checkpoints that names the one to load (``--latest-checkpoint``
     # copies that one): its text → the directory's name.
     names: Callable[[str], str] | None = None
+    # The marker is written once every rank's files are (after a barrier, or by the
+    # coordinator of a collective save), so it vouches for them whatever their age
+    # (``--min-age`` holds only files no marker vouches for).
+    vouches: bool = True
 
     def recognises(self, name: str, files: Collection[str]) -> bool:
         """Is a directory called ``name`` holding ``files`` (the names directly in it) one of
@@ -221,8 +225,11 @@ FRAMEWORKS: tuple[Framework, ...] = (
     Framework("Orbax", committed("commit_success.txt"), directory=r"(.*[_-])?\d+",
               contains="_CHECKPOINT_METADATA", marker="commit_success.txt"),
     Framework("NeMo", no_sibling("-unfinished"), directory=r".*step=\d+.*"),
+    # trainer_state.json is the main process's alone: in a distributed run the other ranks'
+    # files (rng_state_N.pth, optimizer shards) may come after it, so it vouches for nothing
+    # and the directory's files wait out --min-age.
     Framework("Hugging Face Trainer", has_file("trainer_state.json"),
-              directory=r"checkpoint-\d+", marker="trainer_state.json"),
+              directory=r"checkpoint-\d+", marker="trainer_state.json", vouches=False),
 )
 # Files a reader opens first to discover a checkpoint, of any framework: written after every
 # other object of the run, so an index never points at shards that are not there yet.
@@ -352,8 +359,9 @@ class Completion:
                 why = f"cannot read its completion marker: {exc}"
             if why:
                 return f"{framework.name} checkpoint not complete: {why}"
-            # A marker vouches only where the framework has one (NeMo's is an absence).
-            vouched = vouched or framework.marker is not None
+            # A marker vouches only where the framework has one (NeMo's is an absence) that
+            # speaks for every rank's files.
+            vouched = vouched or (framework.marker is not None and framework.vouches)
         if vouched:
             self._complete.add(directory)
         return None

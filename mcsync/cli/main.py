@@ -173,7 +173,7 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--min-age", type=DURATION, default=None, metavar="DURATION",
                      help="Leave files modified less than DURATION ago for a later run: they "
                           "may still be written (default 0; 30s with --watch). Not the files "
-                          "of a checkpoint whose completion marker is there."),
+                          "of a checkpoint whose completion marker vouches for them."),
         click.option("--shard", "shard", default=None, metavar="I/N|auto",
                      help="Only the keys of shard I of N (numbered from 0; by a stable hash of "
                           "the key), with a manifest and lock of their own: one pod of a "

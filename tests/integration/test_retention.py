@@ -159,8 +159,9 @@ def test_watch_beside_a_trainer_keeps_the_last_two_and_every_400th(seaweed, tmp_
     src = tmp_path / "ckpt"
     src.mkdir()
     trainer = Trainer(src, framework, pause=0.6)
+    # --min-age 1s for the Trainer's files, which its marker does not vouch for.
     proc = start_watch(str(src), f"meta://{bucket}/", "--interval", "1s", "--keep-last", "2",
-                       "--keep-every", "400", env=seaweed.meta_env())
+                       "--keep-every", "400", "--min-age", "1s", env=seaweed.meta_env())
     poller = Poller(seaweed, bucket, framework)
     want = final(framework) | ({"latest": b"global_step800"} if framework == "deepspeed"
                                else {})
@@ -265,9 +266,9 @@ def test_refusals_in_one_line(seaweed, tmp_path, trained_tree):
 
 
 def test_a_marker_reaches_the_target_by_events_not_the_interval(seaweed, tmp_path):
-    """With --interval 60s and the default --min-age (30s), a checkpoint's marker is at the
-    target within seconds of its marker at the source: the marker vouches for its files, and
-    the trainer's events wake the watch (also those during a cycle)."""
+    """With --interval 60s and the default --min-age (30s), a DCP checkpoint's marker is at
+    the target within seconds of its marker at the source: the marker vouches for its files,
+    and the trainer's events wake the watch (also those during a cycle)."""
     bucket = new_bucket(seaweed)
     src = tmp_path / "ckpt"
     src.mkdir()
@@ -278,10 +279,10 @@ def test_a_marker_reaches_the_target_by_events_not_the_interval(seaweed, tmp_pat
     try:
         time.sleep(3)  # the first cycle, of an empty source, is over
         for step in (100, 200):
-            files, marker = files_of("hf", step)
+            files, marker = files_of("dcp", step)
             for key, data in files.items():
                 write_slowly(src / key, data, pieces=2, pause=0.02)
-            (src / marker).write_bytes(marker_text("hf", step))
+            (src / marker).write_bytes(marker_text("dcp", step))
             written = time.time()
 
             def there(marker: str = marker) -> bool:
