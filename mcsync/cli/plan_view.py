@@ -50,13 +50,12 @@ def fate_of(e: CheckpointKept | CheckpointPruned) -> str:
 
 
 def retention_line(e: CheckpointKept | CheckpointPruned) -> str:
-    """A checkpoint's fate under --keep-last: "kept: last 3", "kept: every 1000", "pruned"."""
+    """``plan --long``'s line for a checkpoint's fate under --keep-last."""
     if isinstance(e, CheckpointKept):
-        thin = ", optimizer files pruned" if e.thinned else ""
-        return f"{'retain':<12} {'':>10}  {e.directory}  ({e.reason}{thin})"
-    what = "optimizer files pruned" if e.thinned else "pruned"
-    return (f"{'retain':<12} {format_size(e.bytes):>10}  {e.directory}  "
-            f"({what}: {counted(e.objects, 'object')})")
+        return f"{'keep':<12} {'':>10}  {e.directory}  ({fate_of(e)})"
+    what = "optimizer files, " if e.thinned else ""
+    return (f"{'prune':<12} {format_size(e.bytes):>10}  {e.directory}  "
+            f"({what}{counted(e.objects, 'object')})")
 
 
 def delta_line(e: DeltaPlanned) -> str:
