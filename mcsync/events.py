@@ -159,6 +159,38 @@ class CheckpointChosen:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointKept:
+    """Retention (``--keep-last``) keeps the checkpoint ``directory`` at the target:
+    ``reason`` names the rule ("kept: last 3", "kept: every 1000"); ``thinned``: its
+    optimizer files are deleted (``--prune-optimizer-older-than``), or would be in a plan."""
+
+    directory: str
+    step: int | None
+    reason: str
+    thinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointPruned:
+    """Retention deleted the checkpoint ``directory`` from the target (in a plan: would),
+    ``objects`` of ``bytes``, its marker first; or, ``thinned``, its optimizer files only."""
+
+    directory: str
+    step: int | None
+    objects: int
+    bytes: int
+    thinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointDurable:
+    """The newest complete checkpoint at the target, as retention found it after a run."""
+
+    directory: str
+    step: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class RunFinished:
     report: SyncReport
 
@@ -208,8 +240,8 @@ class CacheUsage:
 Event = (
     RunStarted | ObjectPlanned | DeltaPlanned | ListingDone | BytesMoved | ObjectDone
     | ObjectFailed | ObjectDeferred | RequestThrottled | RequestsCounted | Bottleneck
-    | CheckpointChosen | RunFinished | CacheServed | CacheFetched | CacheEvicted | CacheUsage
-    | WarmListed
+    | CheckpointChosen | RunFinished | CheckpointKept | CheckpointPruned | CheckpointDurable
+    | CacheServed | CacheFetched | CacheEvicted | CacheUsage | WarmListed
 )
 
 
@@ -286,6 +318,16 @@ class StatsCollector:
                     r.deferred.append((key, reason))
             case CheckpointChosen(directory=directory):
                 r.latest_checkpoint = directory
+            case CheckpointPruned(thinned=False, objects=objects, bytes=size):
+                r.checkpoints_pruned += 1
+                r.objects_pruned += objects
+                r.bytes_pruned += size
+            case CheckpointPruned(thinned=True, objects=objects, bytes=size):
+                r.checkpoints_thinned += 1
+                r.objects_pruned += objects
+                r.bytes_pruned += size
+            case CheckpointDurable(directory=directory):
+                r.newest_checkpoint = directory
             case _:
                 pass
 

@@ -86,6 +86,7 @@ class RunTotals:
     tasks_retried: int = 0
     retried_tasks: tuple[str, ...] = ()
     limited_by: LimitedBy | None = None
+    deferred_until: float | None = None
 
 
 @dataclass
@@ -104,6 +105,9 @@ class SyncReport:
     # written): a later run picks them up. Not failures.
     objects_deferred: int = 0
     bytes_deferred: int = 0
+    # When the first file deferred for its age alone (--min-age) comes of age (Unix time): a
+    # watch starts its next cycle then.
+    deferred_until: float | None = None
     bytes_copied: int = 0  # size of the objects copied through the client
     bytes_sent: int = 0  # bytes this run really sent (less than bytes_copied when resumed)
     bytes_server_copied: int = 0
@@ -150,6 +154,14 @@ class SyncReport:
     manifest: str | None = None
     manifest_note: str | None = None  # e.g. a damaged manifest was set aside and rebuilt
     latest_checkpoint: str | None = None  # --latest-checkpoint: the directory it restored
+    # Retention (--keep-last): checkpoints deleted from the target whole, those thinned to
+    # their weights (--prune-optimizer-older-than), the objects and bytes of both (in a plan:
+    # what would be), and the newest complete checkpoint at the target after the run.
+    checkpoints_pruned: int = 0
+    checkpoints_thinned: int = 0
+    objects_pruned: int = 0
+    bytes_pruned: int = 0
+    newest_checkpoint: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -172,7 +172,8 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "together: 50MiB, or a timetable such as '08:00,100MiB 20:00,off'."),
         click.option("--min-age", type=DURATION, default=None, metavar="DURATION",
                      help="Leave files modified less than DURATION ago for a later run: they "
-                          "may still be written (default 0; 30s with --watch)."),
+                          "may still be written (default 0; 30s with --watch). Not the files "
+                          "of a checkpoint whose completion marker vouches for them."),
         click.option("--shard", "shard", default=None, metavar="I/N|auto",
                      help="Only the keys of shard I of N (numbered from 0; by a stable hash of "
                           "the key), with a manifest and lock of their own: one pod of a "
@@ -183,6 +184,18 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "DeepSpeed, Megatron-LM, PyTorch DCP, Hugging Face Trainer, Orbax, "
                           "NeMo; the one a 'latest' marker names, else the highest step) and "
                           "the marker naming it; exit 4 when there is none."),
+        click.option("--keep-last", type=int, default=None, metavar="N",
+                     help="Retention at the target: once a run's checkpoints are complete "
+                          "there, delete the checkpoints directly under DST older than the "
+                          "last N complete ones (marker first), unless --keep-every keeps "
+                          "them. Never the source; exit 2 when SRC holds no checkpoints."),
+        click.option("--keep-every", type=int, default=None, metavar="K",
+                     help="With --keep-last: also keep every checkpoint whose step is a "
+                          "multiple of K."),
+        click.option("--prune-optimizer-older-than", type=int, default=None, metavar="N",
+                     help="With --keep-last: of the checkpoints kept that are older than the "
+                          "last N, delete the optimizer files (DeepSpeed, Hugging Face "
+                          "Trainer, Megatron-LM distributed optimizer), keeping the weights."),
         click.option("--workers", type=WORKERS, default=0, metavar="N|auto",
                      help="Move objects in N worker processes on this machine (auto: the "
                           "cores available): small ones whole, larger ones by their parts "

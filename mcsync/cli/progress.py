@@ -15,6 +15,7 @@ from ..events import (
     CacheFetched,
     CacheServed,
     CheckpointChosen,
+    CheckpointPruned,
     Event,
     ListingDone,
     ObjectDone,
@@ -178,6 +179,22 @@ class ChosenLine:
             print(f"  passed over {directory}: {why}", file=self._out, flush=True)
 
 
+class PrunedLines:
+    """``--keep-last``: a line for each checkpoint retention deleted from the target."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._out = stream or sys.stderr
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, CheckpointPruned):
+            what = "optimizer files of" if event.thinned else "checkpoint"
+            print(f"pruned {what} {event.directory} ({counted(event.objects, 'object')}, "
+                  f"{format_size(event.bytes)})", file=self._out, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
 class FailureLines:
     """With --quiet: only failures are printed."""
 
@@ -233,6 +250,9 @@ def cycle_line(cycle: Cycle) -> str:
         parts.append(f"reused {format_size(r.bytes_reused)}")
     parts += [f"skipped {r.objects_skipped}", f"deleted {r.objects_deleted}",
               f"failed {r.objects_failed}", f"waiting {r.objects_deferred}"]
+    if r.checkpoints_pruned or r.checkpoints_thinned:
+        parts.append(f"pruned {counted(r.checkpoints_pruned, 'checkpoint')} "
+                     f"({format_size(r.bytes_pruned)})")
     if r.requests_throttled:
         parts.append(f"throttled {r.requests_throttled}x")
     parts.append(f"{cycle.elapsed_s:.1f}s")

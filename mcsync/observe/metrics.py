@@ -38,6 +38,8 @@ from ..events import (
     CacheFetched,
     CacheServed,
     CacheUsage,
+    CheckpointDurable,
+    CheckpointPruned,
     Event,
     ObjectDeferred,
     ObjectDone,
@@ -128,6 +130,12 @@ class Metrics:
                                          "objects the last run left for a later one: a "
                                          "checkpoint not complete yet, or files still being "
                                          "written (--min-age).", registry=r)
+        # Retention (--keep-last): for an alert "no new checkpoint for an hour".
+        self.checkpoints_pruned = Counter("mcsync_checkpoints_pruned", "Checkpoints retention "
+                                          "deleted from the target.", registry=r)
+        self.durable_step = Gauge("mcsync_checkpoint_durable_step", "The step of the newest "
+                                  "complete checkpoint at the target, as retention last found "
+                                  "it.", registry=r)
         # The node cache's (mcsync.cache, told by its events), beside the sync's.
         self.cache_hits = Counter("mcsync_cache_hits", "Cache lookups served from a complete "
                                   "entry, with no byte fetched.", registry=r)
@@ -171,6 +179,10 @@ class Metrics:
                 self._waiting.add(key.rpartition("/")[0])
             case _ if self._dry_run and not isinstance(event, RunFinished):
                 pass  # a plan moves nothing: its requests count, its objects do not
+            case CheckpointPruned(thinned=False):
+                self.checkpoints_pruned.inc()
+            case CheckpointDurable(step=step) if step is not None:
+                self.durable_step.set(step)
             case ObjectPlanned(action="skip"):
                 self.objects.labels("skipped").inc()
             case ObjectDone(result=result):

@@ -30,6 +30,7 @@ from ..state.spool import Spool
 from ..stores.base import FileTarget, ReadStore, Store
 from ..types import RESERVED_PREFIX, ObjectInfo
 from .listing import Handoff, merge_join, prefetched
+from .named_markers import not_yet
 from .plan import plan
 
 if TYPE_CHECKING:
@@ -219,7 +220,23 @@ class Driver:
                     f"held back: {self.stats.failed} other objects of this sync failed, and "
                     "this file tells readers the checkpoint is complete"))
             return
-        await self._execute_all(markers)
+        if self.options.latest_checkpoint:
+            # The choice read the marker before it listed the directory it names: no race.
+            await self._execute_all(markers)
+            return
+        await self._execute_all(await self._ready(markers))
+
+    async def _ready(self, markers: Iterable[Action]) -> list[Action]:
+        """The markers that may go: one naming another directory only once that directory is
+        complete at the target (``named_markers.not_yet``); the others wait, deferred."""
+        ready: list[Action] = []
+        for action in markers:
+            why = await not_yet(self.src, self.dst, action)
+            if why:
+                self.sink.emit(ObjectDeferred(action.key, action.size, why))
+            else:
+                ready.append(action)
+        return ready
 
     async def delete(self, deletes: Spool) -> None:
         if self.stats.failed:

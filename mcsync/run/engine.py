@@ -52,7 +52,7 @@ from ..stores.registry import StoreOptions, open_store
 from ..stores.resilience import Pacing, pacing_of, resilient
 from ..tasks import cancel_and_wait
 from ..types import RESERVED_PREFIX, ObjectInfo
-from . import manifest_copy
+from . import manifest_copy, prune
 from .driver import Driver
 from .listing import Handoff, prefetched
 from .markers import commit_when_complete, deletes_in_order
@@ -129,10 +129,17 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
             if options.latest_checkpoint:  # a first pass finds it; the run lists only it
                 chosen = await choose(source, atomic_renames=source.facts.atomic_renames)
                 source = only_chosen(source, chosen)
+            retention = None
+            if (policy := prune.policy_of(options)) is not None:
+                retention = prune.Retention(policy, target, NullSink(),
+                                            atomic_renames=target.facts.atomic_renames)
+                # Without what it would delete on arrival; no checkpoint under SRC: exit 2.
+                source = await retention.prepare(source, require=preflight)
             if not locking:
                 return await _run_with_manifest(source, target, options, sink, stop, path,
                                                 manifest_factory, check_manifest_copy,
-                                                addresses=addresses, chosen=chosen)
+                                                addresses=addresses, chosen=chosen,
+                                                retention=retention)
             # The source is listed while the lock is taken too: each page of a listing is a
             # round trip, and a source's listing needs nothing the lock guards (the target's
             # state and the manifest). Locked out, it is dropped unread.
@@ -141,7 +148,7 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
                 return await _run_with_manifest(source, target, options, sink, stop, path,
                                                 manifest_factory, check_manifest_copy,
                                                 Handoff(listing), addresses=addresses,
-                                                chosen=chosen)
+                                                chosen=chosen, retention=retention)
         finally:
             await cancel_and_wait(held, quiet=True)
     raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
@@ -184,7 +191,8 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
                              manifest_factory: ManifestFactory, check_manifest_copy: bool,
                              listing: Handoff[ObjectInfo] | None = None, *,
                              addresses: Addresses | None = None,
-                             chosen: Chosen | None = None) -> SyncReport:
+                             chosen: Chosen | None = None,
+                             retention: prune.Retention | None = None) -> SyncReport:
     """``listing``: the source's, started already (see run_sync); ``chosen``: the checkpoint
     ``--latest-checkpoint`` restores (``src`` lists it alone)."""
     manifest: Manifest | None = None
@@ -205,7 +213,7 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
     try:  # each side may need to switch to an ordered listing once
         return await retrying(
             lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop, look,
-                         listing, addresses, chosen).run(),
+                         listing, addresses, chosen, retention).run(),
             RetryPolicy.immediate(3), retry_on=ListingOrderError, before_retry=list_in_order)
     finally:
         if manifest is not None:
@@ -220,7 +228,8 @@ class _Run:
     def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, sink: EventSink,
                  manifest: Manifest | None, stop: asyncio.Event, look: bool,
                  listing: Handoff[ObjectInfo] | None = None,
-                 addresses: Addresses | None = None, chosen: Chosen | None = None) -> None:
+                 addresses: Addresses | None = None, chosen: Chosen | None = None,
+                 retention: prune.Retention | None = None) -> None:
         self.look = look  # for the manifest's copy at the target before trusting the manifest
         self.src = src
         self.dst = dst
@@ -259,6 +268,11 @@ class _Run:
                              stop=stop, listing=listing, workers=self.workers)
         self.interrupted = False
         self.chosen = chosen
+        self.retention = retention
+        if retention is not None:
+            retention.sink = self.sink
+            if writing is not None:
+                retention.forget = writing.forget
 
     @staticmethod
     def _folds_case(dst: Store) -> bool:
@@ -305,6 +319,10 @@ class _Run:
                     await self.driver.commit_markers(markers)
             if deletes and not self.stop.is_set():
                 await self._delete(deletes, waiting)
+            if (self.retention is not None and not self.stop.is_set()
+                    and not self.stats.failed):
+                # Only once every copy and marker of the run is at the target.
+                await self.retention.prune(dry_run=self.options.dry_run)
             if not self.stop.is_set():
                 await self.dispatch.finish()
                 if keeper is not None:
@@ -348,6 +366,7 @@ class _Run:
             parts_in_flight_limit_peak=self.limits.parts.peak,
             tasks=w.tasks if w else 0, tasks_retried=w.tasks_retried if w else 0,
             retried_tasks=tuple(w.retried) if w else (),
+            deferred_until=self.driver.completion.young_until,
             limited_by=None if self.options.dry_run else judge(meter.timings(
                 *self.pacing.timings(), self.src.url, self.dst.url))))
         if keeper is not None and self.manifest is not None:

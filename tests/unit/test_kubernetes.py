@@ -178,6 +178,7 @@ def test_the_training_pod_runs_mcsync_as_a_watching_sidecar() -> None:
     args = check_command(container)
     assert args[:3] == ["sync", "/checkpoints", "meta://ckpt-store/llama-ft/run-7/"]
     assert "--watch" in args
+    assert int(args[args.index("--keep-last") + 1]) >= 1  # retention at the target
     assert args[args.index("--metrics-addr") + 1] == "0.0.0.0:9108"
     (port,) = container["ports"]
     assert (port["name"], port["containerPort"]) == ("metrics", 9108)
