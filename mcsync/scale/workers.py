@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..batching import Batcher
 from ..config import SyncOptions
 from ..errors import Interrupted, Transient, UsageError
 from ..events import BytesMoved, Event, ObjectFailed
@@ -37,7 +38,6 @@ from ..state.task_log import TaskDone
 from ..stores.base import ReadStore
 from ..stores.single import is_one_object
 from ..stores.wrap import innermost
-from ..tasks import fail_waiting
 from .worker_runner import (
     Addresses,
     TaskItem,
@@ -133,7 +133,6 @@ def refuse_in_a_starting_worker() -> None:
 class _Task:
     number: int
     actions: list[TaskItem]
-    futures: list[asyncio.Future[Outcome]]  # none for part jobs: ``send_parts`` awaits them
     tries: int = 0
 
     def name(self) -> str:
@@ -168,10 +167,9 @@ class Workers:
         self.task_objects = max(TASK_OBJECTS, worker_options(options, pool.size).concurrency)
         # Actions handed to workers and not yet come back, at most: the driver waits for room.
         self.room = asyncio.Semaphore(pool.size * TASKS_AHEAD * self.task_objects)
-        self._batch: list[tuple[Action, asyncio.Future[Outcome]]] = []
-        self._batch_bytes = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._sending: set[asyncio.Task[None]] = set()
+        self._batcher: Batcher[Action, Outcome] = Batcher(
+            self._send, size=lambda action: action.size, max_items=self.task_objects,
+            max_size=TASK_BYTES, linger_s=LINGER_S)
         self._numbered = 0
         self.tasks = 0
         self.retried: list[str] = []
@@ -181,46 +179,20 @@ class Workers:
     async def run(self, action: Action) -> Outcome:
         """``action``'s outcome, from a worker (``handed_back`` when it is not one request
         after all). The caller holds a unit of ``room`` meanwhile."""
-        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._batch.append((action, fut))
-        self._batch_bytes += action.size
-        if len(self._batch) >= self.task_objects or self._batch_bytes >= TASK_BYTES:
-            self._flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(LINGER_S, self._flush)
-        return await fut
+        return await self._batcher.submit(action)
 
-    def _flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        # Actions whose driver task was cancelled (a stop's grace over) are not sent.
-        batch = [(a, f) for a, f in self._batch if not f.cancelled()]
-        self._batch, self._batch_bytes = [], 0
-        if not batch:
-            return
+    async def _send(self, actions: list[Action]) -> list[Outcome]:
+        """One task of whole-object actions (the batcher closed it), an outcome per action."""
         self._numbered += 1
-        task = _Task(self._numbered, [a for a, _ in batch], [f for _, f in batch])
-        sending = asyncio.create_task(self._send(task))
-        self._sending.add(sending)
-        sending.add_done_callback(self._sending.discard)
-
-    async def _send(self, task: _Task) -> None:
-        try:
-            outcomes = await self._outcomes(task)
-        except BaseException as exc:
-            fail_waiting(task.futures, exc)
-            raise
-        for fut, outcome in zip(task.futures, outcomes, strict=True):
-            if not fut.done():
-                assert isinstance(outcome, Outcome)
-                fut.set_result(outcome)
+        outcomes = await self._outcomes(_Task(self._numbered, list(actions)))
+        assert all(isinstance(o, Outcome) for o in outcomes)
+        return [o for o in outcomes if isinstance(o, Outcome)]
 
     async def send_parts(self, jobs: list[PartJob]) -> list[PartSent]:
         """One task of part jobs (``part_tasks.RemoteParts`` batched them), run on a worker
         and on another when its worker died; a ``PartSent`` per job."""
         self._numbered += 1
-        results = await self._outcomes(_Task(self._numbered, list(jobs), []))
+        results = await self._outcomes(_Task(self._numbered, list(jobs)))
         assert all(isinstance(r, PartSent) for r in results)
         return [r for r in results if isinstance(r, PartSent)]
 
@@ -276,13 +248,7 @@ class Workers:
 
     async def aclose(self) -> None:
         """After the run (or its cancellation): no task left waiting, the workers gone."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        for sending in list(self._sending):
-            sending.cancel()
-        if self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._batcher.aclose()
         # Tasks still running (a cancelled run) finish their few objects, then the workers
         # end; a run that ended normally has none.
         await self.pool.aclose(wait=not self.stop.is_set())
