@@ -94,7 +94,7 @@ async def async_sync(src: str | ReadStore, dst: str | Store, options: SyncOption
     ``ConfigError`` before anything moves, ``Locked`` when another run holds the pair;
     per-object failures are in the report (``failures``, ``exit_code`` 1)."""
     from .run.engine import run_sync
-    from .scale.workers import reopenable
+    from .run.pools import reopenable
 
     opts = _options(options, overrides)
     async with _opened(src, dst, opts) as (source, target):

@@ -33,12 +33,13 @@ from ..events import (
     StatsCollector,
 )
 from ..limits import Limits
+from ..move.context import RunContext
 from ..move.dispatch import Dispatch
 from ..ratelimit import limits_share
 from ..report import RunTotals, SyncReport
 from ..retry import RetryPolicy, retrying
 from ..scale.worker_runner import Addresses
-from ..scale.workers import Workers, folds_case, open_pool, refuse_in_a_starting_worker
+from ..scale.workers import Workers, folds_case, refuse_in_a_starting_worker
 from ..state.holdings import ManifestHoldings
 from ..state.lock import read_lock, run_lock
 from ..state.manifest import Manifest, default_path, pair_id
@@ -53,6 +54,7 @@ from ..types import RESERVED_PREFIX, ObjectInfo
 from . import manifest_copy
 from .driver import Driver
 from .listing import Handoff, prefetched
+from .pools import open_pool
 from .preflight import check_stores, writable_pair
 
 log = logging.getLogger(__name__)
@@ -197,11 +199,17 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
         log.warning("%s; listing it directory by directory and starting again", exc)
         exc.fallback()
 
+    def attempt() -> Awaitable[SyncReport]:
+        # Each attempt is a run of its own: its report, limits and workers fresh.
+        stats = StatsCollector(src.url, dst.url, options.dry_run)
+        ctx = RunContext(src, dst, options, Limits(options.concurrency, options.memory_limit),
+                         FanOut([stats, sink or NullSink()]).emit, stop)
+        return _Run(ctx, stats, manifest, look=look, addresses=addresses,
+                    chosen=chosen).run(listing)
+
     try:  # each side may need to switch to an ordered listing once
-        return await retrying(
-            lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop, look,
-                         listing, addresses, chosen).run(),
-            RetryPolicy.immediate(3), retry_on=ListingOrderError, before_retry=list_in_order)
+        return await retrying(attempt, RetryPolicy.immediate(3), retry_on=ListingOrderError,
+                              before_retry=list_in_order)
     finally:
         if manifest is not None:
             manifest.close()
@@ -212,19 +220,24 @@ class _Run:
     manifest, the watchdog of a stop, the manifest's copy at the target, the work after the
     last copy (markers, deletes, leftovers, --verify) and the report."""
 
-    def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, sink: EventSink,
-                 manifest: Manifest | None, stop: asyncio.Event, look: bool,
-                 listing: Handoff[ObjectInfo] | None = None,
-                 addresses: Addresses | None = None, chosen: Chosen | None = None) -> None:
-        self.look = look  # for the manifest's copy at the target before trusting the manifest
+    def __init__(self, ctx: RunContext, stats: StatsCollector, manifest: Manifest | None, *,
+                 look: bool, addresses: Addresses | None = None,
+                 chosen: Chosen | None = None) -> None:
+        """``stats``: the report, one of ``ctx.emit``'s sinks; ``look``: for the manifest's
+        copy at the target before trusting the manifest; ``addresses``: where workers reopen
+        the stores from (None: no workers); ``chosen``: the checkpoint
+        ``--latest-checkpoint`` restores."""
+        src, dst, options, stop = ctx.src, ctx.dst, ctx.options, ctx.stop
+        self.ctx = ctx
+        self.look = look
         self.src = src
         self.dst = dst
         self.options = options
         self.manifest = manifest
         self.stop = stop
-        self.stats = StatsCollector(src.url, dst.url, options.dry_run)
-        self.sink = FanOut([self.stats, sink])
-        self.limits = Limits(options.concurrency, options.memory_limit)
+        self.stats = stats
+        self.emit = ctx.emit
+        self.limits = ctx.limits
         self.pacing = pacing_of(src) or Pacing.for_options(options)
         writing = manifest if not options.dry_run else None
         open_uploads = writing.open_uploads() if writing else {}
@@ -239,19 +252,17 @@ class _Run:
         # copies in parts (nothing moves in a dry run). Each task's end goes into the manifest
         # too, for `mcsync status` (task_log).
         self.task_log = TaskLog(writing)
-        self.workers = (Workers(open_pool(addresses, options), options, self.sink.emit, stop,
+        self.workers = (Workers(open_pool(addresses, options), options, self.emit, stop,
                                 on_task=self.task_log)
                         if addresses is not None and options.workers and not options.dry_run
                         and not self._folds_case(dst) else None)
-        self.dispatch = Dispatch(src, dst, options, self.limits, self.sink.emit,
-                                 journal=writing, known=holdings, open_uploads=open_uploads,
-                                 stop=stop, part_tasks=self.workers)
-        self.driver = Driver(src, dst, options, manifest=manifest, dispatch=self.dispatch,
-                             holdings=holdings, sink=self.sink, stats=self.stats,
+        self.dispatch = Dispatch(ctx, journal=writing, known=holdings,
+                                 open_uploads=open_uploads, part_tasks=self.workers)
+        self.driver = Driver(ctx, self.dispatch, manifest=manifest, holdings=holdings,
                              completion=Completion(src, min_age_s=options.min_age_s,
                                                    atomic_renames=src.facts.atomic_renames,
                                                    source=chosen.source if chosen else None),
-                             stop=stop, listing=listing, workers=self.workers)
+                             workers=self.workers)
         self.interrupted = False
         self.chosen = chosen
 
@@ -263,7 +274,8 @@ class _Run:
                     "object without worker processes", dst.url)
         return True
 
-    async def run(self) -> SyncReport:
+    async def run(self, listing: Handoff[ObjectInfo] | None = None) -> SyncReport:
+        """``listing``: the source's, started already (see run_sync)."""
         writing = self.manifest is not None and not self.options.dry_run
         # A killed run may have left hidden temporary files that no journal names.
         sweep = (writing and self.manifest is not None and isinstance(self.dst, TempFileSweeper)
@@ -271,9 +283,9 @@ class _Run:
         started = time.time()
         run_id = self.manifest.start_run() if writing and self.manifest else 0
         self.task_log.run_id = run_id
-        self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
+        self.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
         if (c := self.chosen) is not None:
-            self.sink.emit(CheckpointChosen(c.directory, c.framework, c.step,
+            self.emit(CheckpointChosen(c.directory, c.framework, c.step,
                                             c.marker.key if c.marker else None, c.passed_over))
         server_side = (self.options.server_side_copy and isinstance(self.dst, ServerSideCopier)
                        and self.dst.can_copy_from(self.src))
@@ -289,7 +301,7 @@ class _Run:
         keeper = self.keeper
         uploader = asyncio.create_task(keeper.refresh()) if keeper else None
         try:
-            await self.driver.plan_and_copy(server_side, trust, deletes, markers)
+            await self.driver.plan_and_copy(server_side, trust, deletes, markers, listing)
             if markers and not self.stop.is_set():
                 await self.driver.commit_markers(markers)
             if deletes and not self.stop.is_set():
@@ -345,13 +357,13 @@ class _Run:
                 # A run that changed nothing leaves the target's copy as it is: a no-op run
                 # writes nothing at the target but its lock.
                 await keeper.send()
-        self.sink.emit(RunFinished(report))
+        self.emit(RunFinished(report))
         return report
 
     def _throttled(self, store: str, operation: str, limit: int) -> None:
         """A store said slow down: fewer parts on the wire too, and the report hears of it."""
         self.limits.parts.throttled()
-        self.sink.emit(RequestThrottled(store, operation, limit))
+        self.emit(RequestThrottled(store, operation, limit))
 
     async def _sweep_leftovers(self, started: float) -> None:
         assert isinstance(self.dst, TempFileSweeper) and self.manifest is not None
@@ -380,4 +392,4 @@ class _Run:
         _, problems = await verify_entries(self.dst, self.manifest.entries(), self.limits,
                                            selects=self.options.selects)
         for key, problem in problems:
-            self.sink.emit(ObjectFailed(key, "copy", 0, f"verify: {problem}"))
+            self.emit(ObjectFailed(key, "copy", 0, f"verify: {problem}"))

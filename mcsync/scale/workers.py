@@ -20,7 +20,6 @@ names it. A killed driver takes its workers with it; the same command resumes as
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import multiprocessing
 from collections.abc import Callable
@@ -36,10 +35,8 @@ from ..move.part_tasks import PartJob, PartSent
 from ..records import Action
 from ..state.task_log import TaskDone
 from ..stores.base import ReadStore
-from ..stores.single import is_one_object
 from ..stores.wrap import innermost
 from .worker_runner import (
-    Addresses,
     TaskItem,
     TaskResult,
     WorkerLost,
@@ -71,39 +68,6 @@ class WorkerPool(Protocol):
     async def run(self, items: list[TaskItem]) -> TaskResult: ...
 
     async def aclose(self, *, wait: bool) -> None: ...
-
-
-def open_pool(addresses: Addresses, options: SyncOptions) -> WorkerPool:
-    """The run's pool of ``options.workers`` workers, each with its share of the limits: Ray
-    actors for ``--executor ray`` (``ray_pool``, whose import loads Ray), else processes here."""
-    if options.executor == "ray":
-        from .ray_pool import RayPool
-
-        return RayPool(addresses, options, max(options.workers, 0), options.ray_address)
-    from .local_pool import LocalPool
-
-    n = options.workers
-    return LocalPool(addresses, worker_options(options, n), n)
-
-
-def reopenable(source: ReadStore, target: ReadStore,
-               options: SyncOptions) -> tuple[SyncOptions, Addresses | None]:
-    """A run's options and the addresses its workers reopen ``source`` and ``target`` from,
-    for stores opened from addresses (their ``url``s open the same stores): the options
-    without workers when the pair is one object (``stores.single``: nothing to share out).
-    ``--executor ray`` connects here, before anything is locked: no cluster, exit 2 (a dry
-    run moves nothing, and needs no cluster)."""
-    if not options.workers:
-        return options, None
-    if is_one_object(source) or is_one_object(target):
-        log.info("one object: moved without worker processes")
-        return dataclasses.replace(options, workers=0), None
-    if options.executor == "ray" and not options.dry_run:
-        from .ray_pool import connect
-
-        connect(options.ray_address)
-    return options, Addresses(source.url, target.url, options.store_options("source"),
-                              options.store_options("target"))
 
 
 def folds_case(target: ReadStore) -> bool:
