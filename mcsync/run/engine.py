@@ -39,7 +39,7 @@ from ..ratelimit import limits_share
 from ..report import RunTotals, SyncReport
 from ..retry import RetryPolicy, retrying
 from ..scale.worker_runner import Addresses
-from ..scale.workers import Workers, folds_case, refuse_in_a_starting_worker
+from ..scale.workers import Workers, refuse_in_a_starting_worker
 from ..state.holdings import ManifestHoldings
 from ..state.lock import read_lock, run_lock
 from ..state.manifest import Manifest, default_path, pair_id
@@ -54,7 +54,7 @@ from ..types import RESERVED_PREFIX, ObjectInfo
 from . import manifest_copy
 from .driver import Driver
 from .listing import Handoff, prefetched
-from .pools import open_pool
+from .pools import folds_case, open_pool
 from .preflight import check_stores, writable_pair
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,8 @@ pools (``scale/``) stay a floor below it and none imports another.
 ``reopenable``: before anything is locked, whether the pair can be shared out at all (a view of
 one object cannot: its address alone does not reopen it) and the addresses a worker reopens
 its stores from; ``--executor ray`` connects to its cluster here. ``open_pool``: the pool the
-engine hands its ``workers.Workers``, Ray actors or processes on this machine.
+engine hands its ``workers.Workers``, Ray actors or processes on this machine. ``folds_case``:
+a target whose names fold by case is written by the driver's process alone.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..config import SyncOptions
 from ..scale.local_pool import LocalPool
 from ..scale.worker_runner import Addresses, worker_options
 from ..scale.workers import WorkerPool
-from ..stores.base import ReadStore
+from ..stores.base import CaseFolding, ReadStore
 from ..stores.single import is_one_object
 
 log = logging.getLogger(__name__)
@@ -51,3 +52,16 @@ def reopenable(source: ReadStore, target: ReadStore,
         connect(options.ray_address)
     return options, Addresses(source.url, target.url, options.store_options("source"),
                               options.store_options("target"))
+
+
+def folds_case(target: ReadStore) -> bool:
+    """Does ``target`` (a directory whose filesystem folds case: ``CaseFolding``) tell two
+    keys apart only by what one process remembers writing? Its whole objects then stay in the
+    driver's process: two workers could each write one of two names that differ only by
+    case, one file."""
+    if not isinstance(target, CaseFolding):
+        return False
+    try:
+        return target.folds_case()
+    except OSError:  # cannot tell: as if it did
+        return True

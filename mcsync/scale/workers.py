@@ -34,8 +34,6 @@ from ..move.dispatch import Outcome, kind_of
 from ..move.part_tasks import PartJob, PartSent
 from ..records import Action
 from ..state.task_log import TaskDone
-from ..stores.base import ReadStore
-from ..stores.wrap import innermost
 from .worker_runner import (
     TaskItem,
     TaskResult,
@@ -68,19 +66,6 @@ class WorkerPool(Protocol):
     async def run(self, items: list[TaskItem]) -> TaskResult: ...
 
     async def aclose(self, *, wait: bool) -> None: ...
-
-
-def folds_case(target: ReadStore) -> bool:
-    """Does ``target`` (a directory whose filesystem folds case) tell two keys apart only by
-    what one process remembers writing? Its whole objects then stay in the driver's process:
-    two workers could each write one of two names that differ only by case, one file."""
-    probe = getattr(innermost(target), "folds_case", None)
-    if not callable(probe):
-        return False
-    try:
-        return bool(probe())
-    except OSError:  # cannot tell: as if it did
-        return True
 
 
 def refuse_in_a_starting_worker() -> None:

@@ -35,7 +35,7 @@ from ..limits import AdaptiveLimit
 from ..retry import RetryPolicy, retrying
 from ..types import ObjectInfo
 from .base import ReadStore
-from .wrap import Op, wrap
+from .wrap import Op, Wrapped, wrap
 
 if TYPE_CHECKING:
     from ..ratelimit import Bandwidth, TokenBucket
@@ -117,9 +117,9 @@ def resilient(store: ReadStore, pacing: Pacing) -> ReadStore:
     return wrap(store, _Hooks(store, pacing), name="Resilient")
 
 
-def pacing_of(store: Any) -> Pacing | None:
+def pacing_of(store: ReadStore) -> Pacing | None:
     """The pacing a store was wrapped with by ``resilient`` (None for any other)."""
-    hooks = getattr(store, "_hooks", None)
+    hooks = store.hooks if isinstance(store, Wrapped) else None
     return hooks.pacing if isinstance(hooks, _Hooks) else None
 
 

@@ -17,18 +17,32 @@ something in place of the result (a shorter read, a body iterator of its own). P
 straight through.
 
 ``keys=Rename(shown, real)`` shows the inner store's key ``real`` as ``shown`` (every other
-key as it is), and ``url=`` names the wrapped store otherwise: a single file synced under
-another name (``stores/single.py``).
+key as it is), ``url=`` names the wrapped store otherwise and ``facts=`` states its facts: a
+single file synced under another name (``stores/single.py``).
+
+A wrapped store is ``Wrapped``: what it wraps (``inner``) and its hooks (``hooks``) are typed,
+so what asks for them (``innermost``, ``resilience.pacing_of``) never looks at attributes by
+name.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from ..types import Buffer, ByteRange, Capabilities, Level, ObjectInfo, PartClaim, PartRef
+from ..types import (
+    Buffer,
+    ByteRange,
+    Capabilities,
+    Level,
+    ObjectInfo,
+    PartClaim,
+    PartRef,
+    StoreFacts,
+)
 from .base import (
+    CaseFolding,
     Composer,
     FileTarget,
     FileUpload,
@@ -44,7 +58,8 @@ from .base import (
     TempFileSweeper,
 )
 
-__all__ = ["Hooks", "Op", "PassThrough", "Rename", "inner_of", "innermost", "unstarted", "wrap"]
+__all__ = ["Hooks", "Op", "PassThrough", "Rename", "Wrapped", "inner_of", "innermost",
+           "unstarted", "wrap"]
 
 T = TypeVar("T")
 
@@ -88,6 +103,18 @@ class Hooks(Protocol):
         ...
 
 
+@runtime_checkable
+class Wrapped(Protocol):
+    """A store made by ``wrap``: the store it wraps and the hooks its operations pass
+    through."""
+
+    @property
+    def inner(self) -> ReadStore: ...
+
+    @property
+    def hooks(self) -> Hooks: ...
+
+
 class PassThrough:
     """Hooks that pass every operation through as it is: a view that changes one thing (its
     listing: ``stores.single``, ``latest``) overrides that alone."""
@@ -110,26 +137,28 @@ async def unstarted(entries: AsyncIterator[ObjectInfo]) -> None:
 
 
 def wrap(store: ReadStore, hooks: Hooks, *, name: str = "Wrapped", keys: Rename | None = None,
-         url: str | None = None, without: Collection[type] = ()) -> ReadStore:
+         url: str | None = None, facts: StoreFacts | None = None,
+         without: Collection[type] = ()) -> ReadStore:
     """``store`` with every operation passed through ``hooks``, offering the same abilities
-    (but those named in ``without``). ``name`` prefixes the class's name
-    (``FaultyWriteStreamer...``), for messages; ``keys`` and ``url``: see the module's text."""
+    (but those named in ``without``) and the same facts (unless ``facts``). ``name`` prefixes
+    the class's name (``FaultyWriteStreamer...``), for messages; ``keys`` and ``url``: see the
+    module's text."""
     bases = tuple(mixin for ability, mixin in _STORE_MIXINS
                   if isinstance(store, ability) and ability not in without)
     wrapped: ReadStore = _class_for(name, (*bases, _Read), "ReadStore")(store, hooks, name,
-                                                                        keys, url)
+                                                                        keys, url, facts)
     return wrapped
 
 
-def inner_of(store: Any) -> Any:
+def inner_of(store: ReadStore) -> ReadStore:
     """What a wrapped store wraps (the store itself for any other)."""
-    return getattr(store, "_inner", store)
+    return store.inner if isinstance(store, Wrapped) else store
 
 
-def innermost(store: Any) -> Any:
+def innermost(store: ReadStore) -> ReadStore:
     """The store under every layer of wrapping."""
-    while hasattr(store, "_inner"):
-        store = store._inner
+    while isinstance(store, Wrapped):
+        store = store.inner
     return store
 
 
@@ -145,13 +174,22 @@ def _class_for(name: str, bases: tuple[type, ...], plain: str) -> type:
 
 class _Read:
     def __init__(self, inner: Any, hooks: Hooks, name: str, keys: Rename | None = None,
-                 url: str | None = None) -> None:
+                 url: str | None = None, facts: StoreFacts | None = None) -> None:
         self._inner = inner
         self._hooks = hooks
         self._name = name
         self.url: str = url or inner.url
-        self.facts = inner.facts
+        self.facts: StoreFacts = facts or inner.facts
         self._keys = keys
+
+    @property
+    def inner(self) -> ReadStore:
+        inner: ReadStore = self._inner
+        return inner
+
+    @property
+    def hooks(self) -> Hooks:
+        return self._hooks
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self._inner!r}>"
@@ -309,6 +347,13 @@ class _File:
         return _wrap_upload(upload, key, self._hooks, self._name, self._keys)
 
 
+class _CaseFolding:
+    _inner: Any
+
+    def folds_case(self) -> bool:
+        return bool(self._inner.folds_case())
+
+
 class _Tree:
     _inner: Any
 
@@ -353,6 +398,7 @@ _STORE_MIXINS: tuple[tuple[type, type], ...] = (
     (LocalTree, _Tree),
     (LevelLister, _Levels),
     (TempFileSweeper, _Sweeper),
+    (CaseFolding, _CaseFolding),
 )
 
 
