@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import start_http_server, write_to_textfile
@@ -264,22 +264,34 @@ class _RequestHooks:
             self.m.received.inc(nbytes)
 
     async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
+        result, started = await self._answered(op, fn)
+        self.in_flight.dec()
+        self.done(op.name, time.perf_counter() - started, None)
+        return result
+
+    async def read(self, op: Op, fn: Callable[[], Awaitable[Buffer]]) -> Buffer:
+        data = await self.call(op, fn)
+        self.received(len(data))
+        return data
+
+    async def stream(self, op: Op,
+                     fn: Callable[[], Awaitable[Iterator[Buffer]]]) -> Iterator[Buffer]:
+        pieces, started = await self._answered(op, fn)
+        # Answered; the request lasts until its body is read.
+        assert op.rng is not None
+        return _Body(self, pieces, op.rng.length, started)
+
+    async def _answered(self, op: Op, fn: Callable[[], Awaitable[T]]) -> tuple[T, float]:
+        """``fn()``'s answer and when it was asked, the request in flight meanwhile (and
+        after, for the caller to end); a request that raised is ended here."""
         self.in_flight.inc()
         started = time.perf_counter()
         try:
-            result: Any = await fn()
+            return await fn(), started
         except BaseException as exc:
             self.in_flight.dec()
             self.done(op.name, time.perf_counter() - started, exc)
             raise
-        if op.name == "open_range":  # answered; the request lasts until its body is read
-            assert op.rng is not None
-            return cast(T, _Body(self, result, op.rng.length, started))
-        self.in_flight.dec()
-        if op.name in ("get", "read_into"):
-            self.received(len(result))
-        self.done(op.name, time.perf_counter() - started, None)
-        return cast(T, result)
 
     def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
         if op.name in _BOOKKEEPING:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -33,7 +33,7 @@ from ..config import SyncOptions
 from ..errors import CredentialsExpired, Throttled, Transient
 from ..limits import AdaptiveLimit
 from ..retry import RetryPolicy, retrying
-from ..types import ObjectInfo
+from ..types import Buffer, ObjectInfo
 from .base import ReadStore
 from .wrap import Op, Wrapped, wrap
 
@@ -176,6 +176,13 @@ class _Hooks:
         # deadline, however many tries that takes); the deadline is the policy's.
         return await retrying(once, p.policy, retry_on=Transient, attempts=1 << 30,
                               before_retry=before_retry)
+
+    async def read(self, op: Op, fn: Callable[[], Awaitable[Buffer]]) -> Buffer:
+        return await self.call(op, fn)
+
+    async def stream(self, op: Op,
+                     fn: Callable[[], Awaitable[Iterator[Buffer]]]) -> Iterator[Buffer]:
+        return await self.call(op, fn)
 
     def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
         return fn()

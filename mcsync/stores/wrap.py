@@ -9,10 +9,12 @@ the uploads it opens the same way.
 
 Each operation is an ``Op`` named after the protocol's method (``get``, ``put_part``,
 ``open_file``, ...) with the key of its object (an upload's operations: its object's key;
-``clear``: the prefix; ``check``: ""). Coroutines run through ``hooks.call``, methods that run
-on worker threads (``write_at``, ``part_written``) through ``hooks.call_blocking``, a listing
-through ``hooks.listing``. A hook may act before and after, time, count, raise, or return
-something in place of the result (a shorter read, a body iterator of its own). Plain lookups
+``clear``: the prefix; ``check``: ""). Coroutines run through ``hooks.call``, reads
+(``get``, ``read_into``) through ``hooks.read`` and a streamed range (``open_range``) through
+``hooks.stream``, methods that run on worker threads (``write_at``, ``part_written``) through
+``hooks.call_blocking``, a listing through ``hooks.listing``. A hook may act before and after,
+time, count or raise; only a read or a stream may be handed back as something else (a shorter
+read, a body iterator of its own), each typed as what it stands in for. Plain lookups
 (``validate_key``, ``can_copy_from``, ``copy_source``, ``compose_source``) and ``aclose`` go
 straight through.
 
@@ -90,8 +92,17 @@ class Rename:
 
 class Hooks(Protocol):
     async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
-        """Run ``fn()`` (the inner store's coroutine) for ``op``; return its result or a
-        stand-in of the same type."""
+        """Run ``fn()`` (the inner store's coroutine) for ``op``; return its result."""
+        ...
+
+    async def read(self, op: Op, fn: Callable[[], Awaitable[Buffer]]) -> Buffer:
+        """The same for a read (``get``, ``read_into``): the bytes read, or fewer."""
+        ...
+
+    async def stream(self, op: Op,
+                     fn: Callable[[], Awaitable[Iterator[Buffer]]]) -> Iterator[Buffer]:
+        """The same for a streamed range (``open_range``): its body, or one that hands its
+        pieces on."""
         ...
 
     def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
@@ -120,6 +131,13 @@ class PassThrough:
     listing: ``stores.single``, ``latest``) overrides that alone."""
 
     async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
+        return await fn()
+
+    async def read(self, op: Op, fn: Callable[[], Awaitable[Buffer]]) -> Buffer:
+        return await fn()
+
+    async def stream(self, op: Op,
+                     fn: Callable[[], Awaitable[Iterator[Buffer]]]) -> Iterator[Buffer]:
         return await fn()
 
     def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
@@ -215,7 +233,7 @@ class _Read:
 
     async def get(self, key: str, rng: ByteRange | None = None, *,
                   expect: ObjectInfo | None = None) -> Buffer:
-        return await self._hooks.call(
+        return await self._hooks.read(
             Op("get", key, rng=rng),
             lambda: self._inner.get(self._in(key), rng, expect=self._out_expect(expect)))
 
@@ -281,7 +299,7 @@ class _Streamer:
 
     async def open_range(self, key: str, rng: ByteRange, *,
                          expect: ObjectInfo | None = None) -> Iterator[Buffer]:
-        return await self._hooks.call(
+        return await self._hooks.stream(
             Op("open_range", key, rng=rng),
             lambda: self._inner.open_range(self._in(key), rng, expect=self._out_expect(expect)))
 
@@ -294,10 +312,11 @@ class _ReadsInto:
 
     async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
                         expect: ObjectInfo | None = None) -> memoryview:
-        return await self._hooks.call(
+        view = await self._hooks.read(
             Op("read_into", key, rng=rng),
             lambda: self._inner.read_into(self._in(key), rng, buf,
                                           expect=self._out_expect(expect)))
+        return view if isinstance(view, memoryview) else memoryview(view)
 
 
 class _Copier:
