@@ -228,7 +228,6 @@ class _Run:
         the stores from (None: no workers); ``chosen``: the checkpoint
         ``--latest-checkpoint`` restores."""
         src, dst, options, stop = ctx.src, ctx.dst, ctx.options, ctx.stop
-        self.ctx = ctx
         self.look = look
         self.src = src
         self.dst = dst
@@ -286,7 +285,7 @@ class _Run:
         self.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
         if (c := self.chosen) is not None:
             self.emit(CheckpointChosen(c.directory, c.framework, c.step,
-                                            c.marker.key if c.marker else None, c.passed_over))
+                                       c.marker.key if c.marker else None, c.passed_over))
         server_side = (self.options.server_side_copy and isinstance(self.dst, ServerSideCopier)
                        and self.dst.can_copy_from(self.src))
         trust = (self.manifest is not None and self.manifest.established
