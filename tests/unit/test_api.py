@@ -155,24 +155,3 @@ def test_a_classified_failure_reaches_the_report_and_its_json() -> None:
         "key": "t", "error": "t: slow down (after 5 min)", "kind": "Throttled",
         "retryable": True}
 
-
-def test_the_library_leaves_its_callers_environment_as_it_was(tmp_path) -> None:
-    """Importing mcsync, tuning the process and running a sync write nothing into
-    ``os.environ``: only the command's entry point sets what it needs."""
-    import os
-    import subprocess
-    import sys
-
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "a.bin").write_bytes(b"a")
-    code = ("import os; before = dict(os.environ)\n"
-            "import mcsync; mcsync.tune_process()\n"
-            f"report = mcsync.sync({str(tmp_path / 'src')!r}, {str(tmp_path / 'dst')!r}, "
-            f"manifest={str(tmp_path / 'm.db')!r})\n"
-            "assert report.objects_copied == 1, report\n"
-            "print(sorted(set(os.environ.items()) ^ set(before.items())))")
-    # Unset here, so a library that set botocore's switch (as the command does) would show.
-    env = {k: v for k, v in os.environ.items() if k != "BOTO_DISABLE_CRT"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=True, env=env)
-    assert done.stdout.strip() == "[]"
