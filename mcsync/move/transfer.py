@@ -86,7 +86,7 @@ class Transfer:
         self.emit = emit
         self.uploads = Uploads(ctx, journal, dict(open_uploads or {}))
         self.delta_planner = DeltaPlanner(src, dst, options, limits, known)
-        self.delta_sender = DeltaSender(src, dst, options, limits, emit, known)
+        self.delta_sender = DeltaSender(ctx, known)
         # Abilities asked once per run, not per object: on Python 3.11 each check against a
         # runtime protocol walks the protocol's members (~20 us for ServerSideCopier here),
         # ~5% of the client CPU of a server-side copy of 1,000 small objects.
