@@ -25,7 +25,7 @@ from ..errors import MCSyncError, NoCheckpoint, UsageError
 from ..events import EventSink, FanOut
 from ..report import SyncReport, report_json
 from ..run.engine import ManifestFactory, close_quietly, run_sync
-from ..scale.workers import reopenable
+from ..run.pools import reopenable
 from ..state.lock import Locked
 from ..state.manifest import Manifest
 from ..stores.base import ReadStore

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, Literal, Protocol, TypeVar, cast
+from typing import Literal, Protocol, TypeVar
 
 from ..errors import MCSyncError, Throttled
 from ..events import RequestGroup, RequestsCounted
@@ -125,22 +125,34 @@ class _RequestHooks:
             self.recorder.received(nbytes)
 
     async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
+        result, started = await self._answered(op, fn)
+        self.answered()
+        self.done(op.name, time.perf_counter() - started, None)
+        return result
+
+    async def read(self, op: Op, fn: Callable[[], Awaitable[Buffer]]) -> Buffer:
+        data = await self.call(op, fn)
+        self.received(len(data))
+        return data
+
+    async def stream(self, op: Op,
+                     fn: Callable[[], Awaitable[Iterator[Buffer]]]) -> Iterator[Buffer]:
+        pieces, started = await self._answered(op, fn)
+        # Answered; the request lasts until its body is read.
+        assert op.rng is not None
+        return _Body(self, pieces, op.rng.length, started)
+
+    async def _answered(self, op: Op, fn: Callable[[], Awaitable[T]]) -> tuple[T, float]:
+        """``fn()``'s answer and when it was asked, the request in flight meanwhile (and
+        after, for the caller to end); a request that raised is ended here."""
         self.started()
         started = time.perf_counter()
         try:
-            result: Any = await fn()
+            return await fn(), started
         except BaseException as exc:
             self.answered()
             self.done(op.name, time.perf_counter() - started, exc)
             raise
-        if op.name == "open_range":  # answered; the request lasts until its body is read
-            assert op.rng is not None
-            return cast(T, _Body(self, result, op.rng.length, started))
-        self.answered()
-        if op.name in ("get", "read_into"):
-            self.received(len(result))
-        self.done(op.name, time.perf_counter() - started, None)
-        return cast(T, result)
 
     def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
         if op.name in _BOOKKEEPING:

@@ -35,12 +35,13 @@ from ..events import (
     StatsCollector,
 )
 from ..limits import Limits
+from ..move.context import RunContext
 from ..move.dispatch import Dispatch
 from ..ratelimit import limits_share
 from ..report import RunTotals, SyncReport
 from ..retry import RetryPolicy, retrying
 from ..scale.worker_runner import Addresses
-from ..scale.workers import Workers, folds_case, open_pool, refuse_in_a_starting_worker
+from ..scale.workers import Workers, refuse_in_a_starting_worker
 from ..state.holdings import ManifestHoldings
 from ..state.lock import read_lock, run_lock
 from ..state.manifest import Manifest, default_path, pair_id
@@ -56,6 +57,7 @@ from . import manifest_copy, prune
 from .driver import Driver
 from .listing import Handoff, prefetched
 from .markers import commit_when_complete, deletes_in_order
+from .pools import folds_case, open_pool
 from .preflight import check_stores, writable_pair
 
 log = logging.getLogger(__name__)
@@ -131,7 +133,7 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
                 source = only_chosen(source, chosen)
             retention = None
             if (policy := prune.policy_of(options)) is not None:
-                retention = prune.Retention(policy, target, NullSink(),
+                retention = prune.Retention(policy, target, lambda event: None,
                                             atomic_renames=target.facts.atomic_renames)
                 # Without what it would delete on arrival; no checkpoint under SRC: exit 2.
                 source = await retention.prepare(source, require=preflight)
@@ -210,11 +212,17 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
         log.warning("%s; listing it directory by directory and starting again", exc)
         exc.fallback()
 
+    def attempt() -> Awaitable[SyncReport]:
+        # Each attempt is a run of its own: its report, limits and workers fresh.
+        stats = StatsCollector(src.url, dst.url, options.dry_run)
+        ctx = RunContext(src, dst, options, Limits(options.concurrency, options.memory_limit),
+                         FanOut([stats, sink or NullSink()]).emit, stop)
+        return _Run(ctx, stats, manifest, look=look, addresses=addresses,
+                    chosen=chosen, retention=retention).run(listing)
+
     try:  # each side may need to switch to an ordered listing once
-        return await retrying(
-            lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop, look,
-                         listing, addresses, chosen, retention).run(),
-            RetryPolicy.immediate(3), retry_on=ListingOrderError, before_retry=list_in_order)
+        return await retrying(attempt, RetryPolicy.immediate(3), retry_on=ListingOrderError,
+                              before_retry=list_in_order)
     finally:
         if manifest is not None:
             manifest.close()
@@ -225,20 +233,24 @@ class _Run:
     manifest, the watchdog of a stop, the manifest's copy at the target, the work after the
     last copy (markers, deletes, leftovers, --verify) and the report."""
 
-    def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, sink: EventSink,
-                 manifest: Manifest | None, stop: asyncio.Event, look: bool,
-                 listing: Handoff[ObjectInfo] | None = None,
-                 addresses: Addresses | None = None, chosen: Chosen | None = None,
+    def __init__(self, ctx: RunContext, stats: StatsCollector, manifest: Manifest | None, *,
+                 look: bool, addresses: Addresses | None = None,
+                 chosen: Chosen | None = None,
                  retention: prune.Retention | None = None) -> None:
-        self.look = look  # for the manifest's copy at the target before trusting the manifest
+        """``stats``: the report, one of ``ctx.emit``'s sinks; ``look``: for the manifest's
+        copy at the target before trusting the manifest; ``addresses``: where workers reopen
+        the stores from (None: no workers); ``chosen``: the checkpoint
+        ``--latest-checkpoint`` restores; ``retention``: the prune after the run (None: none)."""
+        src, dst, options, stop = ctx.src, ctx.dst, ctx.options, ctx.stop
+        self.look = look
         self.src = src
         self.dst = dst
         self.options = options
         self.manifest = manifest
         self.stop = stop
-        self.stats = StatsCollector(src.url, dst.url, options.dry_run)
-        self.sink = FanOut([self.stats, sink])
-        self.limits = Limits(options.concurrency, options.memory_limit)
+        self.stats = stats
+        self.emit = ctx.emit
+        self.limits = ctx.limits
         self.pacing = pacing_of(src) or Pacing.for_options(options)
         writing = manifest if not options.dry_run else None
         open_uploads = writing.open_uploads() if writing else {}
@@ -253,24 +265,22 @@ class _Run:
         # copies in parts (nothing moves in a dry run). Each task's end goes into the manifest
         # too, for `mcsync status` (task_log).
         self.task_log = TaskLog(writing)
-        self.workers = (Workers(open_pool(addresses, options), options, self.sink.emit, stop,
+        self.workers = (Workers(open_pool(addresses, options), options, self.emit, stop,
                                 on_task=self.task_log)
                         if addresses is not None and options.workers and not options.dry_run
                         and not self._folds_case(dst) else None)
-        self.dispatch = Dispatch(src, dst, options, self.limits, self.sink.emit,
-                                 journal=writing, known=holdings, open_uploads=open_uploads,
-                                 stop=stop, part_tasks=self.workers)
-        self.driver = Driver(src, dst, options, manifest=manifest, dispatch=self.dispatch,
-                             holdings=holdings, sink=self.sink, stats=self.stats,
+        self.dispatch = Dispatch(ctx, journal=writing, known=holdings,
+                                 open_uploads=open_uploads, part_tasks=self.workers)
+        self.driver = Driver(ctx, self.dispatch, manifest=manifest, holdings=holdings,
                              completion=Completion(src, min_age_s=options.min_age_s,
                                                    atomic_renames=src.facts.atomic_renames,
                                                    source=chosen.source if chosen else None),
-                             stop=stop, listing=listing, workers=self.workers)
+                             workers=self.workers)
         self.interrupted = False
         self.chosen = chosen
         self.retention = retention
         if retention is not None:
-            retention.sink = self.sink
+            retention.emit = self.emit
             if writing is not None:
                 retention.forget = writing.forget
 
@@ -282,7 +292,8 @@ class _Run:
                     "object without worker processes", dst.url)
         return True
 
-    async def run(self) -> SyncReport:
+    async def run(self, listing: Handoff[ObjectInfo] | None = None) -> SyncReport:
+        """``listing``: the source's, started already (see run_sync)."""
         writing = self.manifest is not None and not self.options.dry_run
         # A killed run may have left hidden temporary files that no journal names.
         sweep = (writing and self.manifest is not None and isinstance(self.dst, TempFileSweeper)
@@ -291,10 +302,10 @@ class _Run:
         meter = Meter(*self.pacing.timings())
         run_id = self.manifest.start_run() if writing and self.manifest else 0
         self.task_log.run_id = run_id
-        self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
+        self.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
         if (c := self.chosen) is not None:
-            self.sink.emit(CheckpointChosen(c.directory, c.framework, c.step,
-                                            c.marker.key if c.marker else None, c.passed_over))
+            self.emit(CheckpointChosen(c.directory, c.framework, c.step,
+                                       c.marker.key if c.marker else None, c.passed_over))
         server_side = (self.options.server_side_copy and isinstance(self.dst, ServerSideCopier)
                        and self.dst.can_copy_from(self.src))
         trust = (self.manifest is not None and self.manifest.established
@@ -310,7 +321,7 @@ class _Run:
         keeper = self.keeper
         uploader = asyncio.create_task(keeper.refresh()) if keeper else None
         try:
-            await self.driver.plan_and_copy(server_side, trust, deletes, markers)
+            await self.driver.plan_and_copy(server_side, trust, deletes, markers, listing)
             waiting: set[str] = set()  # directories whose markers wait for other shards
             if markers and not self.stop.is_set():
                 if sharded(self.options.shard):  # the shard that finishes last writes them
@@ -377,12 +388,12 @@ class _Run:
                 # A run that changed nothing leaves the target's copy as it is: a no-op run
                 # writes nothing at the target but its lock.
                 await keeper.send()
-        self.sink.emit(RunFinished(report))
+        self.emit(RunFinished(report))
         return report
 
     async def _delete(self, deletes: Spool, waiting: set[str]) -> None:
         """Markers first, then the rest (``markers.deletes_in_order``)."""
-        first, then = deletes_in_order(deletes, waiting, self.sink.emit)
+        first, then = deletes_in_order(deletes, waiting, self.emit)
         try:
             for wave in (first, then):
                 if wave and not self.stop.is_set():
@@ -394,7 +405,7 @@ class _Run:
     def _throttled(self, store: str, operation: str, limit: int) -> None:
         """A store said slow down: fewer parts on the wire too, and the report hears of it."""
         self.limits.parts.throttled()
-        self.sink.emit(RequestThrottled(store, operation, limit))
+        self.emit(RequestThrottled(store, operation, limit))
 
     async def _sweep_leftovers(self, started: float) -> None:
         assert isinstance(self.dst, TempFileSweeper) and self.manifest is not None
@@ -417,7 +428,7 @@ class _Run:
             await asyncio.sleep(seconds)
             found = judge(meter.timings(*self.pacing.timings(), self.src.url, self.dst.url))
             if found.verdict != "none":
-                self.sink.emit(Bottleneck(found.verdict, found.describe()))
+                self.emit(Bottleneck(found.verdict, found.describe()))
 
     async def _watchdog(self, main: asyncio.Task[Any]) -> None:
         await self.stop.wait()
@@ -433,4 +444,4 @@ class _Run:
         _, problems = await verify_entries(self.dst, self.manifest.entries(), self.limits,
                                            selects=self.options.selects)
         for key, problem in problems:
-            self.sink.emit(ObjectFailed(key, "copy", 0, f"verify: {problem}"))
+            self.emit(ObjectFailed(key, "copy", 0, f"verify: {problem}"))

@@ -75,7 +75,7 @@ async def commit_when_complete(driver: Driver, markers: Iterable[Action]) -> set
         actions = by_depth[depth]
         if driver.stop.is_set():
             return waiting
-        if driver.stats.failed:  # held back, as a run that is not sharded holds them
+        if driver.failed:  # held back, as a run that is not sharded holds them
             await driver.commit_markers(actions)
             continue
         scopes = await survey(driver, {directory_of(a.key) for a in actions})
@@ -86,12 +86,12 @@ async def commit_when_complete(driver: Driver, markers: Iterable[Action]) -> set
                 ready.append(action)
             elif verdict == "defer":
                 waiting.add(directory_of(action.key))
-                driver.sink.emit(ObjectDeferred(action.key, action.size, why))
+                driver.emit(ObjectDeferred(action.key, action.size, why))
             else:  # recorded, so this shard's next run trusts it without asking again
                 src, dst = scopes[directory_of(action.key)].markers[action.key]
                 assert src is not None and dst is not None
                 driver.adopt(src, dst)
-                driver.sink.emit(ObjectPlanned(action.key, "skip", action.size, why))
+                driver.emit(ObjectPlanned(action.key, "skip", action.size, why))
         await driver.commit_markers(ready)
     return waiting
 

@@ -32,7 +32,7 @@ from ..events import (
     CheckpointDurable,
     CheckpointKept,
     CheckpointPruned,
-    EventSink,
+    Event,
     ObjectFailed,
 )
 from ..stores.base import ReadStore, Store
@@ -140,11 +140,11 @@ class Retention:
     """One run's retention: the target as scanned before the run, the source's view without
     what would be pruned at once, and the prune after the run."""
 
-    def __init__(self, policy: Policy, target: Store, sink: EventSink, *,
+    def __init__(self, policy: Policy, target: Store, emit: Callable[[Event], None], *,
                  atomic_renames: bool = False) -> None:
         self.policy = policy
         self.target = target
-        self.sink = sink
+        self.emit = emit
         self.atomic_renames = atomic_renames
         self.before: Holdings | None = None  # the target, before the run
         self.coming: Holdings | None = None  # the source
@@ -201,7 +201,7 @@ class Retention:
         for d in decisions:
             if d.keep:
                 c = d.checkpoint
-                self.sink.emit(CheckpointKept(c.directory, c.step, d.reason, d.thin))
+                self.emit(CheckpointKept(c.directory, c.step, d.reason, d.thin))
         for d in sorted(decisions, key=lambda d: d.checkpoint.step or 0):  # oldest first
             c = d.checkpoint
             framework = frameworks[c.directory]
@@ -210,7 +210,7 @@ class Retention:
                     gone = (c.objects, c.bytes)
                 else:
                     gone = await self._delete(framework, await self._under(c.directory))
-                self.sink.emit(CheckpointPruned(c.directory, c.step, *gone))
+                self.emit(CheckpointPruned(c.directory, c.step, *gone))
             elif d.thin:
                 # In a plan, a checkpoint only the source holds yet is looked at there.
                 where = self.target if c.directory in held or coming is None else coming.store
@@ -219,12 +219,12 @@ class Retention:
                 if optim:
                     gone = ((len(optim), sum(k.size for k in optim)) if dry_run
                             else await self._delete(framework, optim))
-                    self.sink.emit(CheckpointPruned(c.directory, c.step, *gone, thinned=True))
+                    self.emit(CheckpointPruned(c.directory, c.step, *gone, thinned=True))
         newest = max((d.checkpoint for d in decisions if d.keep and d.checkpoint.complete
                       and d.checkpoint.step is not None),
                      key=lambda c: c.step or 0, default=None)
         if newest is not None:
-            self.sink.emit(CheckpointDurable(newest.directory, newest.step))
+            self.emit(CheckpointDurable(newest.directory, newest.step))
 
     async def _under(self, directory: str, store: ReadStore | None = None) -> list[ObjectInfo]:
         return [i async for i in Levels(store or self.target).under(directory)
@@ -265,7 +265,7 @@ class Retention:
         except NotFound:
             pass  # a prune cut short deleted it already
         except MCSyncError as exc:  # the next run's scan finds the checkpoint and tries again
-            self.sink.emit(ObjectFailed.of(key, "delete", 0, exc,
+            self.emit(ObjectFailed.of(key, "delete", 0, exc,
                                            f"retention could not delete it: {exc}"))
             return False
         self.forget(key)

@@ -1,7 +1,7 @@
 """``--executor ray``: the ``WorkerPool`` of Ray actors, each running a
 ``worker_runner.TaskRunner`` in its own process, on whichever node of the cluster Ray placed it.
 
-Imported only when a run asks for Ray (``workers.open_pool``), and Ray only from here. The
+Imported only when a run asks for Ray (``run.pools.open_pool``), and Ray only from here. The
 driver connects once per process (``RAY_ADDRESS``, else a cluster running on this machine; a
 process that called ``ray.init`` itself keeps its connection) and stays connected for its
 later runs.

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ..config import SyncOptions
 from ..events import BytesMoved, Event, RequestsCounted
 from ..limits import Limits
+from ..move.context import RunContext
 from ..move.dispatch import Dispatch, Outcome
 from ..move.part_tasks import PartJob, PartSent, WorkerParts
 from ..observe.requests import RequestTally, meter
@@ -114,8 +115,8 @@ class TaskRunner:
         assert isinstance(dst, Store)
         limits = Limits(self.options.concurrency, self.options.memory_limit)
         self.parts = WorkerParts(src, dst, limits)
-        return Dispatch(src, dst, self.options, limits, self._emit, journal=None, known=None,
-                        open_uploads={}, stop=asyncio.Event(), whole_only=True)
+        ctx = RunContext(src, dst, self.options, limits, self._emit, asyncio.Event())
+        return Dispatch(ctx, journal=None, known=None, open_uploads={}, whole_only=True)
 
     def _emit(self, event: Event) -> None:
         if isinstance(event, BytesMoved):

@@ -36,7 +36,7 @@ from ..limits import AdaptiveLimit
 from ..retry import RetryPolicy, retrying
 from ..types import Buffer, ObjectInfo
 from .base import ReadStore
-from .wrap import Op, wrap
+from .wrap import Op, Wrapped, wrap
 
 if TYPE_CHECKING:
     from ..ratelimit import Bandwidth, TokenBucket
@@ -137,9 +137,9 @@ def resilient(store: ReadStore, pacing: Pacing) -> ReadStore:
     return wrap(store, _Hooks(store, pacing), name="Resilient")
 
 
-def pacing_of(store: Any) -> Pacing | None:
+def pacing_of(store: ReadStore) -> Pacing | None:
     """The pacing a store was wrapped with by ``resilient`` (None for any other)."""
-    hooks = getattr(store, "_hooks", None)
+    hooks = store.hooks if isinstance(store, Wrapped) else None
     return hooks.pacing if isinstance(hooks, _Hooks) else None
 
 
@@ -207,6 +207,13 @@ class _Hooks:
         # deadline, however many tries that takes); the deadline is the policy's.
         return await retrying(once, p.policy, retry_on=Transient, attempts=1 << 30,
                               before_retry=before_retry)
+
+    async def read(self, op: Op, fn: Callable[[], Awaitable[Buffer]]) -> Buffer:
+        return await self.call(op, fn)
+
+    async def stream(self, op: Op,
+                     fn: Callable[[], Awaitable[Iterator[Buffer]]]) -> Iterator[Buffer]:
+        return await self.call(op, fn)
 
     def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
         began = time.monotonic()  # a file target's write: time waiting on the target

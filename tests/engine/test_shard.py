@@ -270,6 +270,7 @@ def test_a_shards_sweep_clears_its_own_staging_space_only(tmp_path):
     """After a kill, a shard's run sweeps the staging objects its deltas may have left; another
     shard's, in flight beside it, are not its to clear."""
     from mcsync.limits import Limits
+    from mcsync.move.context import RunContext
     from mcsync.move.delta_sender import DeltaSender, staging_space
 
     dst = MemoryStore("ckpt", endpoint=MemoryEndpoint("t"))
@@ -281,8 +282,9 @@ def test_a_shards_sweep_clears_its_own_staging_space_only(tmp_path):
 
     async def sweep(shard: tuple[int, int] | None) -> None:
         options = mcsync.SyncOptions(shard=shard)
-        await DeltaSender(dst, dst, options, Limits(4, options.memory_limit),
-                          lambda event: None).sweep()
+        ctx = RunContext(dst, dst, options, Limits(4, options.memory_limit),
+                         lambda event: None, asyncio.Event())
+        await DeltaSender(ctx).sweep()
 
     asyncio.run(sweep((0, 2)))
     assert state(dst) == {f"{spaces[None]}0123-1", f"{spaces[1, 2]}0123-1"}
