@@ -233,7 +233,7 @@ class Driver:
         complete at the target (``named_markers.not_yet``); the others wait, deferred."""
         ready: list[Action] = []
         for action in markers:
-            why = await not_yet(self.src, self.dst, action)
+            why = await not_yet(self.src, self.dst, action, self.options.selects)
             if why:
                 self._emit(ObjectDeferred(action.key, action.size, why))
             else:

@@ -13,6 +13,8 @@ The write that follows reads the same pinned version, so the text checked is the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..checkpoints.frameworks import FRAMEWORKS, Framework
 from ..checkpoints.latest import Levels
 from ..errors import MCSyncError, NotFound, PreconditionFailed
@@ -28,9 +30,11 @@ def naming_framework(key: str) -> Framework | None:
     return next((f for f in FRAMEWORKS if f.names is not None and f.marker == name), None)
 
 
-async def not_yet(src: ReadStore, dst: ReadStore, action: Action) -> str | None:
+async def not_yet(src: ReadStore, dst: ReadStore, action: Action,
+                  selects: Callable[[str], bool] = lambda key: True) -> str | None:
     """Why the marker of ``action`` must wait (None: the directory it names is complete at
-    the target, so it may be written)."""
+    the target, so it may be written). ``selects``: the run's filters; a file they leave out
+    is not the run's to wait for."""
     framework = naming_framework(action.key)
     if framework is None or framework.names is None or action.src is None:
         return None
@@ -46,7 +50,7 @@ async def not_yet(src: ReadStore, dst: ReadStore, action: Action) -> str | None:
     parent = action.key.rpartition("/")[0]
     named = f"{parent}/{framework.names(text)}/" if parent else f"{framework.names(text)}/"
     try:
-        want = {i.key: i.size async for i in Levels(src).under(named)}
+        want = {i.key: i.size async for i in Levels(src).under(named) if selects(i.key)}
         have = {i.key: i.size async for i in Levels(dst).under(named)}
     except MCSyncError as exc:
         return f"cannot list {named} to check it: {exc}"
