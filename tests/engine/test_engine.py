@@ -479,6 +479,7 @@ def in_process_pool(src, dst, ran: list[list[Any]], before: Callable[[list[Any]]
     whole-objects-only dispatch and a ``WorkerParts`` on the same stores), behind the real
     ``Workers``; ``ran`` gets each task's items."""
     from mcsync.limits import Limits
+    from mcsync.move.context import RunContext
     from mcsync.move.dispatch import Dispatch
     from mcsync.move.part_tasks import WorkerParts
     from mcsync.scale.worker_runner import TaskResult, run_items
@@ -488,15 +489,15 @@ def in_process_pool(src, dst, ran: list[list[Any]], before: Callable[[list[Any]]
 
         def __init__(self, options):
             limits = Limits(4, options.memory_limit)
-            self.dispatch = Dispatch(src, dst, options, limits, lambda event: None,
-                                     journal=None, known=None, open_uploads={},
-                                     stop=asyncio.Event(), whole_only=True)
+            ctx = RunContext(src, dst, options, limits, lambda event: None, asyncio.Event())
+            self.dispatch = Dispatch(ctx, journal=None, known=None, open_uploads={},
+                                     whole_only=True)
             self.parts = WorkerParts(src, dst, limits)
 
         def describe(self) -> str:
             return "in this process"
 
-        async def run(self, items) -> TaskResult:
+        async def run(self, items, *, deadline_s=None) -> TaskResult:
             before(items)
             ran.append(list(items))
             return TaskResult(await run_items(self.dispatch, self.parts, items), [], 0, 0, 0)
