@@ -69,7 +69,9 @@ class Batcher(Generic[T, R]):
             results = await self._send_batch([item for item, _ in batch])
         except BaseException as exc:
             fail_waiting((fut for _, fut in batch), exc)
-            raise
+            if not isinstance(exc, Exception):  # an error is the waiters' to raise
+                raise
+            return
         for (_, fut), result in zip(batch, results, strict=True):
             if not fut.done():
                 fut.set_result(result)

@@ -119,6 +119,10 @@ class SyncOptions:
     # mcsync.scale.ray_pool).
     executor: str = "local"
     ray_address: str | None = None
+    # Seconds a worker's task may run before its worker is taken for stuck, killed and the
+    # task given to another (--task-timeout; None: from the task's bytes, at least a minute:
+    # mcsync.scale.workers.task_deadline).
+    task_timeout: float | None = None
     # Retention at the target (--keep-last N, --keep-every K, --prune-optimizer-older-than M;
     # None: off): after a run, the checkpoints neither rule keeps are deleted from the target,
     # marker first (mcsync.checkpoints.retention, mcsync.run.prune).
@@ -171,6 +175,9 @@ class SyncOptions:
                              f"{self.executor!r}")
         if self.ray_address is not None and self.executor != "ray":
             raise UsageError("--ray-address is where the workers of --executor ray run")
+        if self.task_timeout is not None and not self.task_timeout > 0:
+            raise UsageError(f"--task-timeout must be a positive number of seconds, got "
+                             f"{self.task_timeout}")
         if self.workers < 0 and not (self.workers == WORKERS_AUTO and self.executor == "ray"):
             raise UsageError(f"--workers must be at least 1 (or auto), got {self.workers}")
 

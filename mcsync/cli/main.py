@@ -212,6 +212,11 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--ray-address", default=None, metavar="ADDR",
                      help="The Ray cluster of --executor ray (default: RAY_ADDRESS, else one "
                           "running on this machine)."),
+        click.option("--task-timeout", "task_timeout", default=None, metavar="SECONDS",
+                     type=click.FloatRange(min=0, min_open=True),
+                     help="How long a task of the --workers may run before its worker is "
+                          "taken for stuck, killed, and the task given to another (default: "
+                          "from its bytes at 1 MiB/s, at least 60 s)."),
         click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=20.0,
                      show_default=True, metavar="SECONDS",
                      help="On SIGINT/SIGTERM, how long work in flight may take to finish."),

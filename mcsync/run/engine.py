@@ -357,6 +357,8 @@ class _Run:
             markers.close()
             if self.manifest is not None:
                 self.manifest.commit()
+        if self.workers is not None and self.workers.broken is not None:
+            raise self.workers.broken  # workers could not start (parts failed on it: exit 2)
         p = self.pacing
         throttled, retried, expired = (p.throttled - p.run_began[0], p.retried - p.run_began[1],
                                        p.expired - p.run_began[2])

@@ -212,7 +212,7 @@ class RayPool:
         self._slots = [fresh if s is slot else s for s in self._slots]
         self._idle.put_nowait(fresh)
 
-    async def run(self, items: list[TaskItem]) -> TaskResult:
+    async def run(self, items: list[TaskItem], *, deadline_s: float | None = None) -> TaskResult:
         from ray import exceptions as rx
 
         slot = await self._idle.get()

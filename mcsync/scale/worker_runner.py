@@ -61,9 +61,9 @@ def worker_options(options: SyncOptions, n: int) -> SyncOptions:
 
 
 class WorkerLost(Exception):
-    """A worker died running a task (OOM, SIGKILL, its node gone): the task may go to another.
-    ``worker``: which ("pid P on HOST", as ``TaskResult.worker``), "" when the pool cannot
-    tell."""
+    """A worker died running a task (OOM, SIGKILL, its node gone), or was killed for running
+    past the task's deadline: the task may go to another. ``worker``: which ("pid P on HOST",
+    as ``TaskResult.worker``), "" when the pool cannot tell."""
 
     def __init__(self, message: str, worker: str = "") -> None:
         super().__init__(message)
@@ -72,6 +72,11 @@ class WorkerLost(Exception):
 
 class WorkerUnavailable(Exception):
     """No worker could be started or reached to run a task."""
+
+
+class TaskFailed(Exception):
+    """A task raised inside its worker: the task's own failure, with its cause's text (the
+    worker is fine and keeps running; the task is not run again by another)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,11 @@ in parts the driver opened go to workers all the same, as part tasks (``part_tas
 ``send_parts``), retried like any task.
 
 A task whose worker died goes to another, each at most ``MAX_TRIES`` times, and the report
-names it. A killed driver takes its workers with it; the same command resumes as any run does.
+names it; so does one that ran past its deadline (``task_deadline``: ``--task-timeout``, else
+from its bytes), whose worker the pool kills. A task that raised in its worker (``TaskFailed``)
+fails its objects with that cause, and is not run again. ``BREAKER`` workers in a row that could
+not start stop the run (exit 2, the cause in one line) instead of each task trying again. A
+killed driver takes its workers with it; the same command resumes as any run does.
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ from ..errors import Interrupted, Transient, UsageError
 from ..events import BytesMoved, Event, ObjectFailed
 from ..move.dispatch import Outcome, kind_of
 from ..move.part_tasks import PartJob, PartSent
+from ..ratelimit import Timetable
 from ..records import Action
 from ..state.task_log import NO_WORKER, TaskDone
+from ..types import MiB
 from .worker_runner import (
+    TaskFailed,
     TaskItem,
     TaskResult,
     WorkerLost,
@@ -53,17 +60,27 @@ LINGER_S = 0.05
 TASKS_AHEAD = 3  # tasks per worker planned ahead (in flight or waiting): memory flat in keys
 MAX_TRIES = 3  # a task whose worker died this often fails its objects (retryable next run)
 MAX_NAMED = 1000  # retried tasks the report names
+BREAKER = 3  # workers in a row that could not start: the run stops (exit 2)
+# A task's deadline, unless --task-timeout sets it: the time its bytes take at SLOWEST_BPS
+# (or at the worker's share of --bwlimit, if lower) and its requests at its share of
+# --tpslimit, never under DEADLINE_FLOOR_S. Generous on purpose: a deadline that kills a
+# worker that was only slow costs the task a try, and three such fail its objects.
+DEADLINE_FLOOR_S = 60.0
+SLOWEST_BPS = 1 * MiB
 
 
 class WorkerPool(Protocol):
-    """Where tasks run. ``run`` raises ``WorkerLost`` when a worker died under the task (the
-    pool replaces what it lost) and ``WorkerUnavailable`` when none could run it."""
+    """Where tasks run. ``run`` raises ``WorkerLost`` when a worker died under the task, or
+    ran past ``deadline_s`` and was killed (the pool replaces what it lost), ``TaskFailed``
+    when the task's own code raised, and ``WorkerUnavailable`` (fast) when no worker could be
+    started to run it, naming the node and the cause."""
 
     size: int
 
     def describe(self) -> str: ...
 
-    async def run(self, items: list[TaskItem]) -> TaskResult: ...
+    async def run(self, items: list[TaskItem], *,
+                  deadline_s: float | None = None) -> TaskResult: ...
 
     async def aclose(self, *, wait: bool) -> None: ...
 
@@ -76,6 +93,24 @@ def refuse_in_a_starting_worker() -> None:
         raise UsageError("workers: a worker process is importing the script that started the "
                          "sync; call mcsync.sync(..., workers=N) under "
                          "if __name__ == '__main__':")
+
+
+def task_deadline(nbytes: int, requests: int, share: SyncOptions) -> float:
+    """Seconds a task of ``nbytes`` in ``requests`` requests may take on a worker whose share
+    of the run's limits is ``share`` before it is taken for stuck: ``--task-timeout`` when
+    given; else ``max(60 s, nbytes / rate + requests / tps)``, where ``rate`` is 1 MiB/s or
+    the worker's share of ``--bwlimit`` (its lowest rate), if lower, and the second term only
+    with ``--tpslimit`` (the worker's share)."""
+    if share.task_timeout is not None:
+        return share.task_timeout
+    rate = float(SLOWEST_BPS)
+    if share.bw_limit:
+        rates = [r for _, r in Timetable.parse(share.bw_limit).entries if r is not None]
+        rate = min([rate, *rates])
+    seconds = nbytes / rate
+    if share.tps_limit:
+        seconds += requests / share.tps_limit
+    return max(DEADLINE_FLOOR_S, seconds)
 
 
 @dataclass
@@ -113,7 +148,8 @@ class Workers:
         self.emit = emit
         self.stop = stop
         # A task holds enough objects to keep its worker's requests busy.
-        self.task_objects = max(TASK_OBJECTS, worker_options(options, pool.size).concurrency)
+        self.share = worker_options(options, pool.size)  # for the tasks' deadlines
+        self.task_objects = max(TASK_OBJECTS, self.share.concurrency)
         # Actions handed to workers and not yet come back, at most: the driver waits for room.
         self.room = asyncio.Semaphore(pool.size * TASKS_AHEAD * self.task_objects)
         self._batcher: Batcher[Action, Outcome] = Batcher(
@@ -124,6 +160,8 @@ class Workers:
         self.retried: list[str] = []
         self.tasks_retried = 0
         self.throttled = self.requests_retried = self.expired = 0
+        self.unavailable = 0  # workers in a row that could not start (BREAKER)
+        self.broken: UsageError | None = None  # what stopped the run once BREAKER was reached
 
     async def run(self, action: Action) -> Outcome:
         """``action``'s outcome, from a worker (``handed_back`` when it is not one request
@@ -146,19 +184,29 @@ class Workers:
         return [r for r in results if isinstance(r, PartSent)]
 
     async def _outcomes(self, task: _Task) -> list[Outcome | PartSent]:
+        deadline = task_deadline(sum(a.size for a in task.actions), len(task.actions),
+                                 self.share)
         while True:
+            if self.broken is not None:
+                raise self.broken
             task.tries += 1
             try:
-                result = await self.pool.run(task.actions)
+                result = await self.pool.run(task.actions, deadline_s=deadline)
             except WorkerLost as exc:
+                self.unavailable = 0
                 ended = self._after_death(task, exc)
                 if ended is None:
                     continue
                 return ended
             except WorkerUnavailable as exc:
+                self._unavailable(exc)
                 if task.tries < MAX_TRIES and not self.stop.is_set():
                     continue
                 return self._failed(task, str(exc), NO_WORKER)
+            except TaskFailed as exc:  # its own code raised: the same would happen elsewhere
+                self.unavailable = 0
+                return self._failed(task, f"failed {exc}", "", "TaskFailed")
+            self.unavailable = 0
             self.tasks += 1
             self.throttled += result.throttled
             self.requests_retried += result.retried
@@ -186,12 +234,22 @@ class Workers:
             self.retried.append(f"{task.name()}: {exc}; run again")
         return None
 
-    def _failed(self, task: _Task, why: str, worker: str) -> list[Outcome | PartSent]:
+    def _unavailable(self, exc: WorkerUnavailable) -> None:
+        """One more worker could not start: at ``BREAKER`` in a row the run stops, in one line
+        naming where and why, rather than every task trying again."""
+        self.unavailable += 1
+        if self.unavailable >= BREAKER and self.broken is None:
+            self.broken = UsageError(f"workers: {exc} ({self.unavailable} times in a row; "
+                                     "stopping the run)")
+            raise self.broken
+
+    def _failed(self, task: _Task, why: str, worker: str,
+                kind: str = "WorkerDied") -> list[Outcome | PartSent]:
         self._ended(TaskDone(task.name(), "failed", worker, objects=task.objects()))
         return [PartSent(a.part.number, None, error=Transient(f"{task.name()}: {why}"))
                 if isinstance(a, PartJob) else
                 Outcome(a.key, ObjectFailed(a.key, kind_of(a), a.size, f"{task.name()}: {why}",
-                                            "WorkerDied", retryable=True))
+                                            kind, retryable=True))
                 for a in task.actions]
 
     def _ended(self, done: TaskDone) -> None:

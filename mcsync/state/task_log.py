@@ -4,10 +4,10 @@ the last came back. ``workers.Workers`` tells a ``TaskLog`` of each task as it e
 goes into the manifest at once, so the manifest's copy at the target (sent as the run goes and
 at its end) carries it to ``mcsync status``.
 
-A task whose worker died counts as retried (or, at its last try, failed) under the worker that
-died running it, as the pool names it (``WorkerLost.worker``); a task failed for want of any
-worker under ``NO_WORKER``. A pool that cannot say who ran a task leaves ``""`` (shown as
-"(unknown)").
+A task whose worker died (or was killed at its deadline) counts as retried (or, at its last
+try, failed) under the worker that died running it, as the pool names it
+(``WorkerLost.worker``); a task failed for want of any worker under ``NO_WORKER``. A pool that
+cannot say who ran a task leaves ``""`` (shown as "(unknown)").
 """
 
 from __future__ import annotations

@@ -497,7 +497,7 @@ def in_process_pool(src, dst, ran: list[list[Any]], before: Callable[[list[Any]]
         def describe(self) -> str:
             return "in this process"
 
-        async def run(self, items) -> TaskResult:
+        async def run(self, items, *, deadline_s=None) -> TaskResult:
             before(items)
             ran.append(list(items))
             return TaskResult(await run_items(self.dispatch, self.parts, items), [], 0, 0, 0)

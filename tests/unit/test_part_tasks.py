@@ -123,7 +123,7 @@ class DyingPool:
     def describe(self) -> str:
         return "dying"
 
-    async def run(self, items):
+    async def run(self, items, *, deadline_s=None):
         self.runs += 1
         if self.runs <= self.deaths:
             if self.stop is not None:
