@@ -7,6 +7,10 @@ or complete; each part of a filling entry is recorded once its bytes are on disk
 fdatasync), with its digest, so a filler that died is taken up where it stopped and a reader
 may read what landed. Space is reserved by inserting a filling entry with its charge, in the
 transaction that found room for it (``BEGIN IMMEDIATE``: one writer at a time).
+
+Reads go through a connection of each thread's own, outside any lock of this process: in WAL
+mode they neither wait for a writer nor make one wait, so a hit in one thread never queues
+behind another thread's reservation (which may wait for another process's transaction).
 """
 
 from __future__ import annotations
@@ -107,6 +111,8 @@ class Index:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.RLock()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
         # Setting WAL on a new file takes a lock SQLite does not wait for (no busy handler): a
         # second process opening the same new cache failed "database is locked". The openers
         # take turns for the setup instead.
@@ -138,7 +144,23 @@ class Index:
 
     def close(self) -> None:
         with self._lock:
+            for reader in self._readers:
+                reader.close()
+            self._readers.clear()
             self._db.close()
+
+    def _read(self) -> sqlite3.Connection:
+        """This thread's connection for reads (autocommit: each statement sees the latest
+        commit)."""
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None,
+                                 check_same_thread=False)
+            db.execute("PRAGMA query_only=ON")
+            with self._lock:
+                self._readers.append(db)
+            self._local.db = db
+        return db
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -153,8 +175,8 @@ class Index:
             self._db.execute("COMMIT")
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> Entry | None:
-        with self._lock:
-            row = self._db.execute(f"SELECT {_COLUMNS} FROM entries WHERE {sql}", args).fetchone()
+        row = self._read().execute(f"SELECT {_COLUMNS} FROM entries WHERE {sql}",
+                                   args).fetchone()
         return Entry(*row) if row else None
 
     # -- reads -----------------------------------------------------------------------------
@@ -172,10 +194,15 @@ class Index:
                          "LIMIT 1", (url,))
 
     def entries(self, prefix: str = "") -> list[Entry]:
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT {_COLUMNS} FROM entries WHERE substr(url, 1, ?) = ? ORDER BY url, id",
-                (len(prefix), prefix)).fetchall()
+        rows = self._read().execute(
+            f"SELECT {_COLUMNS} FROM entries WHERE substr(url, 1, ?) = ? ORDER BY url, id",
+            (len(prefix), prefix)).fetchall()
+        return [Entry(*r) for r in rows]
+
+    def entries_of(self, url: str) -> list[Entry]:
+        """The entries (every version) of one object."""
+        rows = self._read().execute(f"SELECT {_COLUMNS} FROM entries WHERE url = ?",
+                                    (url,)).fetchall()
         return [Entry(*r) for r in rows]
 
     def by_last_use(self) -> Iterator[Entry]:
@@ -183,11 +210,10 @@ class Index:
         the least recently used: LRU's order, read a page at a time."""
         after: tuple[int, float, int] = (-1, float("-inf"), -1)
         while True:
-            with self._lock:
-                rows = self._db.execute(
-                    f"SELECT {_COLUMNS}, state = 'complete' FROM entries "
-                    "WHERE (state = 'complete', last_access, id) > (?, ?, ?) "
-                    "ORDER BY state = 'complete', last_access, id LIMIT 256", after).fetchall()
+            rows = self._read().execute(
+                f"SELECT {_COLUMNS}, state = 'complete' FROM entries "
+                "WHERE (state = 'complete', last_access, id) > (?, ?, ?) "
+                "ORDER BY state = 'complete', last_access, id LIMIT 256", after).fetchall()
             if not rows:
                 return
             for row in rows:
@@ -196,25 +222,21 @@ class Index:
             after = (last[-1], last[11], last[0])
 
     def parts_done(self, entry_id: int) -> dict[int, bytes]:
-        with self._lock:
-            rows = self._db.execute("SELECT number, digest FROM parts WHERE entry = ?",
+        rows = self._read().execute("SELECT number, digest FROM parts WHERE entry = ?",
                                     (entry_id,)).fetchall()
         return {n: bytes(d) for n, d in rows}
 
     def totals(self, db: sqlite3.Connection | None = None) -> tuple[int, int]:
         """(bytes charged to entries, number of entries)."""
-        with self._lock:
-            charged, count = (db or self._db).execute(
-                "SELECT COALESCE(SUM(charge), 0), COUNT(*) FROM entries").fetchone()
+        charged, count = (db or self._read()).execute(
+            "SELECT COALESCE(SUM(charge), 0), COUNT(*) FROM entries").fetchone()
         return int(charged), int(count)
 
     def pins(self) -> list[str]:
-        with self._lock:
-            return [r[0] for r in self._db.execute("SELECT prefix FROM pins ORDER BY prefix")]
+        return [r[0] for r in self._read().execute("SELECT prefix FROM pins ORDER BY prefix")]
 
     def setting(self, name: str) -> str | None:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM settings WHERE name = ?",
+        row = self._read().execute("SELECT value FROM settings WHERE name = ?",
                                    (name,)).fetchone()
         return str(row[0]) if row else None
 
@@ -258,6 +280,16 @@ class Index:
                        "checked_at = CASE WHEN ? THEN ? ELSE checked_at END, "
                        "warmed_by = COALESCE(?, warmed_by) WHERE id = ?",
                        (now, checked, now, warmed_by, entry_id))
+
+    @staticmethod
+    def touch_many(db: sqlite3.Connection,
+                   touches: dict[int, tuple[float, float | None]]) -> None:
+        """Record hits kept in memory (``holds.Recency``): entry id → (last use, last
+        validation or None), never moving a time back."""
+        db.executemany(
+            "UPDATE entries SET last_access = MAX(last_access, ?), "
+            "checked_at = MAX(checked_at, COALESCE(?, checked_at)) WHERE id = ?",
+            [(used, checked, entry_id) for entry_id, (used, checked) in touches.items()])
 
     @staticmethod
     def drop(db: sqlite3.Connection, entry_id: int) -> None:

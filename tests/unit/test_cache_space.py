@@ -56,9 +56,10 @@ def _add(cache: Cache, name: str, size: int = MiB - 2 * BLOCK, *, keep: bool = F
     """An entry of ``size`` bytes made complete as a fill would (``keep``: left filling, its
     filler alive)."""
     url = f"s3://bucket/{name}"
-    got = cache._reserve(url, ObjectInfo(name, size, etag=name), None, None)
+    got = cache.room.reserve(url, ObjectInfo(name, size, etag=name), MiB,
+                             order=cache._belady(), touches=cache.recency.take())
     assert got is not None
-    entry, fd = got
+    entry, fd = got.entry, got.fd
     os.pwrite(fd, b"x" * size, 0)
     if keep:
         return fd
