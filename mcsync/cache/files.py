@@ -50,10 +50,10 @@ class Layout:
         return self.base / "index.sqlite"
 
     def partial(self, entry_id: int) -> Path:
-        return self.base / "partial" / str(entry_id)
+        return Path(f"{self.root}/{LAYOUT}/partial/{entry_id}")  # (one parse: a hit's cost)
 
     def object(self, entry_id: int) -> Path:
-        return self.base / "objects" / str(entry_id)
+        return Path(f"{self.root}/{LAYOUT}/objects/{entry_id}")
 
     @property
     def trash(self) -> Path:

@@ -41,6 +41,7 @@ class Holds:
     def __init__(self, max_held: int = MAX_HELD) -> None:
         self.max_held = max(1, max_held)
         self._by_url: OrderedDict[str, Hold] = OrderedDict()  # oldest use first
+        self._implicit = 0  # holds with ``implicit`` set
         self._lock = threading.Lock()
 
     def get(self, url: str) -> Hold | None:
@@ -66,22 +67,32 @@ class Holds:
                 if hold is not None:
                     spare.append(hold.fd)
                 replaced = hold
-                hold = Hold(entry, fd, explicit=replaced.explicit if replaced else 0)
+                hold = Hold(entry, fd) if replaced is None else Hold(
+                    entry, fd, replaced.implicit, replaced.explicit)
                 self._by_url[url] = hold
             self._by_url.move_to_end(url)
             if explicit:
                 hold.explicit += 1
-            else:
+            elif not hold.implicit:
                 hold.implicit = True
-            spare.extend(self._trim())
+                self._implicit += 1
+            if self._implicit > self.max_held:
+                spare.extend(self._trim())
         for f in spare:
             os.close(f)
         return True
 
     def _trim(self) -> list[int]:
-        implicit = [u for u, h in self._by_url.items() if h.implicit]
+        """Implicit holds over the bound released, oldest first."""
+        over = self._implicit - self.max_held
+        oldest: list[str] = []
+        for url, hold in self._by_url.items():
+            if len(oldest) >= over:
+                break
+            if hold.implicit:
+                oldest.append(url)
         freed = []
-        for url in implicit[:max(0, len(implicit) - self.max_held)]:
+        for url in oldest:
             freed.extend(self._let_go(url, implicit=True))
         return freed
 
@@ -90,6 +101,8 @@ class Holds:
         if hold is None:
             return []
         if implicit:
+            if hold.implicit:
+                self._implicit -= 1
             hold.implicit = False
         elif hold.explicit:
             hold.explicit -= 1
@@ -134,6 +147,7 @@ class Holds:
         with self._lock:
             fds = [h.fd for h in self._by_url.values()]
             self._by_url.clear()
+            self._implicit = 0
         for f in fds:
             os.close(f)
 

@@ -190,7 +190,8 @@ class Index:
     def newest_complete(self, url: str) -> Entry | None:
         """The complete entry of ``url`` most recently found current (its other versions
         age out)."""
-        return self._one("url = ? AND state = 'complete' ORDER BY checked_at DESC, id DESC "
+        # (+state: the url index, not entries_by_access, which would scan every entry)
+        return self._one("url = ? AND +state = 'complete' ORDER BY checked_at DESC, id DESC "
                          "LIMIT 1", (url,))
 
     def entries(self, prefix: str = "") -> list[Entry]:

@@ -3,6 +3,7 @@ process's cache did."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,6 +39,7 @@ class Validation:
         return self.mode == "never" or (self.mode == "ttl" and now - checked < self.ttl_s)
 
 
+@functools.lru_cache(maxsize=4096)  # a data loader asks for the same shards again and again
 def object_url(url: str) -> tuple[str, str, str]:
     """(the URL as the index keys it, its store's root, the key in that store) of an object's
     address; UsageError for an address that names no remote object."""
