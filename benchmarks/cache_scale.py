@@ -140,7 +140,8 @@ def warm_scale(args: argparse.Namespace) -> int:
             res = run_measured(
                 [sys.executable, "-m", "mcsync.cli.main", "cache", "warm",
                  f"meta://{ep.bucket}/", "--cache-dir", str(cache_dir), "--validate", "never",
-                 "--part-size", "1MiB", "--quiet", "--json"],
+                 "--part-size", "1MiB", "--quiet", "--json",
+                 *(["--max-size", args.max_size] if args.max_size else [])],
                 env | ep.meta_env(), stdout=work / "out.json", stderr=work / "err.log",
                 timeout=args.timeout)
             if res.returncode != 0:
@@ -153,12 +154,14 @@ def warm_scale(args: argparse.Namespace) -> int:
             rows.append(row)
             log(f"round {rnd + 1}: {row}")
     shutil.rmtree(work, ignore_errors=True)
-    print(f"cache warm of {args.keys:,} objects (0–{args.max_object} B) · code "
-          f"{args.code or 'this tree'}\n")
-    print("| round | objects | wall s | CPU s | peak RSS MiB |\n|---|---|---|---|---|")
+    print(f"cache warm of {args.keys:,} objects (0–{args.max_object} B) · max size "
+          f"{args.max_size or 'none'} · code {args.code or 'this tree'} · load average (1 min) "
+          f"{os.getloadavg()[0]:.1f} at the end\n")
+    print("| round | objects cached | left out | wall s | CPU s | peak RSS MiB |\n"
+          "|---|---|---|---|---|---|")
     for i, r in enumerate(rows, 1):
-        print(f"| {i} | {r['objects']:,} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
-              f"{r['rss_mib']:.0f} |")
+        print(f"| {i} | {r['objects']:,} | {r['left_out']:,} | {r['wall_s']:.1f} | "
+              f"{r['cpu_s']:.1f} | {r['rss_mib']:.0f} |")
     return 0
 
 
@@ -175,6 +178,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--procs", default="1,8")
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--max-object", type=int, default=4096)
+    ap.add_argument("--max-size", default=None,
+                    help="the warm's cache limit: a small one stops the warm early (it "
+                         "leaves the rest out), measuring the listing's cost alone")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--code", default="", help="the mcsync package's parent directory")
     ap.add_argument("--json", default=None)

@@ -157,6 +157,9 @@ class Index:
             db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None,
                                  check_same_thread=False)
             db.execute("PRAGMA query_only=ON")
+            # A hit reads a page or two of an index: a page cache of its own per thread (the
+            # default's 2 MiB, times the loop's worker threads) is memory and no speed
+            db.execute("PRAGMA cache_size=-128")
             with self._lock:
                 self._readers.append(db)
             self._local.db = db
