@@ -61,10 +61,21 @@ CONCURRENCY = 8  # parts of one object in flight
 # (``stores.s3_clients``); an Azure store, which has only obstore, refuses.
 _FORK = {"used": False, "after_use": False}
 _LIVE: weakref.WeakSet[Cache] = weakref.WeakSet()
-# A forked child's copies of its parent's index connections, loops and clients: never used
-# and never closed (closing a copied SQLite connection is SQLite's documented corruption
-# case; a copied loop's selector is the parent's epoll instance).
+# A forked child's copies of its parent's loops and clients: never used and never closed (a
+# copied loop's selector is the parent's epoll instance).
 _ABANDONED: list[object] = []
+
+
+def _before_fork() -> None:
+    # No SQLite connection of the cache crosses a fork (SQLite's documented corruption case):
+    # they are closed here, once this process's index work is out of them, and reopened after.
+    for cache in list(_LIVE):
+        cache._suspend()
+
+
+def _after_fork_in_parent() -> None:
+    for cache in list(_LIVE):
+        cache._resume()
 
 
 def _after_fork_in_child() -> None:
@@ -73,7 +84,8 @@ def _after_fork_in_child() -> None:
         cache._forked()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
 
 
 class Cache(Fetching):
@@ -107,6 +119,7 @@ class Cache(Fetching):
         self._validate = validate
         self._max_held = max_held
         self._closed = False
+        self._suspended = False  # its index closed for a fork under way
         self._open_here()
         files.empty_trash(self.layout)
         if isinstance(max_size, str):
@@ -142,10 +155,22 @@ class Cache(Fetching):
         self._thread.start()
         self._loop.call_soon_threadsafe(lambda: self._spawn(self._flush_every()))
 
+    def _suspend(self) -> None:
+        self._suspended = not self._closed and self._pid == os.getpid()
+        if self._suspended:
+            self.index.suspend()
+
+    def _resume(self) -> None:
+        if getattr(self, "_suspended", False):
+            self._suspended = False
+            self.index.resume()
+
     def _forked(self) -> None:
-        """In a forked child, at once: let go of what is the parent's. The copies of the
-        descriptors holding locks are closed (a lock stays with the parent's descriptor; a copy
-        left open would keep a fill's ``LOCK_EX`` after the parent let go of it)."""
+        """In a forked child, at once: let go of what is the parent's (its index connections
+        were closed before the fork). The copies of the descriptors holding locks are closed
+        (a lock stays with the parent's descriptor; a copy left open would keep a fill's
+        ``LOCK_EX`` after the parent let go of it)."""
+        self._suspended = False
         if self._closed:
             return
         _ABANDONED.append((self.index, self.room, self._loop, self._thread, self._stores,

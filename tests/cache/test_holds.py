@@ -5,6 +5,7 @@ leaves mcsync's own ``.mcsync/`` state out."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import random
 import subprocess
@@ -139,3 +140,25 @@ def test_a_warm_leaves_mcsync_state_out(source: Source, tmp_path):
     with Cache(cache_dir) as cache:
         assert sorted(e.url for e in cache.entries()) == [source.url("s/a"),
                                                           source.url("s/sub/b")]
+
+
+def test_no_sqlite_connection_crosses_a_fork(source: Source, tmp_path):
+    """The cache's index connections are closed before a fork and reopened after: a child
+    starts with no descriptor of the index (SQLite's corruption case is a connection carried
+    across a fork), and the parent goes on."""
+    import os
+
+    source.put("f/0", _blob(KiB, 1))
+    with Cache(tmp_path / "c") as cache:
+        cache.path(source.url("f/0"))  # the index opened, in this thread and the loop's
+        pid = os.fork()
+        if pid == 0:  # the child: which of its descriptors name the index's files?
+            code = 0
+            for fd in os.listdir("/proc/self/fd"):
+                with contextlib.suppress(OSError):
+                    if "index.sqlite" in os.readlink(f"/proc/self/fd/{fd}"):
+                        code = 3
+            os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0  # (3: an index descriptor was inherited)
+        assert cache.path(source.url("f/0")).read_bytes() == source.objects["f/0"]
+        assert len(cache.entries()) == 1
