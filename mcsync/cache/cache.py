@@ -10,8 +10,10 @@ no trip through the loop); the loop's own index and room work runs in worker thr
 long transaction never stalls it.
 
 A process forked from one that used the cache (a data loader's worker) opens its own index,
-loop and store clients on first use, and never touches its parent's (``os.register_at_fork``);
-a cache pickled into a spawned process is opened there anew with the same arguments.
+loop and store clients on first use, and never touches its parent's (``os.register_at_fork``:
+the index's connections are closed before the fork, so none crosses it, and the parent
+reopens them after); a cache pickled into a spawned process is opened there anew with the
+same arguments.
 """
 
 from __future__ import annotations
