@@ -29,7 +29,7 @@ import threading
 import weakref
 from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, Literal, TypeVar
 
 from ..config import StoreOptions, parse_size
 from ..errors import UsageError
@@ -39,6 +39,7 @@ from ..stores.registry import open_store
 from ..stores.resilience import Pacing, resilient
 from ..types import MiB, ObjectInfo
 from . import files
+from .against import Recorded, target_of, verify_against
 from .fetching import Fetching
 from .files import Layout
 from .fill import Landed
@@ -253,6 +254,18 @@ class Cache(Fetching):
             self._run(self._open(url))
         return io.BufferedReader(raw, buffer_size=1 << 20)
 
+    def iter_safetensors(self, url: str, framework: Literal["np", "pt"] = "np",
+                         ) -> Iterator[tuple[str, Any]]:
+        """``(name, tensor)`` of a safetensors object, each as its bytes land (numpy arrays;
+        torch's with ``framework="pt"``): ``safetensors.py``."""
+        from .safetensors import iter_safetensors  # numpy (the cache extra) on first use
+
+        return iter_safetensors(self.open, url, framework)
+
+    def load_safetensors(self, url: str, framework: Literal["np", "pt"] = "np",
+                         ) -> dict[str, Any]:
+        return dict(self.iter_safetensors(url, framework))
+
     def prefetch(self, urls: Iterable[str]) -> concurrent.futures.Future[list[Path]]:
         """Start fetching ``urls`` in the background (a few at a time, the iterable read as
         they start); the future is done when all are. The paths are not held: ``path()``
@@ -292,10 +305,16 @@ class Cache(Fetching):
             self._evicted(e.url, e.charge)
         return gone
 
-    def verify(self) -> list[tuple[Entry, str]]:
+    def verify(self, against: Recorded | None = None) -> list[tuple[Entry, str]]:
         """Re-hash every complete entry; those whose bytes are not what was fetched are
-        dropped. The entries found so, and what was wrong."""
+        dropped. The entries found so, and what was wrong. ``against``: the records mcsync
+        keeps at a target (``mcsync.run.target_manifests``): the entries under it are compared
+        with the chunk hashes recorded when their objects were written there
+        (``against.py``)."""
         self._here()
+        if against is not None:
+            return verify_against(self.entries(target_of(against)), self.layout, against,
+                                  self.room.drop).bad
         return self.room.verify()
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """``--executor ray``: the ``WorkerPool`` of Ray actors, each running a
 ``worker_runner.TaskRunner`` in its own process, on whichever node of the cluster Ray placed it.
 
-Imported only when a run asks for Ray (``workers.open_pool``), and Ray only from here. The
+Imported only when a run asks for Ray (``run.pools.open_pool``), and Ray only from here. The
 driver connects once per process (``RAY_ADDRESS``, else a cluster running on this machine; a
 process that called ``ray.init`` itself keeps its connection) and stays connected for its
 later runs.
@@ -88,8 +88,9 @@ class RayWorker:
         os.environ.update(settings)
         self.runner = TaskRunner(addresses, options)
 
-    def ready(self) -> int:
-        return os.getpid()
+    def ready(self) -> str:
+        """Who this worker is, as its tasks' results name it."""
+        return f"pid {os.getpid()} on {socket.gethostname()}"
 
     def run(self, items: list[TaskItem]) -> TaskResult:
         return self.runner.run(items)
@@ -177,6 +178,7 @@ def cluster_cpus(ray: Any) -> int:
 class _Slot:
     actor: Any
     ready: bool = False
+    worker: str = ""  # "pid P on HOST", once ready
 
 
 class RayPool:
@@ -216,7 +218,8 @@ class RayPool:
         slot = await self._idle.get()
         try:
             if not slot.ready:
-                await asyncio.wait_for(_awaited(slot.actor.ready.remote()), START_S)
+                slot.worker = str(await asyncio.wait_for(_awaited(slot.actor.ready.remote()),
+                                                         START_S))
                 slot.ready = True
             result = await _awaited(slot.actor.run.remote(items))
         except TimeoutError:
@@ -228,11 +231,11 @@ class RayPool:
             if exc.actor_init_failed:  # mcsync missing on the node, say: another will fail too
                 raise WorkerUnavailable(f"a Ray worker could not start: {_first_line(exc)}"
                                         ) from None
-            raise WorkerLost(f"a Ray worker died ({_first_line(exc)})") from None
+            raise WorkerLost(f"a Ray worker died ({_first_line(exc)})", slot.worker) from None
         except (rx.WorkerCrashedError, rx.NodeDiedError, rx.ObjectLostError,
                 rx.OutOfMemoryError) as exc:
             self._replace(slot)
-            raise WorkerLost(f"a Ray worker died ({_first_line(exc)})") from None
+            raise WorkerLost(f"a Ray worker died ({_first_line(exc)})", slot.worker) from None
         except rx.RayTaskError as exc:  # the task's own code raised: as a local worker's would
             self._idle.put_nowait(slot)
             cause: BaseException = exc.as_instanceof_cause()  # type: ignore[no-untyped-call]
