@@ -10,7 +10,6 @@ import multiprocessing
 import random
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from mcsync.cache.space import charge
 
 from ..integration.helpers import run_cli
 from .child import read_random
-from .conftest import Source, disk_usage, sha
+from .conftest import Source, sampled_disk_usage, sha
 
 KiB, MiB = 1 << 10, 1 << 20
 INDEX_SLACK = 600 * KiB  # the index's own bytes beside its 2 MiB headroom (space.py)
@@ -102,24 +101,11 @@ def test_eight_workers_read_a_cache_a_third_of_their_data(source: Source, tmp_pa
     urls = [source.url(f"d/{i:02d}") for i in range(count)]
     limit = 2 * MiB + INDEX_SLACK + (count // 3) * charge(size)
     cache_dir = tmp_path / "c"
-    samples: list[int] = []
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            samples.append(disk_usage(cache_dir))
-            time.sleep(0.005)
-
     with Cache(cache_dir, max_size=limit, wait=60, max_held=1) as cache:
         assert cache.path(urls[0]).read_bytes() == source.objects["d/00"]  # used before
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        try:
-            with multiprocessing.get_context(start).Pool(8) as pool:
-                got = pool.starmap(read_random, [(cache, urls, seed, 12) for seed in range(8)])
-        finally:
-            done.set()
-            sampler.join()
+        with sampled_disk_usage(cache_dir, 0.005) as samples, \
+                multiprocessing.get_context(start).Pool(8) as pool:
+            got = pool.starmap(read_random, [(cache, urls, seed, 12) for seed in range(8)])
     reads = 0
     for seen in got:
         for url, digest in seen.items():
