@@ -24,6 +24,7 @@ entrants rotated; medians and ranges; the load average is sampled each round.
     python benchmarks/cache.py [--quick] [--repeat 3] [--link-mbit N] [--objects 64]
                                [--object-mib 16] [--big-mib 1024] [--workdir DIR] [--json OUT]
     python benchmarks/cache.py --merge A.json B.json ...   # one table over several runs
+    python benchmarks/cache.py --hits | --warm-scale ...  # benchmarks/cache_scale.py
 """
 
 from __future__ import annotations
@@ -193,6 +194,10 @@ def main() -> int:
         return child(sys.argv[2:])
     if len(sys.argv) > 1 and sys.argv[1] == "--merge":
         return merge([Path(p) for p in sys.argv[2:]])
+    if len(sys.argv) > 1 and sys.argv[1] in ("--hits", "--warm-scale"):
+        import cache_scale  # hits/s with 1 and 8 processes; a warm of 100k objects
+
+        return cache_scale.main(sys.argv[1:])
     import bench_netns
     from bench_measure import run_measured
     from bench_tools import _venv_or_path, base_env

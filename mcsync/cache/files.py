@@ -7,9 +7,16 @@ held them, so a lock found free means its holder is gone:
 
 * the filler holds ``LOCK_EX`` on its file from the reservation that created it until the
   entry is marked complete (a waiter that can take it knows the filler died, and takes over);
-* a reader of a complete entry holds ``LOCK_SH`` while its file is open (or its path handed
-  out), and eviction takes ``LOCK_EX`` without waiting, so an open entry is never evicted
-  (its blocks would stay allocated, uncounted, until the reader closed it).
+* a reader of a complete entry holds ``LOCK_SH`` while its file is open, or while its path is
+  held (``holds.py``: a descriptor kept open for it), and eviction takes ``LOCK_EX`` without
+  waiting, so an open or held entry is never evicted (its blocks would stay allocated,
+  uncounted, until the reader closed it; a held path would vanish under its user);
+* the filler turns its ``LOCK_EX`` into ``LOCK_SH`` once the entry is complete, so the path it
+  hands out is held from the first instant (flock's conversion is not atomic: an eviction may
+  take the file in between, which ``downgrade`` sees by its link count).
+
+Eviction renames its victims into ``v1/trash/`` inside its transaction and unlinks them once
+it has committed: a large file's unlink does not lengthen the one writer's turn.
 
 Such locks hold only where the kernel that runs every user of the directory keeps them: a
 local filesystem. On NFS, Lustre or a FUSE mount they may succeed without excluding anyone
@@ -43,10 +50,14 @@ class Layout:
         return self.base / "index.sqlite"
 
     def partial(self, entry_id: int) -> Path:
-        return self.base / "partial" / str(entry_id)
+        return Path(f"{self.root}/{LAYOUT}/partial/{entry_id}")  # (one parse: a hit's cost)
 
     def object(self, entry_id: int) -> Path:
-        return self.base / "objects" / str(entry_id)
+        return Path(f"{self.root}/{LAYOUT}/objects/{entry_id}")
+
+    @property
+    def trash(self) -> Path:
+        return self.base / "trash"
 
     def make(self) -> None:
         """Create the directories, refusing a filesystem where locks may not exclude."""
@@ -56,7 +67,7 @@ class Layout:
             raise ConfigError(f"{self.root}: the cache directory is on a {kind} filesystem, "
                               "where file locks may not exclude other processes; use a local "
                               f"disk ({', '.join(sorted(LOCAL_FILESYSTEMS))})")
-        for sub in ("partial", "objects"):
+        for sub in ("partial", "objects", "trash"):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
 
     def index_bytes(self) -> int:
@@ -123,6 +134,36 @@ def holder_gone(layout: Layout, entry_id: int) -> tuple[int | None, bool]:
     return try_lock(layout.partial(entry_id), create=True), True
 
 
-def remove(layout: Layout, entry_id: int) -> None:
-    for path in (layout.partial(entry_id), layout.object(entry_id)):
+def downgrade(fd: int) -> int | None:
+    """A filler's descriptor, its ``LOCK_EX`` turned into ``LOCK_SH`` (a hold); None, closed,
+    when an eviction took the file in the instant between the two."""
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    if os.fstat(fd).st_nlink == 0:
+        os.close(fd)
+        return None
+    return fd
+
+
+def to_trash(layout: Layout, entry_id: int) -> list[Path]:
+    """Move an entry's files into the trash (inside the transaction that drops it); the paths
+    to unlink once it has committed."""
+    moved = []
+    for kind, path in (("p", layout.partial(entry_id)), ("o", layout.object(entry_id))):
+        dest = layout.trash / f"{entry_id}.{kind}"
+        try:
+            os.rename(path, dest)
+        except FileNotFoundError:
+            continue
+        moved.append(dest)
+    return moved
+
+
+def empty(paths: list[Path]) -> None:
+    for path in paths:
         path.unlink(missing_ok=True)
+
+
+def empty_trash(layout: Layout) -> None:
+    """What a process killed between an eviction's commit and its unlinks left behind."""
+    with os.scandir(layout.trash) as found:
+        empty([Path(e.path) for e in found])

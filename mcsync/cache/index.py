@@ -7,6 +7,10 @@ or complete; each part of a filling entry is recorded once its bytes are on disk
 fdatasync), with its digest, so a filler that died is taken up where it stopped and a reader
 may read what landed. Space is reserved by inserting a filling entry with its charge, in the
 transaction that found room for it (``BEGIN IMMEDIATE``: one writer at a time).
+
+Reads go through a connection of each thread's own, outside any lock of this process: in WAL
+mode they neither wait for a writer nor make one wait, so a hit in one thread never queues
+behind another thread's reservation (which may wait for another process's transaction).
 """
 
 from __future__ import annotations
@@ -107,23 +111,18 @@ class Index:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.RLock()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._gate = Gate()
+        self._generation = 0  # of the connections: a fork closes them all (``suspend``)
         # Setting WAL on a new file takes a lock SQLite does not wait for (no busy handler): a
         # second process opening the same new cache failed "database is locked". The openers
         # take turns for the setup instead.
         with _setup_turn(path):
-            self._db = sqlite3.connect(path, timeout=60.0, isolation_level=None,
-                                       check_same_thread=False)
+            self._db: sqlite3.Connection | None = self._connect()
             self._db.execute("PRAGMA journal_mode=WAL")
             # The WAL is checkpointed every 64 pages and cut back after, so the index stays near
             # its own size: its bytes count against the cache's limit (space.INDEX_HEADROOM).
-            self._db.execute("PRAGMA wal_autocheckpoint=64")
-            self._db.execute("PRAGMA journal_size_limit=262144")
-            # Commits are durable against a killed process without an fsync each (WAL); after a
-            # power loss the last ones may be missing, which costs refetched parts, never wrong
-            # bytes: a part is recorded after its own fdatasync, an entry complete after its
-            # fsync.
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
             with self.transaction() as db:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
@@ -136,26 +135,84 @@ class Index:
                     raise RuntimeError(f"{path}: cache index of schema {found[0]}, this mcsync "
                                        f"reads {SCHEMA_VERSION}")
 
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None,
+                             check_same_thread=False)
+        # The WAL is checkpointed every 64 pages and cut back after, so the index stays near
+        # its own size: its bytes count against the cache's limit (space.INDEX_HEADROOM).
+        db.execute("PRAGMA wal_autocheckpoint=64")
+        db.execute("PRAGMA journal_size_limit=262144")
+        # Commits are durable against a killed process without an fsync each (WAL); after a
+        # power loss the last ones may be missing, which costs refetched parts, never wrong
+        # bytes: a part is recorded after its own fdatasync, an entry complete after its fsync.
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA foreign_keys=ON")
+        return db
+
     def close(self) -> None:
-        with self._lock:
+        with self._gate.exclusive(), self._lock:
+            self._close_all()
+
+    def _close_all(self) -> None:
+        for reader in self._readers:
+            reader.close()
+        self._readers.clear()
+        if self._db is not None:
             self._db.close()
+            self._db = None
+        self._generation += 1
+
+    def suspend(self) -> None:
+        """Before a fork: wait for this process's index work to end, and close every
+        connection, so the child inherits no SQLite state (SQLite shares its locks' bookkeeping
+        between the connections of a process by file; a child that opened the index again
+        beside an inherited connection would rely on locks its parent holds, not it). Until
+        ``resume``, index work waits; then it reopens its connections."""
+        self._gate.acquire_exclusive()
+        with self._lock:
+            self._close_all()
+
+    def resume(self) -> None:
+        self._gate.release_exclusive()
+
+    def _read(self) -> sqlite3.Connection:
+        """This thread's connection for reads (autocommit: each statement sees the latest
+        commit); the caller is inside the gate."""
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None or getattr(self._local, "generation", -1) != self._generation:
+            db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None,
+                                 check_same_thread=False)
+            db.execute("PRAGMA query_only=ON")
+            # A hit reads a page or two of an index: a page cache of its own per thread (the
+            # default's 2 MiB, times the loop's worker threads) is memory and no speed
+            db.execute("PRAGMA cache_size=-128")
+            with self._lock:
+                self._readers.append(db)
+            self._local.db, self._local.generation = db, self._generation
+        return db
+
+    def _fetch(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        with self._gate.shared():
+            return self._read().execute(sql, args).fetchall()
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (taken at once: no deadlock between two upgrading readers)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+        with self._gate.shared(), self._lock:
+            if self._db is None:
+                self._db = self._connect()
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
+                yield db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+            db.execute("COMMIT")
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> Entry | None:
-        with self._lock:
-            row = self._db.execute(f"SELECT {_COLUMNS} FROM entries WHERE {sql}", args).fetchone()
-        return Entry(*row) if row else None
+        rows = self._fetch(f"SELECT {_COLUMNS} FROM entries WHERE {sql}", args)
+        return Entry(*rows[0]) if rows else None
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -168,14 +225,19 @@ class Index:
     def newest_complete(self, url: str) -> Entry | None:
         """The complete entry of ``url`` most recently found current (its other versions
         age out)."""
-        return self._one("url = ? AND state = 'complete' ORDER BY checked_at DESC, id DESC "
+        # (+state: the url index, not entries_by_access, which would scan every entry)
+        return self._one("url = ? AND +state = 'complete' ORDER BY checked_at DESC, id DESC "
                          "LIMIT 1", (url,))
 
     def entries(self, prefix: str = "") -> list[Entry]:
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT {_COLUMNS} FROM entries WHERE substr(url, 1, ?) = ? ORDER BY url, id",
-                (len(prefix), prefix)).fetchall()
+        rows = self._fetch(
+            f"SELECT {_COLUMNS} FROM entries WHERE substr(url, 1, ?) = ? ORDER BY url, id",
+            (len(prefix), prefix))
+        return [Entry(*r) for r in rows]
+
+    def entries_of(self, url: str) -> list[Entry]:
+        """The entries (every version) of one object."""
+        rows = self._fetch(f"SELECT {_COLUMNS} FROM entries WHERE url = ?", (url,))
         return [Entry(*r) for r in rows]
 
     def by_last_use(self) -> Iterator[Entry]:
@@ -183,11 +245,10 @@ class Index:
         the least recently used: LRU's order, read a page at a time."""
         after: tuple[int, float, int] = (-1, float("-inf"), -1)
         while True:
-            with self._lock:
-                rows = self._db.execute(
-                    f"SELECT {_COLUMNS}, state = 'complete' FROM entries "
-                    "WHERE (state = 'complete', last_access, id) > (?, ?, ?) "
-                    "ORDER BY state = 'complete', last_access, id LIMIT 256", after).fetchall()
+            rows = self._fetch(
+                f"SELECT {_COLUMNS}, state = 'complete' FROM entries "
+                "WHERE (state = 'complete', last_access, id) > (?, ?, ?) "
+                "ORDER BY state = 'complete', last_access, id LIMIT 256", after)
             if not rows:
                 return
             for row in rows:
@@ -196,26 +257,21 @@ class Index:
             after = (last[-1], last[11], last[0])
 
     def parts_done(self, entry_id: int) -> dict[int, bytes]:
-        with self._lock:
-            rows = self._db.execute("SELECT number, digest FROM parts WHERE entry = ?",
-                                    (entry_id,)).fetchall()
+        rows = self._fetch("SELECT number, digest FROM parts WHERE entry = ?", (entry_id,))
         return {n: bytes(d) for n, d in rows}
 
     def totals(self, db: sqlite3.Connection | None = None) -> tuple[int, int]:
         """(bytes charged to entries, number of entries)."""
-        with self._lock:
-            charged, count = (db or self._db).execute(
-                "SELECT COALESCE(SUM(charge), 0), COUNT(*) FROM entries").fetchone()
+        sql = "SELECT COALESCE(SUM(charge), 0), COUNT(*) FROM entries"
+        charged, count = db.execute(sql).fetchone() if db is not None else self._fetch(sql)[0]
         return int(charged), int(count)
 
     def pins(self) -> list[str]:
-        with self._lock:
-            return [r[0] for r in self._db.execute("SELECT prefix FROM pins ORDER BY prefix")]
+        return [r[0] for r in self._fetch("SELECT prefix FROM pins ORDER BY prefix")]
 
     def setting(self, name: str) -> str | None:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM settings WHERE name = ?",
-                                   (name,)).fetchone()
+        rows = self._fetch("SELECT value FROM settings WHERE name = ?", (name,))
+        row = rows[0] if rows else None
         return str(row[0]) if row else None
 
     # -- writes ----------------------------------------------------------------------------
@@ -260,6 +316,16 @@ class Index:
                        (now, checked, now, warmed_by, entry_id))
 
     @staticmethod
+    def touch_many(db: sqlite3.Connection,
+                   touches: dict[int, tuple[float, float | None]]) -> None:
+        """Record hits kept in memory (``holds.Recency``): entry id → (last use, last
+        validation or None), never moving a time back."""
+        db.executemany(
+            "UPDATE entries SET last_access = MAX(last_access, ?), "
+            "checked_at = MAX(checked_at, COALESCE(?, checked_at)) WHERE id = ?",
+            [(used, checked, entry_id) for entry_id, (used, checked) in touches.items()])
+
+    @staticmethod
     def drop(db: sqlite3.Connection, entry_id: int) -> None:
         db.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
 
@@ -270,6 +336,62 @@ class Index:
     def unpin(self, prefix: str) -> bool:
         with self.transaction() as db:
             return db.execute("DELETE FROM pins WHERE prefix = ?", (prefix,)).rowcount > 0
+
+
+class Gate:
+    """Many holders at once (index work in this process's threads), or one exclusive (a fork
+    about to happen), which waits for the others to leave and keeps new ones out."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._inside = 0
+        self._closed = False
+        self._depth = threading.local()  # a thread inside already enters again at once
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        depth = getattr(self._depth, "n", 0)
+        if depth:
+            self._depth.n = depth + 1
+            try:
+                yield
+            finally:
+                self._depth.n = depth
+            return
+        with self._cond:
+            while self._closed:
+                self._cond.wait()
+            self._inside += 1
+        self._depth.n = 1
+        try:
+            yield
+        finally:
+            self._depth.n = 0
+            with self._cond:
+                self._inside -= 1
+                if not self._inside:
+                    self._cond.notify_all()
+
+    def acquire_exclusive(self) -> None:
+        with self._cond:
+            while self._closed:
+                self._cond.wait()
+            self._closed = True
+            while self._inside:
+                self._cond.wait()
+
+    def release_exclusive(self) -> None:
+        with self._cond:
+            self._closed = False
+            self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        self.acquire_exclusive()
+        try:
+            yield
+        finally:
+            self.release_exclusive()
 
 
 @contextmanager

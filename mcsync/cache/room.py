@@ -2,16 +2,18 @@
 evicting what must go, in one transaction), eviction on demand, and ``verify``.
 
 An entry is evictable when it is not pinned, not protected (a warm's own) and no process
-uses it: its file's ``LOCK_EX`` is taken without waiting (a reader holds ``LOCK_SH``; a live
-filler ``LOCK_EX``), and held until the file is unlinked. A reservation that cannot be made
-evicts nothing: the victims are chosen and locked first, removed only once enough were.
+uses it: its file's ``LOCK_EX`` is taken without waiting (a reader or a holder of its path
+holds ``LOCK_SH``; a live filler ``LOCK_EX``), and held until the file is gone. A reservation
+that cannot be made evicts nothing: the victims are chosen and locked first, moved into the
+trash only once enough were, and unlinked after the commit (``files.to_trash``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import CacheFull
 from ..types import ObjectInfo
@@ -19,7 +21,10 @@ from . import files
 from .files import Layout
 from .fill import rehash
 from .index import Entry, Index, pinned, version_of
-from .space import Candidate, Shortfall, charge, eviction_order, overhead, to_free
+from .order import NextUse
+from .space import Candidate, Shortfall, charge, overhead, to_free
+
+Touches = dict[int, tuple[float, float | None]]
 
 
 @dataclass(slots=True)
@@ -44,14 +49,22 @@ class Room:
 
     def reserve(self, url: str, info: ObjectInfo, part_size: int, *,
                 warmed_by: str | None = None, protect: str | None = None,
-                next_use: Mapping[str, int] | None = None) -> Reserved | None:
+                order: NextUse | None = None, touches: Touches | None = None,
+                ) -> Reserved | None:
         """A filling entry for ``info`` with room for it; None when another process made
-        the entry meanwhile. Raises CacheFull, evicting nothing, when it cannot fit."""
+        the entry meanwhile. Raises CacheFull, evicting nothing, when it cannot fit.
+        ``touches``: this process's hits not yet recorded, written first (the LRU order of
+        this process's own uses is then exact)."""
         need = charge(info.size)
         pins = self.index.pins()
         victims: list[tuple[Candidate, int]] = []
+        seen: list[tuple[str, Entry | None]] = []
+        trash: list[Path] = []
+        committed = False
         try:
             with self.index.transaction() as db:
+                if touches:
+                    Index.touch_many(db, touches)
                 if self.index.find(url, version_of(info)) is not None:
                     return None
                 limit = self.limit()
@@ -60,10 +73,10 @@ class Room:
                 excess = to_free(limit, in_use, extra, need) if limit else 0
                 if excess:
                     freed = 0
-                    for c in self._candidates(pins, protect, next_use):
+                    for c in self._candidates(pins, protect, order, seen):
                         fd = self.take(self.index.get(c.id))
                         if fd is None:
-                            continue  # open, or being filled
+                            continue  # open, held, or being filled
                         victims.append((c, fd))
                         freed += c.charge
                         if freed >= excess:
@@ -72,32 +85,46 @@ class Room:
                         raise CacheFull(Shortfall(need, limit, in_use, extra,
                                                   freed).message(url))
                     for c, _ in victims:
-                        files.remove(self.layout, c.id)
+                        trash.extend(files.to_trash(self.layout, c.id))
                         Index.drop(db, c.id)
                 entry_id = Index.insert_filling(db, url, info, need, part_size, warmed_by)
                 fd = files.try_lock(self.layout.partial(entry_id), create=True)
                 assert fd is not None, "a new entry's partial file is locked by no one"
                 os.ftruncate(fd, 0)
+            committed = True
+            files.empty(trash)
         finally:
             for _, vfd in victims:
                 os.close(vfd)
+            if order is not None and seen:
+                order.settle(seen, {c.id for c, _ in victims} if committed else set(),
+                             self.index.entries_of)
         entry = self.index.get(entry_id)
         assert entry is not None
         return Reserved(entry, fd, [c for c, _ in victims], self.index.totals()[0], limit)
 
-    def _candidates(self, pins: list[str], protect: str | None,
-                    next_use: Mapping[str, int] | None) -> Iterator[Candidate]:
-        """The entries eviction may take, in the order to take them: without a known order,
-        read from the index in LRU order a page at a time (a large cache is not loaded whole
-        for each reservation); with one, all of them, in Belady's order."""
-        # a dead filler's partial goes before any complete entry
-        found = (Candidate(e.id, e.url, e.charge,
-                           e.last_access if e.state == "complete" else float("-inf"))
-                 for e in self.index.by_last_use()
-                 if not pinned(e.url, pins) and (protect is None or e.warmed_by != protect))
-        if next_use is None:
-            return found
-        return iter(eviction_order(list(found), next_use))
+    def _candidates(self, pins: list[str], protect: str | None, order: NextUse | None,
+                    seen: list[tuple[str, Entry | None]]) -> Iterator[Candidate]:
+        """The entries eviction may take, in the order to take them: least recently used
+        first, read from the index a page at a time (a large cache is not loaded whole for
+        each reservation); with a known order, Belady's (``order.py``), then the rest."""
+        def allowed(e: Entry) -> bool:
+            return not pinned(e.url, pins) and (protect is None or e.warmed_by != protect)
+
+        def candidate(e: Entry) -> Candidate:
+            # a dead filler's partial goes before any complete entry
+            return Candidate(e.id, e.url, e.charge,
+                             e.last_access if e.state == "complete" else float("-inf"))
+
+        offered: set[int] = set()
+        if order is not None:
+            for e in order.candidates(self.index.entries_of, seen):
+                if allowed(e):
+                    offered.add(e.id)
+                    yield candidate(e)
+        for e in self.index.by_last_use():
+            if allowed(e) and e.id not in offered:
+                yield candidate(e)
 
     def take(self, entry: Entry | None) -> int | None:
         """A descriptor holding ``LOCK_EX`` on the entry's file when no one uses it: not open
@@ -115,25 +142,33 @@ class Room:
 
     def drop(self, entry: Entry) -> None:
         with self.index.transaction() as db:
-            files.remove(self.layout, entry.id)
+            trash = files.to_trash(self.layout, entry.id)
             Index.drop(db, entry.id)
+        files.empty(trash)
 
     def evict(self, prefix: str = "") -> list[Entry]:
         """Evict the entries under ``prefix`` (all: "") that are neither pinned nor in use,
         and partial ones whose filler is gone; the entries evicted."""
         pins = self.index.pins()
         gone: list[Entry] = []
-        with self.index.transaction() as db:
-            for e in self.index.entries(prefix):
-                if pinned(e.url, pins):
-                    continue
-                fd = self.take(e)
-                if fd is None:
-                    continue
-                files.remove(self.layout, e.id)
-                Index.drop(db, e.id)
+        trash: list[Path] = []
+        locked: list[int] = []
+        try:
+            with self.index.transaction() as db:
+                for e in self.index.entries(prefix):
+                    if pinned(e.url, pins):
+                        continue
+                    fd = self.take(e)
+                    if fd is None:
+                        continue
+                    locked.append(fd)
+                    trash.extend(files.to_trash(self.layout, e.id))
+                    Index.drop(db, e.id)
+                    gone.append(e)
+            files.empty(trash)
+        finally:
+            for fd in locked:
                 os.close(fd)
-                gone.append(e)
         return gone
 
     def verify(self) -> list[tuple[Entry, str]]:

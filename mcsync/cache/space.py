@@ -51,9 +51,11 @@ class Candidate:
 
 def eviction_order(candidates: Sequence[Candidate],
                    next_use: Mapping[str, int] | None = None) -> list[Candidate]:
-    """The order to evict in. Least recently used first; with ``next_use`` (a URL → its next
-    position in a known order of reads), Belady's: entries never needed again first (least
-    recently used among them), then the one needed furthest in the future."""
+    """The order to evict in, as a specification: least recently used first; with
+    ``next_use`` (a URL → its next position in a known order of reads), Belady's: entries
+    never needed again first (least recently used among them), then the one needed furthest in
+    the future. A reservation does not sort: ``room`` reads LRU's order from the index a page
+    at a time, ``order.NextUse`` keeps Belady's as a heap built once per warm."""
     if next_use is None:
         return sorted(candidates, key=lambda c: (c.last_access, c.id))
     never = [c for c in candidates if c.url not in next_use]

@@ -9,6 +9,9 @@ recently), and fetched anew otherwise.
 With an order, eviction is Belady's (what is needed furthest in the future goes first,
 entries the order never names before them), so a dataset larger than the cache keeps its
 first part, the part a training job reads first; without one, least recently used.
+
+mcsync's own state at a target (``.mcsync/``, at any depth under the address) is not data,
+and is not warmed.
 """
 
 from __future__ import annotations
@@ -16,15 +19,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from ..errors import CacheFull, MCSyncError
 from ..events import WarmListed
 from ..stores.registry import open_store
-from ..types import ObjectInfo
-from .cache import Cache, object_url
+from ..types import RESERVED_PREFIX, ObjectInfo
+from .cache import Cache
 from .index import version_of
+from .terms import object_url
 
 OBJECTS_IN_FLIGHT = 16  # objects fetched at once (each in parallel ranges)
 
@@ -49,35 +53,69 @@ def read_order(text: str) -> list[str]:
             if line.strip() and not line.lstrip().startswith("#")]
 
 
+def mcsync_state(key: str) -> bool:
+    """Is ``key`` (under the warmed prefix) mcsync's own state at a target, at any depth?"""
+    return key.startswith(RESERVED_PREFIX) or f"/{RESERVED_PREFIX}" in key
+
+
 async def warm(cache: Cache, url: str, order: list[str] | None = None, *,
-               on_object: Progress = lambda u, s, n: None) -> WarmReport:
+               on_object: Progress = lambda u, s, n: None,
+               window: int = OBJECTS_IN_FLIGHT) -> WarmReport:
     """Fetch the objects under ``url`` (in ``order``'s, keys relative to ``url``, when
-    given) into ``cache``; see the module's docstring. Runs on the cache's loop."""
+    given) into ``cache``; see the module's docstring. Runs on the cache's loop.
+
+    The listing is streamed through a window of ``window`` objects in flight (without an
+    order: memory flat in the number of objects, but for the report's lists); with an order,
+    the listing keeps only the keys the order names."""
     prefix, _, _ = object_url(url if url.endswith("/") else url + "/")
-    lister = open_store(prefix, cache.store_options)
-    try:
-        listed = {i.key: i async for i in lister.list()}
-    finally:
-        await lister.aclose()
     report = WarmReport()
-    keys = list(listed) if order is None else order
-    report.missing = [prefix + k for k in keys if k not in listed]
-    todo = [(prefix + k, listed[k]) for k in keys if k in listed]
-    cache.emit(WarmListed(len(todo), sum(info.size for _, info in todo)))
     token = uuid.uuid4().hex
     before = cache.stats.bytes_fetched
-    if order is not None:
-        cache.next_use = {u: i for i, (u, _) in reversed(list(enumerate(todo)))}
-    stop = asyncio.Event()
-    slots = asyncio.Semaphore(OBJECTS_IN_FLIGHT)
+    listed = [0, 0]  # objects, bytes
 
-    async def one(index: int, obj_url: str, info: ObjectInfo) -> None:
-        async with slots:
+    async def listing() -> AsyncIterator[ObjectInfo]:
+        lister = open_store(prefix, cache.store_options)
+        try:
+            async for info in lister.list():
+                if not mcsync_state(info.key):
+                    listed[0] += 1
+                    listed[1] += info.size
+                    yield info
+        finally:
+            await lister.aclose()
+        if order is None:
+            cache.emit(WarmListed(*listed))
+
+    async def todo() -> AsyncIterator[tuple[str, ObjectInfo]]:
+        if order is None:
+            async for info in listing():
+                yield prefix + info.key, info
+            return
+        wanted = set(order)
+        found = {i.key: i async for i in listing() if i.key in wanted}
+        report.missing = [prefix + k for k in order if k not in found]
+        first: dict[str, int] = {}
+        for i, k in enumerate(order):
+            if k in found:
+                first.setdefault(prefix + k, i)
+        cache.next_use = first
+        named = [found[k] for k in order if k in found]
+        cache.emit(WarmListed(len(named), sum(i.size for i in named)))
+        for k in order:
+            if k in found:
+                yield prefix + k, found[k]
+
+    stop = asyncio.Event()
+    slots = asyncio.Semaphore(window)
+    left_out: list[tuple[int, str]] = []
+
+    async def one(position: int, obj_url: str, info: ObjectInfo) -> None:
+        try:
             if stop.is_set():
-                report.left_out.append(obj_url)
+                left_out.append((position, obj_url))
                 return
-            found = cache.index.find(obj_url, version_of(info))
-            latest = cache.index.newest_complete(obj_url)
+            found = await asyncio.to_thread(cache.index.find, obj_url, version_of(info))
+            latest = await asyncio.to_thread(cache.index.newest_complete, obj_url)
             cached = (found is not None and found.state == "complete") or (
                 latest is not None and cache.validation.fresh(latest, time.time()))
             try:
@@ -86,7 +124,7 @@ async def warm(cache: Cache, url: str, order: list[str] | None = None, *,
                 if not stop.is_set():
                     report.why_stopped = str(exc)
                 stop.set()
-                report.left_out.append(obj_url)
+                left_out.append((position, obj_url))
                 on_object(obj_url, "left out", info.size)
                 return
             except MCSyncError as exc:
@@ -96,14 +134,18 @@ async def warm(cache: Cache, url: str, order: list[str] | None = None, *,
             state = "present" if cached else "fetched"
             (report.present if state == "present" else report.fetched).append(obj_url)
             on_object(obj_url, state, info.size)
+        finally:
+            slots.release()
 
     try:
         async with asyncio.TaskGroup() as group:
-            for i, (obj_url, info) in enumerate(todo):
-                group.create_task(one(i, obj_url, info))
+            position = 0
+            async for obj_url, info in todo():
+                await slots.acquire()
+                group.create_task(one(position, obj_url, info))
+                position += 1
     finally:
         cache.next_use = None
-    position = {u: i for i, (u, _) in enumerate(todo)}
-    report.left_out.sort(key=position.__getitem__)
+    report.left_out = [u for _, u in sorted(left_out)]
     report.bytes_fetched = cache.stats.bytes_fetched - before
     return report

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..config import format_size, parse_size
+from ..config import format_size, parse_duration, parse_size
 from ..errors import UsageError
 from .progress import LogProgress, TerminalProgress, counted
 from .run import EXIT_FAILED, EXIT_OK, configure_logging, guarded, write_stdout
@@ -41,7 +41,8 @@ def _cache_dir(f: Any) -> Any:
 
 def _open(cache_dir: str, *, max_size: str | None = None, validate: str = "ttl:60s",
           part_size: str = "16MiB", endpoint_url: str | None = None,
-          profile: str | None = None, on_event: EventSink | None = None) -> Cache:
+          profile: str | None = None, on_event: EventSink | None = None,
+          wait: str = "0s") -> Cache:
     from ..cache import Cache
     from ..stores.registry import StoreOptions
 
@@ -50,7 +51,8 @@ def _open(cache_dir: str, *, max_size: str | None = None, validate: str = "ttl:6
     if part < 1:
         raise UsageError(f"--part-size {part_size}: a part holds at least one byte")
     return Cache(cache_dir, max_size=size, validate=validate, part_size=part, on_event=on_event,
-                 options=StoreOptions(endpoint_url=endpoint_url, profile=profile))
+                 options=StoreOptions(endpoint_url=endpoint_url, profile=profile),
+                 wait=parse_duration(wait))
 
 
 @click.group(name="cache", epilog=CACHE_EXIT_CODES)
@@ -69,6 +71,9 @@ def cache() -> None:
               show_default=True)
 @click.option("--part-size", default="16MiB", metavar="SIZE", show_default=True,
               help="Bytes per range GET (a killed warm resumes an object by whole parts).")
+@click.option("--wait", default="0s", metavar="DURATION", show_default=True,
+              help="How long an object that finds no room waits for other processes to "
+                   "release entries they hold, before the warm stops there.")
 @click.option("--endpoint-url", default=None, metavar="URL")
 @click.option("--profile", default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
@@ -77,7 +82,7 @@ def cache() -> None:
 @click.option("--metrics-file", default=None, metavar="PATH",
               help="Write the cache's metrics there at the end (node_exporter textfile).")
 def warm(url: str, cache_dir: str, max_size: str | None, order_file: Any, validate: str,
-         part_size: str, endpoint_url: str | None, profile: str | None, as_json: bool,
+         part_size: str, wait: str, endpoint_url: str | None, profile: str | None, as_json: bool,
          verbose: bool, quiet: bool, metrics_file: str | None) -> None:
     """Fetch the objects under URL into the cache, stopping (exit 0) when the next one would
     only fit by evicting one this warm brought in."""
@@ -108,7 +113,7 @@ def warm(url: str, cache_dir: str, max_size: str | None, order_file: Any, valida
     def go() -> Any:
         order = read_order(order_file.read()) if order_file is not None else None
         with _open(cache_dir, max_size=max_size, validate=validate, part_size=part_size,
-                   endpoint_url=endpoint_url, profile=profile,
+                   endpoint_url=endpoint_url, profile=profile, wait=wait,
                    on_event=FanOut(sinks) if sinks else None) as c:
             try:
                 return c.run(warm_objects(c, url, order, on_object=say))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -349,10 +350,30 @@ class ClientSettings:
             return True
 
 
+# obstore's requests run on a Rust runtime whose threads a forked child does not have: there a
+# request would wait forever (a data loader forks its workers). A child forked after obstore
+# was used sends everything through botocore instead (``S3Clients.botocore_only``).
+_OBSTORE = {"used": False, "forked_after_use": False}
+
+
+def _after_fork_in_child() -> None:
+    _OBSTORE["forked_after_use"] = _OBSTORE["used"]
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def obstore_forked() -> bool:
+    """Was this process forked from one that had used obstore (whose runtime it lacks)?"""
+    return _OBSTORE["forked_after_use"]
+
+
 def make_obstore(settings: ClientSettings, keys: Keys, *, preflight: bool = False) -> Any:
     """obstore's client for one bucket. ``preflight``: tried ``retry.preflight_attempts``
     times only, so a wrong address fails in seconds (``Store.check``)."""
     from obstore.store import S3Store as ObStore
+
+    _OBSTORE["used"] = True
 
     # Each key names the setting its AWS_* variable sets (``region`` is ``aws_region``, which
     # AWS_REGION maps to), so an explicit value here replaces the environment's.

@@ -52,6 +52,7 @@ from .s3_clients import (
     Renewals,
     S3Credentials,
     make_obstore,
+    obstore_forked,
     open_botocore,
     process_keys,
     read_ca_bundle,
@@ -136,7 +137,7 @@ class S3Clients:
                         self._settings(self._region or ""), await self._given_keys(),
                         self._profile)
                     self._keys = keys
-                    if self._obstore is None and not self.mutual_tls:
+                    if self._obstore is None and not self.botocore_only:
                         self._region = region
                         self._obstore = self._make_obstore()
                     elif self._obstore is None:
@@ -163,12 +164,18 @@ class S3Clients:
         """Does every request present a client certificate? Then obstore sends none."""
         return self._client_cert is not None
 
+    @property
+    def botocore_only(self) -> bool:
+        """Does botocore send every request? With a client certificate (obstore cannot present
+        one), and in a process forked after obstore was used (its runtime did not survive)."""
+        return self.mutual_tls or obstore_forked()
+
     async def probe(self) -> Any:
         """The obstore client a check asks with: tried only ``preflight_attempts`` times, so a
         wrong address fails in seconds, unless checks retry as requests do (then the run's).
         With a client certificate, botocore's client, on the same terms: a refused handshake
         is then a one-line error in seconds, never the CRT's retries of it."""
-        if self.mutual_tls:
+        if self.botocore_only:
             return await self._check_client()
         fast = await self.obstore()
         if self.retry.checks_retry_as_requests:
@@ -207,7 +214,7 @@ class S3Clients:
         """The renewal a refusal asked for, and new obstore clients (new credential caches)
         for the requests after it."""
         if await self._renewals.renew(self._keys):
-            self._obstore = None if self.mutual_tls else self._make_obstore()
+            self._obstore = None if self.botocore_only else self._make_obstore()
             self._preflight = None
             log.debug("%s: keys renewed after a refusal", self.url)
 
@@ -253,7 +260,7 @@ class S3Clients:
         """``fast(obstore client)`` (the check's with ``check``), or ``slow(botocore client)``
         for a key obstore cannot spell, and for every key with a client certificate; errors
         translated."""
-        if self.mutual_tls:
+        if self.botocore_only:
             client = await (self.probe() if check else self.botocore())
             with self.translating(what):
                 return await slow(client)
@@ -274,12 +281,12 @@ class S3Clients:
         repeated. With a client certificate, botocore lists from the start (the check's client
         with ``check``)."""
         last = after
-        if self.mutual_tls:
+        if self.botocore_only:
             botocore = await (self.probe() if check else self.botocore())
         else:
             client = await (self.probe() if check else self.obstore())
         with self.translating(self.url):
-            if not self.mutual_tls:
+            if not self.botocore_only:
                 try:
                     # obstore's prefix is a path prefix: "run" lists run/..., as our "run/" does
                     stream = obstore.list(client, prefix.rstrip("/") or None,
@@ -315,7 +322,7 @@ class S3Clients:
         are botocore's), anonymous access, or, for a body, a payload that must be SHA-256-
         signed (plain HTTP across a network: the CRT's S3 signer sends UNSIGNED-PAYLOAD)."""
         # the keys known (and a renewal a refusal asked for, made)
-        await (self.botocore() if self.mutual_tls else self.obstore())
+        await (self.botocore() if self.botocore_only else self.obstore())
         if not (self._use_crt and self.endpoint_url and self._keys
                 and not self._keys.anonymous):
             return None

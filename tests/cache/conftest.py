@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +67,27 @@ def disk_usage(root: Path) -> int:
             except FileNotFoundError:
                 continue
     return total
+
+
+@contextlib.contextmanager
+def sampled_disk_usage(root: Path, every_s: float) -> Iterator[list[int]]:
+    """``disk_usage(root)`` every ``every_s`` seconds in a thread while the block runs; the
+    samples, complete once it has ended."""
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append(disk_usage(root))
+            time.sleep(every_s)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        sampler.join()
 
 
 def mcsync(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:

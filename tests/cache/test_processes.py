@@ -10,7 +10,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from mcsync.cache import Cache
 from testbed.faultproxy import Rule, Stall
 
 from ..integration.helpers import run_cli
-from .conftest import Source, disk_usage, mcsync, sha
+from .conftest import Source, mcsync, sampled_disk_usage, sha
 
 MiB = 1 << 20
 
@@ -55,18 +54,8 @@ def test_the_limit_holds_while_a_warm_brings_in_more_than_fits(source: Source, t
         source.put(f"ds/{i:02d}", _blob(2 * MiB + i, 100 + i))
     limit = 12 * MiB
     cache_dir = tmp_path / "c"
-    samples: list[int] = []
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            samples.append(disk_usage(cache_dir))
-            time.sleep(0.002)
-
     Cache(cache_dir, max_size=limit).close()  # the node's limit, set before anyone reads
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
+    with sampled_disk_usage(cache_dir, 0.002) as samples:
         # a reader in another process, reading other objects at random meanwhile
         reader = subprocess.Popen(
             [sys.executable, "-c", "import random, sys\nfrom mcsync.cache import Cache\n"
@@ -79,9 +68,6 @@ def test_the_limit_holds_while_a_warm_brings_in_more_than_fits(source: Source, t
                       "--max-size", str(limit), "--json", env=source.env())
         out, err = warm.communicate(timeout=180)
         reader_err = reader.communicate(timeout=180)[1]
-    finally:
-        done.set()
-        sampler.join()
     assert warm.returncode == 0, err
     report = json.loads(out)
     assert report["left_out"] and "needs" in report["why_stopped"], report

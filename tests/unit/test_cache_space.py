@@ -5,12 +5,14 @@ evict (never pinned, open or being filled) and a refusal that evicts nothing."""
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
 
 from mcsync.cache import Cache, CacheFull, Validation
 from mcsync.cache import files as cache_files
+from mcsync.cache.index import Entry
 from mcsync.cache.space import BLOCK, Candidate, charge, eviction_order, overhead, to_free
 from mcsync.errors import ConfigError
 from mcsync.types import MiB, ObjectInfo
@@ -56,9 +58,10 @@ def _add(cache: Cache, name: str, size: int = MiB - 2 * BLOCK, *, keep: bool = F
     """An entry of ``size`` bytes made complete as a fill would (``keep``: left filling, its
     filler alive)."""
     url = f"s3://bucket/{name}"
-    got = cache._reserve(url, ObjectInfo(name, size, etag=name), None, None)
+    got = cache.room.reserve(url, ObjectInfo(name, size, etag=name), MiB,
+                             order=cache._belady(), touches=cache.recency.take())
     assert got is not None
-    entry, fd = got
+    entry, fd = got.entry, got.fd
     os.pwrite(fd, b"x" * size, 0)
     if keep:
         return fd
@@ -146,3 +149,38 @@ def test_the_index_yields_entries_in_lru_order_a_page_at_a_time(tmp_path: Path) 
     complete = [k for k in keys if k[0]]
     assert complete == sorted(complete)
     index.close()
+
+
+def _entry(i: int, url: str, last: float) -> Entry:
+    return Entry(i, url, "e:x", 1, "x", None, None, "complete", BLOCK, MiB, "d", last, last,
+                 None)
+
+
+def test_belady_heap_gives_eviction_orders_order_and_puts_back_what_was_not_taken() -> None:
+    from mcsync.cache.order import NextUse
+
+    rng = random.Random(5)
+    entries = [_entry(i, f"u{i}", rng.random()) for i in range(200)]
+    order = {f"u{i}": rng.randrange(1000) for i in range(0, 200, 3)}  # a third never again
+    by_url = {e.url: [e] for e in entries}
+    lru = sorted(entries, key=lambda e: (e.last_access, e.id))
+    heap = NextUse(order, lambda: iter(lru))
+    seen: list = []
+    got = list(heap.candidates(lambda u: by_url.get(u, []), seen))
+    want = eviction_order([Candidate(e.id, e.url, e.charge, e.last_access) for e in entries],
+                          order)
+    # the same order, but for ties of next use (the heap breaks them by URL)
+    assert [e.id for e in got[:len(got) - len(order)]] == [c.id for c in want[:len(got) -
+                                                                                len(order)]]
+    assert [order[e.url] for e in got[-len(order):]] == [order[c.url]
+                                                          for c in want[-len(order):]]
+    # nothing taken: all put back, handed out again in the same order
+    heap.settle(seen, set(), lambda u: by_url.get(u, []))
+    again: list = []
+    assert [e.id for e in heap.candidates(lambda u: by_url.get(u, []), again)] == \
+        [e.id for e in got]
+    taken = {e.id for e in got[:10]} | {got[-1].id}
+    heap.settle(again, taken, lambda u: [e for e in by_url.get(u, []) if e.id not in taken])
+    third: list = []
+    assert [e.id for e in heap.candidates(lambda u: by_url.get(u, []), third)] == \
+        [e.id for e in got if e.id not in taken]
