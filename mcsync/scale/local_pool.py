@@ -72,7 +72,8 @@ class LocalPool:
     def describe(self) -> str:
         return f"{self.size} local worker processes"
 
-    async def run(self, items: list[TaskItem]) -> TaskResult:
+    async def run(self, items: list[TaskItem], *,
+                  deadline_s: float | None = None) -> TaskResult:
         pool = self._pool_now()
         try:
             result = await asyncio.wrap_future(pool.submit(_run_task, items))

@@ -65,6 +65,11 @@ class WorkerUnavailable(Exception):
     """No worker could be started or reached to run a task."""
 
 
+class TaskFailed(Exception):
+    """A task raised inside its worker: the task's own failure, with its cause's text (the
+    worker is fine and keeps running; the task is not run again by another)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TaskResult:
     """What a worker sends back for one task."""
