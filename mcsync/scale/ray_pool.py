@@ -383,8 +383,11 @@ class RayPool:
             self._ray.kill(slot.actor, no_restart=True)
 
     def _replace(self, slot: _Slot) -> None:
-        """A fresh worker in ``slot``'s place (its bundle: its node, while that lives)."""
+        """A fresh worker in ``slot``'s place (its bundle: its node, while that lives); none
+        once the pool is closed."""
         self._kill(slot)
+        if self._group is None:
+            return
         fresh = self._new(slot.bundle)
         self._slots = [fresh if s is slot else s for s in self._slots]
         self._idle.put_nowait(fresh)
