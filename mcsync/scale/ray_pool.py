@@ -250,6 +250,7 @@ class RayPool:
     def __init__(self, addresses: Addresses, options: SyncOptions, n: int,
                  address: str | None) -> None:
         self._ray = ray = connect(address)
+        self._class = ray.remote(RayWorker)
         self.addresses = absolute(addresses)
         self._env = ({"env_vars": settings} if (settings := settings_of(addresses)) else None)
         self.task_timeout = options.task_timeout
@@ -290,13 +291,13 @@ class RayPool:
                     f"(each needs {need}; free: {cpus:g} CPUs, "
                     f"{format_size(int(max((m for _, m in free), default=0)))} of memory on "
                     f"the freest of {len(free)} nodes)")
-            if n < asked:
-                log.warning("Ray has room for %d of the %d workers asked (each needs %s): "
-                            "running with %d", n, asked, need, n)
             group = placement_group([{"CPU": 1, "memory": each.memory_limit + OVERHEAD}] * n,
                                     strategy="SPREAD")
             placed, _ = self._ray.wait([group.ready()], timeout=PLACE_S)
             if placed:
+                if n < asked:
+                    log.warning("Ray has room for %d of the %d workers asked (each needs %s): "
+                                "running with %d", n, asked, need, n)
                 self._group = group
                 return n, each
             # Another job took the room meanwhile: counted again.
@@ -307,7 +308,7 @@ class RayPool:
     def _new(self, bundle: int) -> _Slot:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        actor = self._ray.remote(RayWorker).options(
+        actor = self._class.options(
             num_cpus=1, memory=self.options.memory_limit + OVERHEAD, max_restarts=0,
             runtime_env=self._env, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self._group, placement_group_bundle_index=bundle),

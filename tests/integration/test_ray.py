@@ -46,7 +46,10 @@ def ray_cluster(seaweed: S3Endpoint, tmp_path_factory: pytest.TempPathFactory,
     nowhere = tmp_path_factory.mktemp("ray-node-home")
     keys = {"MCSYNC_META_ACCESS_KEY_ID": seaweed.access_key,
             "MCSYNC_META_SECRET_ACCESS_KEY": seaweed.secret_key,
-            "MCSYNC_CONFIG": str(nowhere / "config.toml"), "AWS_EC2_METADATA_DISABLED": "true"}
+            "MCSYNC_CONFIG": str(nowhere / "config.toml"), "AWS_EC2_METADATA_DISABLED": "true",
+            # First on the workers' path: where a test puts an mcsync that cannot be imported,
+            # seen by the worker node alone (under its private mount).
+            "PYTHONPATH": str(private_dir / "shadow")}
     with contextlib.ExitStack() as stack:
         try:
             cluster = stack.enter_context(ray_cluster(
@@ -299,6 +302,14 @@ def settled(cluster) -> None:
     wait_for(lambda: not ray_workers(cluster), timeout=60)
 
 
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def files_under(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
@@ -372,6 +383,42 @@ def test_more_workers_than_the_cluster_has_room_for_run_with_those_that_fit(
     assert took < 90, took  # a hang guard: Ray's wait for a CPU it never gets is unbounded
 
 
+def test_a_node_where_mcsync_cannot_be_imported_is_named_and_left_out(
+        source_tree, ray_cluster, private_dir, seaweed, seaweed_proxy):
+    """The worker node's Python finds a broken mcsync first (its own disk, as a node where
+    mcsync is missing or another version is installed): its worker fails to start, named with
+    its node and the error at once, and the run goes on with the head's."""
+    from testbed.ray_cluster import private_mounts
+
+    if (why := private_mounts()) is not None:
+        pytest.skip(why)
+    shadow = private_dir / "shadow" / "mcsync"
+    on_worker_node = ["nsenter", "--target", str(ray_cluster.pids()[1]), "--mount", "sh", "-c"]
+    subprocess.run([*on_worker_node, 'mkdir -p "$0" && echo "raise ImportError(\'mcsync is '
+                    'broken on this node\')" > "$0/__init__.py"', str(shadow)], check=True,
+                   timeout=30)
+    assert not shadow.exists()  # this machine (the head, the driver) does not see it
+    bucket = new_bucket(seaweed)
+    try:
+        settled(ray_cluster)
+        began = time.monotonic()
+        code, report, err = run(command(source_tree, f"meta://{bucket}/run/", "--executor",
+                                        "ray", "--workers", "2"),
+                                driver_env(ray_cluster, seaweed_proxy))
+        took = time.monotonic() - began
+    finally:
+        subprocess.run([*on_worker_node, 'rm -rf "$0"', str(shadow.parent)], check=True,
+                       timeout=30)
+    assert code == 0, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "1 of the 2 Ray workers started (node 127.0.0.2: " in err, err
+    assert "mcsync is broken on this node" in err and err.rstrip().endswith(
+        "running with those"), err
+    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
+    assert report["objects_failed"] == 0 and report["tasks_retried"] == 0
+    assert took < 90, took  # a hang guard: no wait for the worker that cannot start
+
+
 @pytest.mark.slow
 def test_a_stuck_ray_worker_is_killed_at_its_tasks_deadline_and_the_task_runs_again(
         source_tree, ray_cluster, seaweed, seaweed_proxy):
@@ -397,6 +444,9 @@ def test_a_stuck_ray_worker_is_killed_at_its_tasks_deadline_and_the_task_runs_ag
         stopped = time.monotonic()
         out, err = proc.communicate(timeout=180)
         took = time.monotonic() - stopped
+        # Killed, not left stopped: a process that went on later would write behind the
+        # manifest's back.
+        wait_for(lambda: not running(victims[0]), timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
