@@ -331,7 +331,7 @@ class RayPool:
             try:
                 pid, node = self._ray.get(ref)
             except rx.RayError as exc:
-                failed.append(_cause(exc))
+                failed.append(_cause(exc, self._node_of(asked[ref])))
                 continue
             asked[ref].name = f"pid {pid} on node {node}"
             up.append(asked[ref])
@@ -379,6 +379,16 @@ class RayPool:
                 raise WorkerUnavailable(f"the Ray worker on node {node} {why}")
         slot.ready = True
 
+    def _node_of(self, slot: _Slot) -> str | None:
+        """The address of the node ``slot``'s bundle is on (None: not known)."""
+        with contextlib.suppress(Exception):
+            from ray.util import placement_group_table
+
+            node_id = placement_group_table(self._group)["bundles_to_node_id"][slot.bundle]
+            return next(str(n["NodeManagerAddress"]) for n in self._ray.nodes()
+                        if n["NodeID"] == node_id)
+        return None
+
     def _kill(self, slot: _Slot) -> None:
         with contextlib.suppress(Exception):
             self._ray.kill(slot.actor, no_restart=True)
@@ -411,21 +421,31 @@ class RayPool:
             if isinstance(exc, WorkerUnavailable):
                 raise
             why = (f"not started within {START_S:.0f} s" if isinstance(exc, TimeoutError)
-                   else _cause(exc))
+                   else _cause(exc, self._node_of(slot)))
             raise WorkerUnavailable(f"a Ray worker could not start ({why})") from None
         except BaseException:
             self._idle.put_nowait(slot)
             raise
+        # Waited for, not wait_for: a TimeoutError the task itself raised is its own failure.
+        running = asyncio.ensure_future(_awaited(slot.actor.run.remote(items)))
         try:
-            result = await asyncio.wait_for(_awaited(slot.actor.run.remote(items)), deadline)
-        except TimeoutError:
+            done, _ = await asyncio.wait({running}, timeout=deadline)
+        except BaseException:
+            running.cancel()
+            self._idle.put_nowait(slot)  # cancelled: the actor finishes the task, then the next
+            raise
+        if not done:
+            running.cancel()
             self._replace(slot)
             raise WorkerLost(f"task timed out after {deadline:.0f} s on {slot.name}; that "
-                             f"Ray worker was killed") from None
+                             f"Ray worker was killed")
+        try:
+            result = running.result()
         except rx.RayActorError as exc:
             self._replace(slot)
             if exc.actor_init_failed:  # mcsync missing on the node, say: another will fail too
-                raise WorkerUnavailable(f"a Ray worker could not start ({_cause(exc)})"
+                raise WorkerUnavailable(f"a Ray worker could not start "
+                                        f"({_cause(exc, self._node_of(slot))})"
                                         ) from None
             raise WorkerLost(f"a Ray worker died ({slot.name}: {_first_line(exc)})") from None
         except (rx.WorkerCrashedError, rx.NodeDiedError, rx.ObjectLostError,
@@ -437,7 +457,7 @@ class RayPool:
             cause = exc.cause if isinstance(exc.cause, BaseException) else exc
             raise TaskFailed(f"{type(cause).__name__}: {_first_line(cause)}") from cause
         except BaseException:
-            self._idle.put_nowait(slot)  # cancelled: the actor finishes the task, then the next
+            self._idle.put_nowait(slot)
             raise
         self._idle.put_nowait(slot)
         if not isinstance(result, TaskResult):
@@ -473,11 +493,12 @@ async def _awaited(ref: Any) -> Any:
     return await asyncio.wrap_future(ref.future())
 
 
-def _cause(exc: BaseException) -> str:
-    """Why an actor could not start, naming its node where Ray's text does (``ip: ...``)."""
+def _cause(exc: BaseException, node: str | None = None) -> str:
+    """Why an actor could not start, naming its node: Ray's text's (``ip: ...``), else
+    ``node``."""
     text = str(exc)
     node = next((line.split(":", 1)[1].strip() for line in text.splitlines()
-                 if line.strip().startswith("ip:")), None)
+                 if line.strip().startswith("ip:")), node)
     found = next((line.strip() for line in reversed(text.splitlines())
                   if line.strip() and ("Error" in line or "error" in line)), None)
     where = f"node {node}: " if node else ""

@@ -47,8 +47,8 @@ def ray_cluster(seaweed: S3Endpoint, tmp_path_factory: pytest.TempPathFactory,
     keys = {"MCSYNC_META_ACCESS_KEY_ID": seaweed.access_key,
             "MCSYNC_META_SECRET_ACCESS_KEY": seaweed.secret_key,
             "MCSYNC_CONFIG": str(nowhere / "config.toml"), "AWS_EC2_METADATA_DISABLED": "true",
-            # First on the workers' path: where a test puts an mcsync that cannot be imported,
-            # seen by the worker node alone (under its private mount).
+            # First on the workers' path: where a test puts a dependency of mcsync that cannot
+            # be imported, seen by the worker node alone (under its private mount).
             "PYTHONPATH": str(private_dir / "shadow")}
     with contextlib.ExitStack() as stack:
         try:
@@ -385,16 +385,17 @@ def test_more_workers_than_the_cluster_has_room_for_run_with_those_that_fit(
 
 def test_a_node_where_mcsync_cannot_be_imported_is_named_and_left_out(
         source_tree, ray_cluster, private_dir, seaweed, seaweed_proxy):
-    """The worker node's Python finds a broken mcsync first (its own disk, as a node where
-    mcsync is missing or another version is installed): its worker fails to start, named with
-    its node and the error at once, and the run goes on with the head's."""
+    """The worker node's Python finds a broken ``xxhash`` first (on its own disk, as on a node
+    where a dependency of mcsync is missing or another version is installed; mcsync itself
+    comes from the driver's directory, which Ray puts first): its worker fails to start, named
+    with its node and the error at once, and the run goes on with the head's."""
     from testbed.ray_cluster import private_mounts
 
     if (why := private_mounts()) is not None:
         pytest.skip(why)
-    shadow = private_dir / "shadow" / "mcsync"
+    shadow = private_dir / "shadow" / "xxhash"
     on_worker_node = ["nsenter", "--target", str(ray_cluster.pids()[1]), "--mount", "sh", "-c"]
-    subprocess.run([*on_worker_node, 'mkdir -p "$0" && echo "raise ImportError(\'mcsync is '
+    subprocess.run([*on_worker_node, 'mkdir -p "$0" && echo "raise ImportError(\'xxhash is '
                     'broken on this node\')" > "$0/__init__.py"', str(shadow)], check=True,
                    timeout=30)
     assert not shadow.exists()  # this machine (the head, the driver) does not see it
@@ -412,7 +413,7 @@ def test_a_node_where_mcsync_cannot_be_imported_is_named_and_left_out(
     assert code == 0, err
     assert len(err.strip().splitlines()) == 1, err
     assert "1 of the 2 Ray workers started (node 127.0.0.2: " in err, err
-    assert "mcsync is broken on this node" in err and err.rstrip().endswith(
+    assert "xxhash is broken on this node" in err and err.rstrip().endswith(
         "running with those"), err
     assert read_bucket(seaweed, bucket, "run/") == OBJECTS
     assert report["objects_failed"] == 0 and report["tasks_retried"] == 0
