@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import os
 import secrets
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from .worker_runner import Addresses
 
 SAMPLE = 32  # files of a local source a node must see as the driver does
 WALK = 256  # directories looked into for them, at most (breadth first: the top levels)
+RECENT_S = 120.0  # a file changed this recently is sampled only where there are no others
 MARKER = "node-check-"  # + the token: the marker a local target's nodes must read
 
 Role = Literal["source", "target"]
@@ -144,8 +146,12 @@ def unseen(probe: RootProbe, view: NodeView) -> str | None:
 
 def _sample(root: Path) -> tuple[tuple[str, int, int], ...]:
     """Up to SAMPLE files under ``root``, the top levels first, in name order (mcsync's own
-    state and hidden temporary files left out)."""
+    state and hidden temporary files left out), files changed in the last ``RECENT_S`` only
+    where there are no others (a network filesystem's client may show a node a size or mtime
+    it cached a moment before)."""
     found: list[tuple[str, int, int]] = []
+    recent: list[tuple[str, int, int]] = []
+    since = time.time() - RECENT_S
     todo, looked = deque([root]), 0
     while todo and len(found) < SAMPLE and looked < WALK:
         directory, looked = todo.popleft(), looked + 1
@@ -161,9 +167,12 @@ def _sample(root: Path) -> tuple[tuple[str, int, int], ...]:
                     todo.append(Path(entry.path))
                 elif entry.is_file() and len(found) < SAMPLE:
                     st = entry.stat()
-                    found.append((os.path.relpath(entry.path, root), st.st_size,
-                                  int(st.st_mtime)))
-    return tuple(found)
+                    seen = (os.path.relpath(entry.path, root), st.st_size, int(st.st_mtime))
+                    if st.st_mtime < since:
+                        found.append(seen)
+                    elif len(recent) < SAMPLE:
+                        recent.append(seen)
+    return tuple(found or recent[:SAMPLE])
 
 
 def _stat(path: Path) -> tuple[int, int] | None:

@@ -111,3 +111,14 @@ def test_room_counts_what_fits_on_each_node_now():
     assert room([(0.5, 8 * GiB)], 2, options) == 0
     assert room([(2.0, OVERHEAD + 5 * MiB - 1)], 1, SyncOptions(memory_limit=5 * MiB)) == 0
     assert room([(0.9999999, 2 * GiB)], 1, options) == 1  # Ray's fractions of a CPU
+
+
+def test_files_written_a_moment_ago_are_sampled_only_where_there_are_no_others(tmp_path):
+    src = tmp_path / "src"
+    tree(src, 6)
+    old = sorted(p for p in src.rglob("*.bin"))[:2]
+    for path in old:
+        os.utime(path, (1_600_000_000, 1_600_000_000))
+    (source,) = probe_roots(addresses(str(src), "meta://bucket/"))
+    assert sorted(rel for rel, _, _ in source.sample) == sorted(
+        str(p.relative_to(src)) for p in old)
