@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import dataclasses
 import difflib
-import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -94,7 +93,7 @@ async def async_sync(src: str | ReadStore, dst: str | Store, options: SyncOption
     ``ConfigError`` before anything moves, ``Locked`` when another run holds the pair;
     per-object failures are in the report (``failures``, ``exit_code`` 1)."""
     from .run.engine import run_sync
-    from .scale.workers import reopenable
+    from .run.pools import reopenable
 
     opts = _options(options, overrides)
     async with _opened(src, dst, opts) as (source, target):
@@ -156,13 +155,13 @@ def watch(src: str | ReadStore, dst: str | Store, options: SyncOptions | None = 
 
 def tune_process() -> None:
     """Tune this process for moving data, as the ``mcsync`` command does: glibc's malloc keeps
-    freed part buffers for reuse, the garbage collector runs less often, and botocore signs
-    with its own signer. Opt-in: these are the whole process's settings, which a host (a
-    trainer, a notebook) may have chosen for itself. Call it once, early, after your imports,
-    in a process whose job is a sync."""
+    freed part buffers for reuse and the garbage collector runs less often. Opt-in: these are
+    the whole process's settings, which a host (a trainer, a notebook) may have chosen for
+    itself. Call it once, early, after your imports, in a process whose job is a sync. The
+    process's environment is left as it is (the command's entry point sets what it needs:
+    ``cli.main.main``)."""
     _keep_freed_buffers()
     _collect_less()
-    _botocore_signs_itself()
 
 
 def __getattr__(name: str) -> Any:
@@ -335,12 +334,3 @@ def _collect_less() -> None:
 
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
-
-
-def _botocore_signs_itself() -> None:
-    """Keep botocore's own SigV4 signer. With ``awscrt`` importable (mcsync's CopyObject
-    client) botocore signs with the CRT's instead, which costs more per request here: 1,000
-    HeadBucket took 0.54-0.62 CPU s with it against 0.51-0.52 with botocore's own (3 runs
-    each). ``BOTO_DISABLE_CRT`` is botocore's switch, read when botocore is imported (so this
-    does nothing once it is); a value already set wins."""
-    os.environ.setdefault("BOTO_DISABLE_CRT", "true")

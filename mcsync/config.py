@@ -120,6 +120,12 @@ class SyncOptions:
     executor: str = "local"
     ray_address: str | None = None
     task_timeout: float | None = None
+    # Retention at the target (--keep-last N, --keep-every K, --prune-optimizer-older-than M;
+    # None: off): after a run, the checkpoints neither rule keeps are deleted from the target,
+    # marker first (mcsync.checkpoints.retention, mcsync.run.prune).
+    keep_last: int | None = None
+    keep_every: int | None = None
+    prune_optimizer_older_than: int | None = None
 
     def __post_init__(self) -> None:
         for side in ("source", "target"):
@@ -160,6 +166,7 @@ class SyncOptions:
             # to leave to a flag's combination.
             raise UsageError("--latest-checkpoint cannot be combined with --delete: it copies "
                              "one checkpoint and leaves everything else at the target as it is")
+        self._check_retention()
         if self.executor not in EXECUTORS:
             raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, got "
                              f"{self.executor!r}")
@@ -167,6 +174,30 @@ class SyncOptions:
             raise UsageError("--ray-address is where the workers of --executor ray run")
         if self.workers < 0 and not (self.workers == WORKERS_AUTO and self.executor == "ray"):
             raise UsageError(f"--workers must be at least 1 (or auto), got {self.workers}")
+
+    def _check_retention(self) -> None:
+        if self.keep_last is None:
+            if self.keep_every is not None or self.prune_optimizer_older_than is not None:
+                raise UsageError("--keep-every and --prune-optimizer-older-than are rules of "
+                                 "retention: give --keep-last N too")
+            return
+        if self.keep_last < 1:
+            # As torchtitan's keep_latest_k: the newest complete checkpoint is never deleted,
+            # so at least one is always kept.
+            raise UsageError(f"--keep-last must be at least 1 (the newest complete checkpoint "
+                             f"is always kept), got {self.keep_last}")
+        if self.keep_every is not None and self.keep_every < 1:
+            raise UsageError(f"--keep-every must be at least 1 step, got {self.keep_every}")
+        if self.prune_optimizer_older_than is not None and self.prune_optimizer_older_than < 1:
+            raise UsageError("--prune-optimizer-older-than must be at least 1, got "
+                             f"{self.prune_optimizer_older_than}")
+        for flag, given in (("--delete", self.delete),
+                            ("--latest-checkpoint", self.latest_checkpoint),
+                            ("--shard", self.shard is not None)):
+            if given:
+                raise UsageError(f"--keep-last cannot be combined with {flag}: retention "
+                                 "decides alone what the target keeps, over all its "
+                                 "checkpoints")
 
     def store_options(self, side: Literal["source", "target"]) -> StoreOptions:
         """What the store of one side, opened from its address, is told."""

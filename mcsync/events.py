@@ -113,6 +113,39 @@ class RequestThrottled:
 
 
 @dataclass(frozen=True, slots=True)
+class Bottleneck:
+    """What bounded the run over the last few seconds (``bottleneck.judge``): ``verdict`` one
+    of bwlimit, client, source, target, network; ``line`` the verdict with its figures."""
+
+    verdict: str
+    line: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestGroup:
+    """Requests of one kind another process made: each one's seconds, start to answer."""
+
+    store: str  # "source" or "target"
+    operation: str  # the Store protocol's method
+    status: str  # "ok" or the error's class name
+    throttled: bool  # the error was a Throttled
+    seconds: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestsCounted:
+    """The requests a worker process made for the run (``--workers``) since it last said, for
+    the metrics to count as if the driver had made them (``observe.requests.RequestTally``):
+    grouped by kind, the bytes it read from the source, and the most it had in flight at
+    once, per store. Labels only: never a key or an address."""
+
+    worker: str  # "pid P on HOST"
+    requests: tuple[RequestGroup, ...]
+    received: int
+    in_flight_peak: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointChosen:
     """``--latest-checkpoint`` chose the checkpoint ``directory`` (a key prefix ending in
     "/") of ``framework``; ``marker``: the file beside it naming it, copied too; newer ones
@@ -123,6 +156,38 @@ class CheckpointChosen:
     step: int | None
     marker: str | None
     passed_over: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointKept:
+    """Retention (``--keep-last``) keeps the checkpoint ``directory`` at the target:
+    ``reason`` names the rule ("kept: last 3", "kept: every 1000"); ``thinned``: its
+    optimizer files are deleted (``--prune-optimizer-older-than``), or would be in a plan."""
+
+    directory: str
+    step: int | None
+    reason: str
+    thinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointPruned:
+    """Retention deleted the checkpoint ``directory`` from the target (in a plan: would),
+    ``objects`` of ``bytes``, its marker first; or, ``thinned``, its optimizer files only."""
+
+    directory: str
+    step: int | None
+    objects: int
+    bytes: int
+    thinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointDurable:
+    """The newest complete checkpoint at the target, as retention found it after a run."""
+
+    directory: str
+    step: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +239,8 @@ class CacheUsage:
 
 Event = (
     RunStarted | ObjectPlanned | DeltaPlanned | ListingDone | BytesMoved | ObjectDone
-    | ObjectFailed | ObjectDeferred | RequestThrottled | CheckpointChosen | RunFinished
+    | ObjectFailed | ObjectDeferred | RequestThrottled | RequestsCounted | Bottleneck
+    | CheckpointChosen | RunFinished | CheckpointKept | CheckpointPruned | CheckpointDurable
     | CacheServed | CacheFetched | CacheEvicted | CacheUsage | WarmListed
 )
 
@@ -252,6 +318,16 @@ class StatsCollector:
                     r.deferred.append((key, reason))
             case CheckpointChosen(directory=directory):
                 r.latest_checkpoint = directory
+            case CheckpointPruned(thinned=False, objects=objects, bytes=size):
+                r.checkpoints_pruned += 1
+                r.objects_pruned += objects
+                r.bytes_pruned += size
+            case CheckpointPruned(thinned=True, objects=objects, bytes=size):
+                r.checkpoints_thinned += 1
+                r.objects_pruned += objects
+                r.bytes_pruned += size
+            case CheckpointDurable(directory=directory):
+                r.newest_checkpoint = directory
             case _:
                 pass
 

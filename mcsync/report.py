@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from .bottleneck import LimitedBy
+
 ResultAction = Literal["copy", "server_copy", "delete"]
 # The report names at most this many objects changed and this many failures (the first ones);
 # every one is counted all the same (``objects_*``, ``*_not_listed``). A run of a million
@@ -83,6 +85,8 @@ class RunTotals:
     tasks: int = 0
     tasks_retried: int = 0
     retried_tasks: tuple[str, ...] = ()
+    limited_by: LimitedBy | None = None
+    deferred_until: float | None = None
 
 
 @dataclass
@@ -101,6 +105,9 @@ class SyncReport:
     # written): a later run picks them up. Not failures.
     objects_deferred: int = 0
     bytes_deferred: int = 0
+    # When the first file deferred for its age alone (--min-age) comes of age (Unix time): a
+    # watch starts its next cycle then.
+    deferred_until: float | None = None
     bytes_copied: int = 0  # size of the objects copied through the client
     bytes_sent: int = 0  # bytes this run really sent (less than bytes_copied when resumed)
     bytes_server_copied: int = 0
@@ -135,6 +142,9 @@ class SyncReport:
     tasks_retried: int = 0
     retried_tasks: tuple[str, ...] = ()
     elapsed_s: float = 0.0
+    # What bounded the throughput, judged from what the run measured (bottleneck.py); None
+    # for a dry run
+    limited_by: LimitedBy | None = None
     failures: list[ObjectFailure] = field(default_factory=list)  # the first MAX_LISTED_FAILURES
     deferred: list[tuple[str, str]] = field(default_factory=list)  # (key, why), the first 1000
     objects: list[ObjectResult] = field(default_factory=list)  # the first MAX_LISTED_OBJECTS
@@ -144,6 +154,14 @@ class SyncReport:
     manifest: str | None = None
     manifest_note: str | None = None  # e.g. a damaged manifest was set aside and rebuilt
     latest_checkpoint: str | None = None  # --latest-checkpoint: the directory it restored
+    # Retention (--keep-last): checkpoints deleted from the target whole, those thinned to
+    # their weights (--prune-optimizer-older-than), the objects and bytes of both (in a plan:
+    # what would be), and the newest complete checkpoint at the target after the run.
+    checkpoints_pruned: int = 0
+    checkpoints_thinned: int = 0
+    objects_pruned: int = 0
+    bytes_pruned: int = 0
+    newest_checkpoint: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -178,6 +196,7 @@ class SyncReport:
         d["objects"] = [r.to_dict() for r in self.objects]
         d["failures"] = [f.to_dict() for f in self.failures]
         d["deferred"] = [{"key": k, "reason": why} for k, why in self.deferred]
+        d["limited_by"] = self.limited_by.to_dict() if self.limited_by is not None else None
         d["bytes_transferred"] = self.bytes_transferred
         d["throughput_bps"] = round(self.throughput_bps, 1)
         ratio = self.sent_per_changed

@@ -23,9 +23,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import Transient
+
+if TYPE_CHECKING:
+    from obstore.store import RetryConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,7 +58,7 @@ class RetryPolicy:
     def botocore(self) -> dict[str, Any]:
         return {"mode": self.mode, "total_max_attempts": self.sdk_attempts}
 
-    def obstore(self, *, preflight: bool = False) -> dict[str, Any]:
+    def obstore(self, *, preflight: bool = False) -> RetryConfig:
         """The same policy for obstore's client (exponential backoff with full jitter)."""
         attempts = self.preflight_attempts if preflight else self.sdk_attempts
         return {

@@ -97,6 +97,9 @@ class StoreFacts:
     # A directory renamed into place appears whole at once, so a framework may publish a
     # checkpoint by rename (a filesystem); object stores rename nothing.
     atomic_renames: bool
+    # A view of one object of the store under it (``stores.single``): its ``url`` names that
+    # object, which is all there is to move, and does not reopen the view (no workers).
+    one_object: bool = False
 
 
 REMOTE = StoreFacts(round_trips=True, bytes_cross_network=True, atomic_renames=False)

@@ -36,6 +36,10 @@ Async tests: an ``async def`` test runs in a fresh event loop of its own, the on
 ``aclose_after_test()`` coroutine method is closed in that loop once the test ends (the
 conformance suite's backends close the stores they opened for the test that way).
 
+What a machine must have: ``MCSYNC_TEST_REQUIRE=fuse,ray,promtool`` (``.ci/run`` sets it)
+makes a test that needs one of those and cannot get it fail instead of skip
+(``tests/require.py``: ``unavailable(need, reason)``).
+
 Environment: every test runs without the developer's ``AWS_*`` / ``MCSYNC_META_*`` variables
 and AWS config files, with ``AWS_EC2_METADATA_DISABLED=true``. A test that wants an endpoint in
 the environment sets it with ``monkeypatch.setenv`` from ``endpoint.aws_env()`` /
@@ -64,6 +68,13 @@ from testbed.gcs import GCSServer
 from testbed.servers import S3Endpoint, moto_server, seaweedfs
 from testbed.tls import Authority, KeyPair
 from testbed.tlsproxy import TlsProxy
+
+from .require import required, unavailable
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    required()  # MCSYNC_TEST_REQUIRE names only what tests/require.py knows
+
 
 # --------------------------------------------------------------------------------------------
 # Async tests
@@ -265,7 +276,7 @@ def weed_mounted(seaweed: S3Endpoint, bucket_factory: BucketFactory,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[MountedBucket]:
     reason = fuse_unavailable()
     if reason is not None:
-        pytest.skip(f"no FUSE mount here: {reason}")
+        unavailable("fuse", f"no FUSE mount here: {reason}")
     unmount_dead()  # a killed earlier session's, which no call can use any more
     bucket = bucket_factory(seaweed)  # deleted after the mount is down (fixture order)
     # mounted in a temporary directory of its own, out of pytest's tree (testbed.fuse)

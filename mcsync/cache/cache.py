@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TypeVar
@@ -30,6 +30,7 @@ from ..stores.registry import open_store, parse_url
 from ..stores.resilience import Pacing, resilient
 from ..types import MiB, ObjectInfo
 from . import files
+from .against import Recorded, target_of, verify_against
 from .files import Layout
 from .fill import Landed, fill
 from .index import Entry, Index, pinned, version_of
@@ -185,6 +186,18 @@ class Cache:
         raw = self._run(self._open(url))
         return io.BufferedReader(raw, buffer_size=1 << 20)
 
+    def iter_safetensors(self, url: str, framework: Literal["np", "pt"] = "np",
+                         ) -> Iterator[tuple[str, Any]]:
+        """``(name, tensor)`` of a safetensors object, each as its bytes land (numpy arrays;
+        torch's with ``framework="pt"``): ``safetensors.py``."""
+        from .safetensors import iter_safetensors  # numpy (the cache extra) on first use
+
+        return iter_safetensors(self.open, url, framework)
+
+    def load_safetensors(self, url: str, framework: Literal["np", "pt"] = "np",
+                         ) -> dict[str, Any]:
+        return dict(self.iter_safetensors(url, framework))
+
     def prefetch(self, urls: Iterable[str]) -> concurrent.futures.Future[list[Path]]:
         """Start fetching ``urls`` in the background (four at a time); the future is done
         when all are."""
@@ -224,10 +237,16 @@ class Cache:
             self._evicted(e.url, e.charge)
         return gone
 
-    def verify(self) -> list[tuple[Entry, str]]:
+    def verify(self, against: Recorded | None = None) -> list[tuple[Entry, str]]:
         """Re-hash every complete entry; those whose bytes are not what was fetched are
-        dropped. The entries found so, and what was wrong."""
+        dropped. The entries found so, and what was wrong. ``against``: the records mcsync
+        keeps at a target (``mcsync.run.target_manifests``): the entries under it are compared
+        with the chunk hashes recorded when their objects were written there
+        (``against.py``)."""
         self._here()
+        if against is not None:
+            return verify_against(self.entries(target_of(against)), self.layout, against,
+                                  self.room.drop).bad
         return self.room.verify()
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ completion marker whose checkpoint's files are not all there. Each framework tel
 checkpoint directory is complete in its own way; ``FRAMEWORKS`` holds one line per framework.
 A key under a checkpoint that is not complete yet is deferred (not copied, not recorded, not
 a failure) with the reason, and picked up by a later run or ``--watch`` cycle. Completion
-markers are written after every other object of the run (``plan.is_commit_marker``).
+markers are written after every other object of the run (``is_commit_marker``).
 
 The signals are read from the source, once per directory per run: for the first key of each
 checkpoint directory, whether a file is there (the run's listing answers for a key it has
@@ -31,6 +31,13 @@ from ..types import ObjectInfo
 MarkerCheck = Callable[["Source", str], Awaitable[str | None]]
 _UNKNOWN = object()
 _CACHED = 4096  # answers of the source kept (per kind), and waiting directories named
+
+
+def _names_another(key: str) -> bool:
+    """A root marker naming another directory (``latest``): written whole, and never ahead of
+    the directory it names (``run/named_markers.py`` checks that at the target)."""
+    name = key.rsplit("/", 1)[-1]
+    return any(f.names is not None and f.marker == name for f in FRAMEWORKS)
 
 
 class Listed:
@@ -184,6 +191,10 @@ class Framework:
     # A marker beside the checkpoints that names the one to load (``--latest-checkpoint``
     # copies that one): its text → the directory's name.
     names: Callable[[str], str] | None = None
+    # The marker is written once every rank's files are (after a barrier, or by the
+    # coordinator of a collective save), so it vouches for them whatever their age
+    # (``--min-age`` holds only files no marker vouches for).
+    vouches: bool = True
 
     def recognises(self, name: str, files: Collection[str]) -> bool:
         """Is a directory called ``name`` holding ``files`` (the names directly in it) one of
@@ -214,13 +225,27 @@ FRAMEWORKS: tuple[Framework, ...] = (
     Framework("Orbax", committed("commit_success.txt"), directory=r"(.*[_-])?\d+",
               contains="_CHECKPOINT_METADATA", marker="commit_success.txt"),
     Framework("NeMo", no_sibling("-unfinished"), directory=r".*step=\d+.*"),
+    # trainer_state.json is the main process's alone: in a distributed run the other ranks'
+    # files (rng_state_N.pth, optimizer shards) may come after it, so it vouches for nothing
+    # and the directory's files wait out --min-age.
     Framework("Hugging Face Trainer", has_file("trainer_state.json"),
-              directory=r"checkpoint-\d+", marker="trainer_state.json"),
+              directory=r"checkpoint-\d+", marker="trainer_state.json", vouches=False),
 )
 # Files a reader opens first to discover a checkpoint, of any framework: written after every
 # other object of the run, so an index never points at shards that are not there yet.
 MARKERS = ("*.index.json", "config.json", "latest", "LATEST", "COMMIT", "_SUCCESS",
            *(f.marker for f in FRAMEWORKS if f.marker))
+# The markers' patterns as one expression: asked of every key of a run (11 fnmatch calls a
+# key cost 12 us).
+_MARKER = re.compile("|".join(fnmatch.translate(p) for p in MARKERS))
+
+
+def is_commit_marker(key: str) -> bool:
+    """A file readers open first to find a checkpoint (``MARKERS``): written after everything
+    else of the run."""
+    return _MARKER.match(key.rsplit("/", 1)[-1]) is not None
+
+
 # Never copied: a framework's directories in the making, renamed when done (Orbax; the
 # Hugging Face Trainer's staging directory in the versions that stage a checkpoint).
 IN_THE_MAKING = ("*.orbax-checkpoint-tmp-*", "tmp-checkpoint-*")
@@ -269,6 +294,10 @@ class Completion:
         self._making: str | None = None  # why it is in the making (IN_THE_MAKING), if it is
         self._verdict: str | object | None = _UNKNOWN  # its checkpoints' verdict
         self.waiting_dirs: dict[str, str] = {}  # checkpoint directory → why it waits
+        self._complete: set[str] = set()  # checkpoint directories above the key, complete
+        # The earliest time a file deferred for its age alone comes of age (a watch wakes
+        # then, not an interval later).
+        self.young_until: float | None = None
 
     def listed(self, key: str) -> None:
         """The run's listing of the source reached ``key`` (every key, in order, before the
@@ -282,12 +311,23 @@ class Completion:
             self._enter(parent)
         if self._making:
             return self._making
-        if self._min_age and info.mtime is not None and (
-                self._clock() - info.mtime < self._min_age):
-            return f"modified {self._clock() - info.mtime:.0f}s ago, within --min-age"
         if self._verdict is _UNKNOWN:
             self._verdict = await self._directories(key.split("/"))
-        return self._verdict  # type: ignore[return-value]
+        if self._verdict is not None:
+            return self._verdict  # type: ignore[return-value]
+        age = self._clock() - info.mtime if info.mtime is not None else None
+        if self._min_age and age is not None and age < self._min_age and not (
+                self._vouched(key) or _names_another(key)):
+            # Only a file no completion marker vouches for waits out --min-age.
+            self.young_until = min(self.young_until or float("inf"),
+                                   info.mtime + self._min_age)  # type: ignore[operator]
+            return f"modified {age:.0f}s ago, within --min-age"
+        return None
+
+    def _vouched(self, key: str) -> bool:
+        """Is ``key`` in a checkpoint directory whose framework's marker says it is complete
+        (its files are written, whatever their age)?"""
+        return any(key.startswith(d + "/") for d in self._complete)
 
     def _enter(self, parent: str) -> None:
         """The first key of another directory: forget what only the directories left behind
@@ -302,6 +342,7 @@ class Completion:
                 break
         above = {"/".join(parts[:depth]) for depth in range(1, len(parts) + 1)}
         self._dirs = {d: why for d, why in self._dirs.items() if d in above}
+        self._complete &= above
         self._src.trim()
 
     async def _directories(self, parts: list[str]) -> str | None:
@@ -319,6 +360,7 @@ class Completion:
         return None
 
     async def _check(self, directory: str, first_name: str | None) -> str | None:
+        vouched = False
         for framework in FRAMEWORKS:
             if not await self._is_one(framework, directory, first_name):
                 continue
@@ -328,6 +370,11 @@ class Completion:
                 why = f"cannot read its completion marker: {exc}"
             if why:
                 return f"{framework.name} checkpoint not complete: {why}"
+            # A marker vouches only where the framework has one (NeMo's is an absence) that
+            # speaks for every rank's files.
+            vouched = vouched or (framework.marker is not None and framework.vouches)
+        if vouched:
+            self._complete.add(directory)
         return None
 
     async def _is_one(self, framework: Framework, directory: str,
@@ -335,6 +382,11 @@ class Completion:
         name = directory.rsplit("/", 1)[-1]
         marker = framework.contains
         if marker is None or any(c in marker for c in "*?["):
+            if first_name is not None and first_name == framework.marker:
+                # A DCP directory's .metadata sorts before its *.distcp files: the marker is
+                # the first key of a complete one, and speaks for it.
+                return framework.directory is None or re.fullmatch(framework.directory,
+                                                                   name) is not None
             return framework.recognises(name, () if first_name is None else (first_name,))
         # A plain name is looked for (a HEAD, unless the listing passed it) only in a
         # directory whose name matched.

@@ -30,7 +30,7 @@ from ..stores.wrap import PassThrough, unstarted, wrap
 from ..types import Level, ObjectInfo
 from .frameworks import FRAMEWORKS, IN_THE_MAKING, Source, examine
 
-__all__ = ["Chosen", "choose", "only_chosen", "step_of"]
+__all__ = ["Chosen", "Levels", "choose", "only_chosen", "step_of"]
 
 _STEP = re.compile(r"(?:step|iter)[_=-]?(\d+)", re.IGNORECASE)
 _LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
@@ -203,6 +203,15 @@ class _OnlyChosen(PassThrough):
             yield info
         if marker is not None:
             yield marker
+
+
+def listed_under(store: ReadStore, prefix: str) -> AsyncIterator[ObjectInfo]:
+    """Every object of ``store`` under ``prefix`` ("" or ending in "/"), in byte order: a
+    level at a time where the store lists by level, else cut from its listing."""
+    return _Levels(store).under(prefix)
+
+
+Levels = _Levels  # a store's levels, for retention's look at a source (run/prune.py)
 
 
 def only_chosen(store: ReadStore, chosen: Chosen) -> ReadStore:

@@ -25,9 +25,11 @@ Exit codes:
   0    done (warm: also when it stopped because the next object would not
        fit; what it left out is listed)
   1    warm: some objects failed or were not found; verify: corrupt entries
-       found (and dropped)
+       found (and dropped); verify --against: also entries that differ from
+       what mcsync wrote to the target
   2    usage or configuration error (bad address, no cache directory, a
-       cache directory on a network or FUSE filesystem)
+       cache directory on a network or FUSE filesystem; verify --against: no
+       manifest kept at the target)
 """
 
 
@@ -176,20 +178,40 @@ def ls_cmd(prefix: str, cache_dir: str, as_json: bool) -> None:
 
 @cache.command(epilog=CACHE_EXIT_CODES)
 @_cache_dir
-def verify(cache_dir: str) -> None:
-    """Re-hash every complete entry; drop those whose bytes are not what was fetched."""
+@click.option("--against", default=None, metavar="TARGET",
+              help="Compare the entries under TARGET (a prefix mcsync synced to, e.g. "
+                   "meta://bucket/ds/) with the chunk hashes in the manifest mcsync keeps "
+                   "there; entries it has no hashes for are re-hashed as without it.")
+@click.option("--endpoint-url", default=None, metavar="URL")
+@click.option("--profile", default=None)
+def verify(cache_dir: str, against: str | None, endpoint_url: str | None,
+           profile: str | None) -> None:
+    """Re-hash every complete entry; drop those whose bytes are not what was fetched (with
+    --against: not what mcsync wrote to the target)."""
     def go() -> Any:
-        with _open(cache_dir) as c:
-            return len(c.entries()), c.verify()
+        with _open(cache_dir, endpoint_url=endpoint_url, profile=profile) as c:
+            if against is None:
+                return len(c.entries()), c.verify(), None
+            from ..cache.against import target_of, verify_against
+            from ..run.target_manifests import TargetManifests
+
+            with c.run(TargetManifests.fetch(against, c.store_options)) as recorded:
+                report = verify_against(c.entries(target_of(recorded)), c.layout, recorded,
+                                        c.room.drop)
+            return report.recorded + report.unrecorded, report.bad, report
 
     got = guarded(go)
     if isinstance(got, int):
         sys.exit(got)
-    checked, bad = got
+    checked, bad, report = got
     for entry, problem in bad:
         click.echo(f"corrupt: {entry.url}: {problem} (dropped)", err=True)
-    click.echo(f"verified {counted(checked, 'entry', 'entries')}: "
-               f"{counted(len(bad), 'corrupt entry', 'corrupt entries')}", err=True)
+    summary = (f"verified {counted(checked, 'entry', 'entries')}: "
+               f"{counted(len(bad), 'corrupt entry', 'corrupt entries')}")
+    if report is not None:
+        summary += (f" ({report.recorded} against the manifest at {report.target}, "
+                    f"{report.unrecorded} it has no hashes for against their own digests)")
+    click.echo(summary, err=True)
     sys.exit(EXIT_FAILED if bad else EXIT_OK)
 
 

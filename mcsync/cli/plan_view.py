@@ -9,7 +9,14 @@ import re
 import click
 
 from ..config import format_size
-from ..events import DeltaPlanned, Event, ObjectDeferred, ObjectPlanned
+from ..events import (
+    CheckpointKept,
+    CheckpointPruned,
+    DeltaPlanned,
+    Event,
+    ObjectDeferred,
+    ObjectPlanned,
+)
 from .progress import counted
 
 SHOWN = 50  # rows of any one table: a plan of a million keys stays a screenful
@@ -27,9 +34,28 @@ class PlanLines:
         elif isinstance(event, ObjectDeferred):
             click.echo(f"{'wait':<12} {format_size(event.size):>10}  {event.key}"
                        f"  ({event.reason})")
+        elif isinstance(event, CheckpointKept | CheckpointPruned):
+            click.echo(retention_line(event))
 
     def close(self) -> None:
         pass
+
+
+def fate_of(e: CheckpointKept | CheckpointPruned) -> str:
+    """"kept: last 3", "kept: every 1000", "pruned (3 objects, 1.2 GiB)"."""
+    if isinstance(e, CheckpointKept):
+        return e.reason + (", optimizer files to prune" if e.thinned else "")
+    what = "optimizer files pruned" if e.thinned else "pruned"
+    return f"{what} ({counted(e.objects, 'object')}, {format_size(e.bytes)})"
+
+
+def retention_line(e: CheckpointKept | CheckpointPruned) -> str:
+    """``plan --long``'s line for a checkpoint's fate under --keep-last."""
+    if isinstance(e, CheckpointKept):
+        return f"{'keep':<12} {'':>10}  {e.directory}  ({fate_of(e)})"
+    what = "optimizer files, " if e.thinned else ""
+    return (f"{'prune':<12} {format_size(e.bytes):>10}  {e.directory}  "
+            f"({what}{counted(e.objects, 'object')})")
 
 
 def delta_line(e: DeltaPlanned) -> str:
@@ -67,6 +93,7 @@ class PlanSummary:
         self.deltas: list[DeltaPlanned] = []  # the SHOWN first by key (more between trims)
         self.delta_count = 0
         self.waiting: dict[str, list[int]] = {}  # reason -> [objects, bytes]
+        self.retention: list[CheckpointKept | CheckpointPruned] = []
 
     def emit(self, event: Event) -> None:
         if isinstance(event, DeltaPlanned):
@@ -80,6 +107,10 @@ class PlanSummary:
                 tally = self.waiting.setdefault(why, [0, 0])
                 tally[0] += 1
                 tally[1] += event.size
+            return
+        if isinstance(event, CheckpointKept | CheckpointPruned):
+            if len(self.retention) < 4 * SHOWN:
+                self.retention.append(event)
             return
         if not isinstance(event, ObjectPlanned):
             return
@@ -120,3 +151,8 @@ class PlanSummary:
             click.echo("waiting (not copied until complete; a later run takes them):")
             for why, (n, size) in sorted(self.waiting.items()):
                 click.echo(f"  {counted(n, 'object'):>14} {format_size(size):>10}  {why}")
+        if self.retention:
+            click.echo("")
+            click.echo("retention at the target (--keep-last):")
+            for e in self.retention[:SHOWN]:
+                click.echo(f"  {e.directory:<40} {fate_of(e)}")

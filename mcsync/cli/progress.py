@@ -10,10 +10,12 @@ from typing import IO, TYPE_CHECKING
 
 from ..config import format_size
 from ..events import (
+    Bottleneck,
     BytesMoved,
     CacheFetched,
     CacheServed,
     CheckpointChosen,
+    CheckpointPruned,
     Event,
     ListingDone,
     ObjectDone,
@@ -43,11 +45,13 @@ class _Totals:
         self.listing_done = False
         self.throttled = 0  # answers that said slow down
         self.in_flight_limit = 0  # requests in flight to the store that said it, since
+        self.bound_by = ""  # what limited the run over the last few seconds
 
     def throttling(self) -> str:
+        bound = f", limited by {self.bound_by}" if self.bound_by else ""
         if not self.throttled:
-            return ""
-        return f", throttled {self.throttled}x (now {self.in_flight_limit} in flight)"
+            return bound
+        return f", throttled {self.throttled}x (now {self.in_flight_limit} in flight){bound}"
 
     def count(self, event: Event) -> int:
         """Update the totals; returns the bytes this event moved."""
@@ -73,6 +77,8 @@ class _Totals:
             case CacheFetched(nbytes=n):
                 self.bytes_done += n
                 return n
+            case Bottleneck(verdict=verdict):
+                self.bound_by = verdict
             case RequestThrottled(limit=limit):
                 self.throttled += 1
                 self.in_flight_limit = limit
@@ -106,7 +112,7 @@ class TerminalProgress:
         if moved:
             bar.update(moved)
         if isinstance(event, ObjectDone | ObjectFailed | ListingDone | RequestThrottled
-                      | WarmListed | CacheServed):
+                      | Bottleneck | WarmListed | CacheServed):
             doing = "warming" if isinstance(event, WarmListed | CacheServed) else "syncing"
             desc = doing if self._t.listing_done else f"listing+{doing}"
             bar.set_description_str(f"{desc} {self._t.objects_done}/{self._t.objects_total} obj"
@@ -173,6 +179,22 @@ class ChosenLine:
             print(f"  passed over {directory}: {why}", file=self._out, flush=True)
 
 
+class PrunedLines:
+    """``--keep-last``: a line for each checkpoint retention deleted from the target."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._out = stream or sys.stderr
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, CheckpointPruned):
+            what = "optimizer files of" if event.thinned else "checkpoint"
+            print(f"pruned {what} {event.directory} ({counted(event.objects, 'object')}, "
+                  f"{format_size(event.bytes)})", file=self._out, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
 class FailureLines:
     """With --quiet: only failures are printed."""
 
@@ -228,6 +250,9 @@ def cycle_line(cycle: Cycle) -> str:
         parts.append(f"reused {format_size(r.bytes_reused)}")
     parts += [f"skipped {r.objects_skipped}", f"deleted {r.objects_deleted}",
               f"failed {r.objects_failed}", f"waiting {r.objects_deferred}"]
+    if r.checkpoints_pruned or r.checkpoints_thinned:
+        parts.append(f"pruned {counted(r.checkpoints_pruned, 'checkpoint')} "
+                     f"({format_size(r.bytes_pruned)})")
     if r.requests_throttled:
         parts.append(f"throttled {r.requests_throttled}x")
     parts.append(f"{cycle.elapsed_s:.1f}s")

@@ -25,13 +25,21 @@ from ..errors import MCSyncError, NoCheckpoint, UsageError
 from ..events import EventSink, FanOut
 from ..report import SyncReport, report_json
 from ..run.engine import ManifestFactory, close_quietly, run_sync
-from ..scale.workers import reopenable
+from ..run.pools import reopenable
 from ..state.lock import Locked
 from ..state.manifest import Manifest
 from ..stores.base import ReadStore
 from ..stores.registry import StoreOptions, open_store
 from ..stores.single import open_pair
-from .progress import ChosenLine, FailureLines, LogProgress, TerminalProgress, cycle_line, summary
+from .progress import (
+    ChosenLine,
+    FailureLines,
+    LogProgress,
+    PrunedLines,
+    TerminalProgress,
+    cycle_line,
+    summary,
+)
 
 if TYPE_CHECKING:
     from ..observe.metrics import Metrics
@@ -93,6 +101,8 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
     sinks: list[EventSink] = [display]
     if options.latest_checkpoint and not out.quiet:
         sinks.append(ChosenLine())
+    if options.keep_last is not None and not out.quiet and not options.dry_run:
+        sinks.append(PrunedLines())
     if out.show_plan and not out.as_json:
         from .plan_view import PlanLines, PlanSummary
 
@@ -143,7 +153,7 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
         return EXIT_OK  # a stop is how a watch ends; each cycle was reported as it ended
     assert isinstance(result, SyncReport)
     for sink in sinks[1:]:
-        if sink is not metrics and not isinstance(sink, ChosenLine):
+        if sink is not metrics and not isinstance(sink, ChosenLine | PrunedLines):
             sink.close()  # type: ignore[attr-defined]
     if out.as_json:
         write_stdout(report_json(result.to_dict()) + "\n")
@@ -153,6 +163,8 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
         click.echo(f"mcsync: note: {result.manifest_note}", err=True)
     if not out.quiet:
         click.echo(summary(result), err=True)
+        if result.limited_by is not None and result.limited_by.verdict != "none":
+            click.echo(f"mcsync: {result.limited_by.describe()}", err=True)
     if result.interrupted:
         click.echo("mcsync: interrupted: state saved; run the same command again to resume",
                    err=True)

@@ -37,6 +37,7 @@ from ..stores.base import (
     Upload,
 )
 from ..types import RESERVED_PREFIX, ByteRange, ObjectInfo
+from .context import RunContext
 from .upload import MovePart, Uploaded, UploadPlan, Uploads
 
 log = logging.getLogger(__name__)
@@ -66,14 +67,22 @@ class Composed:
 class DeltaSender:
     """Sends the block deltas of one run, as their planner laid them out."""
 
-    src: ReadStore
-    dst: Store
-    options: SyncOptions
-    limits: Limits
-    emit: Callable[[Event], None]
+    ctx: RunContext
     known: Holdings | None = None  # told of an object composed from that went away
-    refused: bool = False  # the target refused a ranged part copy: no more deltas this run
-    _stage_creates: set[asyncio.Future[PartCopyUpload]] = field(default_factory=set)
+    # The target refused a ranged part copy: no more deltas this run.
+    refused: bool = field(default=False, init=False)
+    _stage_creates: set[asyncio.Future[PartCopyUpload]] = field(default_factory=set, init=False)
+    # The run's, read once from ``ctx``.
+    src: ReadStore = field(init=False)
+    dst: Store = field(init=False)
+    options: SyncOptions = field(init=False)
+    limits: Limits = field(init=False)
+    emit: Callable[[Event], None] = field(init=False)
+
+    def __post_init__(self) -> None:
+        c = self.ctx
+        self.src, self.dst, self.options, self.limits, self.emit = (c.src, c.dst, c.options,
+                                                                    c.limits, c.emit)
 
     async def send(self, action: Action, src: ObjectInfo, found: DeltaFound,
                    prior: OpenUpload | None, uploads: Uploads, send_part: MovePart, *,

@@ -12,19 +12,15 @@ happens, through ``emit``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..config import SyncOptions
 from ..delta.planner import Holdings
 from ..errors import Interrupted, MCSyncError, PreconditionFailed, SourceGone, UnsafeKey
-from ..events import ActionKind, DeltaPlanned, Event, ObjectDeferred, ObjectDone, ObjectFailed
-from ..limits import Limits
+from ..events import ActionKind, DeltaPlanned, ObjectDeferred, ObjectDone, ObjectFailed
 from ..records import Action, ManifestEntry, OpenUpload, Pair
-from ..stores.base import ReadStore, Store
+from .context import RunContext
 from .part_tasks import PartTasks
 from .transfer import NotWhole, Transfer
 from .upload import Journal
@@ -57,21 +53,21 @@ class Outcome:
 class Dispatch:
     """Carries out the actions of one run (or of one task of a run, in a worker)."""
 
-    def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, limits: Limits,
-                 emit: Callable[[Event], None], *, journal: Journal | None,
-                 known: Holdings | None, open_uploads: dict[str, OpenUpload],
-                 stop: asyncio.Event, whole_only: bool = False,
+    def __init__(self, ctx: RunContext, *, journal: Journal | None, known: Holdings | None,
+                 open_uploads: dict[str, OpenUpload], whole_only: bool = False,
                  part_tasks: PartTasks | None = None) -> None:
-        """``whole_only``: a worker process's, which has no journal: an action that is not
-        one request comes back ``handed_back``; ``part_tasks``: workers that send the parts
-        of what this process uploads in parts (``part_tasks``)."""
-        self.src = src
-        self.dst = dst
-        self.options = options
-        self.limits = limits
-        self.emit = emit
-        self._transfer = Transfer(src, dst, options, limits, emit, journal=journal, stop=stop,
-                                  open_uploads=open_uploads, known=known,
+        """``journal``: where open uploads are recorded (None: a dry run, a worker);
+        ``known``: the records and chunk index a delta composes from; ``open_uploads``: those
+        a killed run left, to take up; ``whole_only``: a worker process's, which has no
+        journal: an action that is not one request comes back ``handed_back``;
+        ``part_tasks``: workers that send the parts of what this process uploads in parts
+        (``part_tasks``)."""
+        self.src = ctx.src
+        self.dst = ctx.dst
+        self.options = ctx.options
+        self.limits = ctx.limits
+        self.emit = ctx.emit
+        self._transfer = Transfer(ctx, journal=journal, open_uploads=open_uploads, known=known,
                                   whole_only=whole_only, part_tasks=part_tasks)
 
     async def run(self, action: Action) -> Outcome:

@@ -41,12 +41,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from ..batching import Batcher
 from ..delta.match import Part
 from ..errors import MCSyncError, NotFound
 from ..limits import Limits
 from ..records import WrittenPart
 from ..stores.base import ReadStore, Store, Upload
-from ..tasks import cancel_and_wait, fail_waiting
 from ..types import ObjectInfo
 from .part_sender import PartSender
 
@@ -115,10 +115,9 @@ class RemoteParts:
         self.tasks = tasks
         self.sender = sender
         self.per_task = per_task
-        self._batch: list[tuple[PartJob, asyncio.Future[PartSent]]] = []
-        self._batch_bytes = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._sending: set[asyncio.Task[None]] = set()
+        self._batcher: Batcher[PartJob, PartSent] = Batcher(
+            self._send, size=lambda job: job.size, max_items=per_task,
+            max_size=tasks.task_bytes, linger_s=LINGER_S)
 
     async def __call__(self, spec: Part, upload: Upload) -> WrittenPart:
         s = self.sender
@@ -127,14 +126,7 @@ class RemoteParts:
             n = len(spec.chunks) or 1
             expect = tuple(s.cut_digests[spec.first_chunk:spec.first_chunk + n])
         job = PartJob(s.key, upload.upload_id, s.src, spec, expect, s.check_crc)
-        fut: asyncio.Future[PartSent] = asyncio.get_running_loop().create_future()
-        self._batch.append((job, fut))
-        self._batch_bytes += job.size
-        if len(self._batch) >= self.per_task or self._batch_bytes >= self.tasks.task_bytes:
-            self._flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(LINGER_S, self._flush)
-        sent = await fut
+        sent = await self._batcher.submit(job)
         if sent.error is not None:
             raise sent.error
         assert sent.written is not None
@@ -142,37 +134,17 @@ class RemoteParts:
             s.took_crc(spec.number, sent.crc)
         return sent.written
 
-    def _flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        batch = [(j, f) for j, f in self._batch if not f.cancelled()]
-        self._batch, self._batch_bytes = [], 0
-        if batch:
-            sending = asyncio.create_task(self._send(batch))
-            self._sending.add(sending)
-            sending.add_done_callback(self._sending.discard)
-
-    async def _send(self, batch: list[tuple[PartJob, asyncio.Future[PartSent]]]) -> None:
-        try:
-            results = await self.tasks.send_parts([j for j, _ in batch])
-        except BaseException as exc:
-            fail_waiting((f for _, f in batch), exc)
-            raise
+    async def _send(self, jobs: list[PartJob]) -> list[PartSent]:
+        results = await self.tasks.send_parts(jobs)
         if results:
-            log.debug("%s: parts %s sent by worker %s", batch[0][0].key,
+            log.debug("%s: parts %s sent by worker %s", jobs[0].key,
                       ", ".join(str(r.number) for r in results), results[0].worker)
-        for (_, fut), sent in zip(batch, results, strict=True):
-            if not fut.done():
-                fut.set_result(sent)
+        return results
 
     async def aclose(self) -> None:
         """After the upload: nothing left waiting (a part task of an upload that failed or
         was stopped is not waited for)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        await cancel_and_wait(*self._sending, quiet=True)
+        await self._batcher.aclose()
 
 
 class WorkerParts:

@@ -11,22 +11,19 @@ requests semaphore while it is on the wire.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..checkpoints.frameworks import is_commit_marker
 from ..chunking import Layout, group_parts
-from ..config import SyncOptions
 from ..delta.match import Part
 from ..delta.planner import DeltaPlanner, Holdings
 from ..delta.read import cut
 from ..errors import IntegrityError, MCSyncError, NotFound, PreconditionFailed, SourceGone
-from ..events import BytesMoved, Event
+from ..events import BytesMoved
 from ..hashing import block_digest_async
-from ..limits import Limits
 from ..records import Action, ManifestEntry, OpenUpload, WrittenPart
 from ..report import ObjectResult
 from ..retry import RetryPolicy, retrying
@@ -35,13 +32,12 @@ from ..stores.base import (
     FileTarget,
     PartCopyUpload,
     RangeStreamer,
-    ReadStore,
     ServerSideCopier,
-    Store,
     Upload,
 )
 from ..streaming import STREAM_PART_SIZE
 from ..types import ByteRange, ObjectInfo
+from .context import RunContext
 from .delta_sender import Composed, DeltaSender
 from .part_sender import PartSender
 from .part_tasks import PartTasks, RemoteParts, parts_per_task
@@ -69,9 +65,7 @@ class Done:
 class Transfer:
     """The context every action of one run shares."""
 
-    def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, limits: Limits,
-                 emit: Callable[[Event], None], *, journal: Journal | None = None,
-                 stop: asyncio.Event | None = None,
+    def __init__(self, ctx: RunContext, *, journal: Journal | None = None,
                  open_uploads: dict[str, OpenUpload] | None = None,
                  known: Holdings | None = None, whole_only: bool = False,
                  part_tasks: PartTasks | None = None) -> None:
@@ -80,6 +74,8 @@ class Transfer:
         left, to take up; ``whole_only``: raise NotWhole for an object that is not one
         request (a worker process, which has no journal); ``part_tasks``: workers that send
         the parts of a copy in parts (``part_tasks``; not into files: see there)."""
+        src, dst, options, limits, emit = ctx.src, ctx.dst, ctx.options, ctx.limits, ctx.emit
+        self.ctx = ctx
         self.whole_only = whole_only
         # A file upload reopened by a worker would hold a descriptor that the Upload protocol
         # cannot give back but by abort, which deletes the file: files stay in this process.
@@ -89,10 +85,9 @@ class Transfer:
         self.options = options
         self.limits = limits
         self.emit = emit
-        self.uploads = Uploads(dst, limits, emit, options.part_concurrency, journal,
-                               dict(open_uploads or {}), stop or asyncio.Event())
+        self.uploads = Uploads(ctx, journal, dict(open_uploads or {}))
         self.delta_planner = DeltaPlanner(src, dst, options, limits, known)
-        self.delta_sender = DeltaSender(src, dst, options, limits, emit, known)
+        self.delta_sender = DeltaSender(ctx, known)
         # Abilities asked once per run, not per object: on Python 3.11 each check against a
         # runtime protocol walks the protocol's members (~20 us for ServerSideCopier here),
         # ~5% of the client CPU of a server-side copy of 1,000 small objects.
@@ -123,8 +118,11 @@ class Transfer:
             log.info("%s changed while it was copied; copying the new version", action.key)
             current = dataclasses.replace(action, src=fresh, dst=None)
 
+        # A marker's new version may name a checkpoint this run never listed: not taken (the
+        # run reports it deferred, and the next one copies that checkpoint, then the marker).
+        tries = 1 if is_commit_marker(action.key) else 2
         try:
-            return await retrying(lambda: self._write(current), RetryPolicy.immediate(2),
+            return await retrying(lambda: self._write(current), RetryPolicy.immediate(tries),
                                   retry_on=PreconditionFailed, before_retry=take_new_version)
         except NotFound as exc:
             # Of the source (deleted since it was listed) or of the target's side (an upload
@@ -325,8 +323,7 @@ class Transfer:
             return WrittenPart.of(ref)
 
         # Not journalled: a copy costs the target, not the network; a killed one starts over.
-        uploads = Uploads(dst, self.limits, self.emit, self.options.part_concurrency,
-                          stop=self.uploads.stop)
+        uploads = Uploads(self.ctx)
         plan = UploadPlan(action.key, src, specs, part_size, "server-copy")
         uploaded = await uploads.run(plan, None, move, n_chunks=0)
         return self._done(action, src, uploaded.written, 0, [], None)

@@ -34,6 +34,7 @@ from ..records import OpenUpload, WrittenPart, split_digests
 from ..stores.base import ReadStore, Store, Upload
 from ..streaming import STREAM_PART_HOLD
 from ..types import ObjectInfo, PartClaim, PartRef
+from .context import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +88,23 @@ class Recognised:
 class Uploads:
     """The multipart uploads of one run, and the journal of those a killed run left open."""
 
-    dst: Store
-    limits: Limits
-    emit: Callable[[Event], None]
-    part_concurrency: int
+    ctx: RunContext
     journal: Journal | None = None
     open_uploads: dict[str, OpenUpload] = field(default_factory=dict)
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
     # Uploads a killed run left open, taken up by ``take_up`` and handed on to ``run`` (a
     # local one holds a file descriptor that must not be opened twice, nor leak).
-    _taken_up: dict[str, Upload] = field(default_factory=dict)
+    _taken_up: dict[str, Upload] = field(default_factory=dict, init=False)
+    # The run's, read once from ``ctx``.
+    dst: Store = field(init=False)
+    limits: Limits = field(init=False)
+    emit: Callable[[Event], None] = field(init=False)
+    part_concurrency: int = field(init=False)
+    stop: asyncio.Event = field(init=False)
+
+    def __post_init__(self) -> None:
+        ctx = self.ctx
+        self.dst, self.limits, self.emit, self.stop = ctx.dst, ctx.limits, ctx.emit, ctx.stop
+        self.part_concurrency = ctx.options.part_concurrency
 
     # -- what a killed run left ---------------------------------------------------------------
 

@@ -1,7 +1,12 @@
 """Prometheus metrics of sync runs, on a registry of their own.
 
 ``Metrics`` is an event sink (what the runs did: objects, bytes, runs) and wraps stores
-(``metrics.wrap(store, "target")``: every request they answer, by operation and outcome, timed).
+(``metrics.wrap(store, "target")``: every request they answer, by operation and outcome, timed;
+the hooks are ``observe.requests``'). With ``--workers``, each worker counts its own requests
+with the same hooks and sends them back with each task (``events.RequestsCounted``), which this
+sink adds: the request and byte figures are those of every process of the run, as if one had
+made every request. Two are per process by nature: requests in flight *now* is the driver's;
+the in-flight *peak* is the driver's peak plus each worker's, at least the true peak.
 Everything is kept on ``metrics.registry``, a ``prometheus_client.CollectorRegistry`` made for
 it, never the process-global default one: a library caller's own metrics are left alone, and
 two ``Metrics`` never share a figure. The CLI serves it over HTTP (``--metrics-addr``) and
@@ -14,43 +19,43 @@ results. Never a key, an address or a message: nothing that can carry a credenti
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import start_http_server, write_to_textfile
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..errors import MCSyncError, Throttled, UsageError
+from ..errors import UsageError
 from ..events import (
     CacheEvicted,
     CacheFetched,
     CacheServed,
     CacheUsage,
+    CheckpointDurable,
+    CheckpointPruned,
     Event,
     ObjectDeferred,
     ObjectDone,
     ObjectFailed,
     ObjectPlanned,
+    RequestsCounted,
     RunFinished,
     RunStarted,
 )
 from ..report import SyncReport
 from ..stores.base import ReadStore
-from ..stores.wrap import Op, wrap
-from ..types import Buffer, ObjectInfo
+from .requests import Role, meter, status_of
 
 __all__ = ["OBJECT_RESULTS", "RUN_RESULTS", "Metrics", "parse_addr", "status_of"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-Role = Literal["source", "target"]
 
 OBJECT_RESULTS = ("copied", "server_copied", "skipped", "failed", "deleted")
 RUN_RESULTS = ("ok", "failed", "interrupted", "error", "locked", "dry_run")
@@ -61,7 +66,6 @@ REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 # A run: a no-op incremental run in a second up to a day-long first copy.
 RUN_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0,
                21600.0, 86400.0)
-_BOOKKEEPING = frozenset({"part_written"})  # no request: the bytes went with write_at
 
 
 class Metrics:
@@ -74,12 +78,19 @@ class Metrics:
         self._clock = clock
         self._dry_run = False
         self._waiting: set[str] = set()  # directories of the objects this run deferred
+        # Requests in flight now (this process) and the run's peaks, per store; the workers'
+        # peaks per worker (a sum of per-process peaks: no process sees the others' moments).
+        self._lock = threading.Lock()
+        self._now: Tally[str] = Tally()
+        self._peak: Tally[str] = Tally()
+        self._worker_peaks: dict[str, Tally[str]] = {}
         r = self.registry
         self.sent = Counter("mcsync_sent_bytes", "Bytes of object data sent to the target "
                             "through this client (as the report's bytes_sent), counted as each "
                             "object completes.", registry=r)
-        self.received = Counter("mcsync_received_bytes", "Bytes read from the source through "
-                                "this client (copies, delta scans, comparisons).", registry=r)
+        self.received_bytes = Counter("mcsync_received_bytes", "Bytes read from the source "
+                                      "(copies, delta scans, comparisons), by every process of "
+                                      "the run.", registry=r)
         self.reused = Counter("mcsync_reused_bytes", "Bytes the block delta had the target "
                               "compose from objects it held instead of sending them.",
                               registry=r)
@@ -95,8 +106,17 @@ class Metrics:
         self.throttled = Counter("mcsync_throttled_requests", "Requests a store answered "
                                  "Throttled (SlowDown, 429) after the SDK's own retries.",
                                  ["store", "operation"], registry=r)
-        self.in_flight = Gauge("mcsync_requests_in_flight", "Requests to the stores awaiting "
-                               "their answer now.", ["store"], registry=r)
+        self.in_flight_gauge = Gauge("mcsync_requests_in_flight", "Requests to the stores awaiting "
+                               "their answer now, in this process (the driver's; a worker's "
+                               "count in the peak).", ["store"], registry=r)
+        self.in_flight_peak = Gauge("mcsync_requests_in_flight_peak", "The most requests to "
+                                    "the store in flight at once during the current or last "
+                                    "run: the driver's peak plus each worker process's, so at "
+                                    "least the true peak.", ["store"], registry=r)
+        self.retried = Counter("mcsync_retried_requests", "Requests tried again after a "
+                               "transient error or throttling (by mcsync's retry layer, "
+                               "every process of the run), counted as each run ends.",
+                               registry=r)
         self.run_seconds = Histogram("mcsync_run_duration_seconds", "Duration of the sync "
                                      "runs (cycles) that ended with a report.",
                                      buckets=RUN_BUCKETS, registry=r)
@@ -110,6 +130,12 @@ class Metrics:
                                          "objects the last run left for a later one: a "
                                          "checkpoint not complete yet, or files still being "
                                          "written (--min-age).", registry=r)
+        # Retention (--keep-last): for an alert "no new checkpoint for an hour".
+        self.checkpoints_pruned = Counter("mcsync_checkpoints_pruned", "Checkpoints retention "
+                                          "deleted from the target.", registry=r)
+        self.durable_step = Gauge("mcsync_checkpoint_durable_step", "The step of the newest "
+                                  "complete checkpoint at the target, as retention last found "
+                                  "it.", registry=r)
         # The node cache's (mcsync.cache, told by its events), beside the sync's.
         self.cache_hits = Counter("mcsync_cache_hits", "Cache lookups served from a complete "
                                   "entry, with no byte fetched.", registry=r)
@@ -146,10 +172,17 @@ class Metrics:
             case RunStarted(dry_run=dry_run):
                 self._dry_run = dry_run
                 self._waiting.clear()
+                self._restart_peaks()
+            case RequestsCounted():
+                self.add(event)
             case ObjectDeferred(key=key):
                 self._waiting.add(key.rpartition("/")[0])
             case _ if self._dry_run and not isinstance(event, RunFinished):
                 pass  # a plan moves nothing: its requests count, its objects do not
+            case CheckpointPruned(thinned=False):
+                self.checkpoints_pruned.inc()
+            case CheckpointDurable(step=step) if step is not None:
+                self.durable_step.set(step)
             case ObjectPlanned(action="skip"):
                 self.objects.labels("skipped").inc()
             case ObjectDone(result=result):
@@ -165,6 +198,7 @@ class Metrics:
 
     def _run_finished(self, report: SyncReport) -> None:
         self.run_seconds.observe(report.elapsed_s)
+        self.retried.inc(report.requests_retried)
         self.checkpoints_waiting.set(len(self._waiting))
         if report.dry_run:
             result = "dry_run"
@@ -185,8 +219,58 @@ class Metrics:
     def wrap(self, store: ReadStore, role: Role) -> ReadStore:
         """``store`` with its requests counted and timed under ``store=role``; the bytes read
         from a source count as received. The same abilities as ``store``."""
-        self.in_flight.labels(role)
-        return wrap(store, _RequestHooks(self, role), name="Metered")
+        return meter(store, self, role)
+
+    # -- requests (observe.requests.Recorder): this process's, and the workers' ---------------
+
+    def in_flight(self, role: Role, delta: int) -> None:
+        self.in_flight_gauge.labels(role).inc(delta)
+        with self._lock:
+            self._now[role] += delta
+            if self._now[role] > self._peak[role] or delta == 0:
+                self._peak[role] = max(self._peak[role], self._now[role])
+                self._show_peak(role)
+
+    def request(self, role: Role, operation: str, status: str, throttled: bool,
+                seconds: float) -> None:
+        self.requests.labels(role, operation, status).inc()
+        self.request_seconds.labels(role, operation).observe(seconds)
+        if throttled:
+            self.throttled.labels(role, operation).inc()
+
+    def received(self, nbytes: int) -> None:
+        self.received_bytes.inc(nbytes)
+
+    def add(self, counted: RequestsCounted) -> None:
+        """A worker's requests, counted as if this process had made them."""
+        for group in counted.requests:
+            role = group.store
+            self.requests.labels(role, group.operation, group.status).inc(len(group.seconds))
+            timed = self.request_seconds.labels(role, group.operation)
+            for seconds in group.seconds:
+                timed.observe(seconds)
+            if group.throttled:
+                self.throttled.labels(role, group.operation).inc(len(group.seconds))
+        self.received_bytes.inc(counted.received)
+        with self._lock:
+            peaks = self._worker_peaks.setdefault(counted.worker, Tally())
+            for role, peak in counted.in_flight_peak:
+                if peak > peaks[role]:
+                    peaks[role] = peak
+                    self._show_peak(role)
+
+    def _restart_peaks(self) -> None:
+        with self._lock:
+            shown = set(self._peak) | {r for p in self._worker_peaks.values() for r in p}
+            self._peak = Tally(self._now)
+            self._worker_peaks.clear()
+            for role in shown | set(self._now):
+                self._show_peak(role)
+
+    def _show_peak(self, role: str) -> None:
+        """The peak gauge from the peaks (under the lock)."""
+        self.in_flight_peak.labels(role).set(
+            self._peak[role] + sum(p[role] for p in self._worker_peaks.values()))
 
     # -- exposition -------------------------------------------------------------------------------
 
@@ -224,16 +308,6 @@ class Metrics:
             return  # none yet, or not ours: start from 0
 
 
-def status_of(exc: BaseException) -> str:
-    """The status label of a request that raised ``exc``: its class's name for an mcsync error
-    or a built-in one (OSError, ...), never its message."""
-    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
-        return "Cancelled"
-    if isinstance(exc, MCSyncError) or type(exc).__module__ == "builtins":
-        return type(exc).__name__
-    return "Error"
-
-
 def parse_addr(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9108`` for IPv6; ``:9108`` for every interface)."""
     host, sep, port = text.rpartition(":")
@@ -242,125 +316,3 @@ def parse_addr(text: str) -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host or "0.0.0.0", int(port)
-
-
-class _RequestHooks:
-    """Counts, times and tracks in flight every request of one store (``stores.wrap.Hooks``)."""
-
-    def __init__(self, metrics: Metrics, role: Role) -> None:
-        self.m = metrics
-        self.role = role
-        self.in_flight = metrics.in_flight.labels(role)
-
-    def done(self, name: str, seconds: float, exc: BaseException | None) -> None:
-        m, status = self.m, "ok" if exc is None else status_of(exc)
-        m.requests.labels(self.role, name, status).inc()
-        m.request_seconds.labels(self.role, name).observe(seconds)
-        if isinstance(exc, Throttled):
-            m.throttled.labels(self.role, name).inc()
-
-    def received(self, nbytes: int) -> None:
-        if self.role == "source":
-            self.m.received.inc(nbytes)
-
-    async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
-        self.in_flight.inc()
-        started = time.perf_counter()
-        try:
-            result: Any = await fn()
-        except BaseException as exc:
-            self.in_flight.dec()
-            self.done(op.name, time.perf_counter() - started, exc)
-            raise
-        if op.name == "open_range":  # answered; the request lasts until its body is read
-            assert op.rng is not None
-            return cast(T, _Body(self, result, op.rng.length, started))
-        self.in_flight.dec()
-        if op.name in ("get", "read_into"):
-            self.received(len(result))
-        self.done(op.name, time.perf_counter() - started, None)
-        return cast(T, result)
-
-    def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
-        if op.name in _BOOKKEEPING:
-            return fn()
-        self.in_flight.inc()
-        started = time.perf_counter()
-        try:
-            result = fn()
-        except BaseException as exc:
-            self.done(op.name, time.perf_counter() - started, exc)
-            raise
-        finally:
-            self.in_flight.dec()
-        self.done(op.name, time.perf_counter() - started, None)
-        return result
-
-    async def listing(self, entries: AsyncIterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
-        """A listing is one request here (its pages are the store's own): timed while it waits
-        for the store, not while the engine works through the entries."""
-        waited, error = 0.0, None
-        it = aiter(entries)
-        try:
-            while True:
-                self.in_flight.inc()
-                started = time.perf_counter()
-                try:
-                    info = await anext(it)
-                except StopAsyncIteration:
-                    break
-                finally:
-                    self.in_flight.dec()
-                    waited += time.perf_counter() - started
-                yield info
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            self.done("list", waited, error)
-
-
-class _Body:
-    """A streamed range's body: counted as received piece by piece, and its request finished
-    (in flight no more, timed, its status counted) when the body ends, fails, or is dropped:
-    once every byte was read, dropping it is a success."""
-
-    def __init__(self, hooks: _RequestHooks, pieces: Iterator[Buffer], length: int,
-                 started: float) -> None:
-        self._hooks = hooks
-        self._pieces = iter(pieces)
-        self._left = length
-        self._started = started
-        self._open = True
-
-    def __iter__(self) -> _Body:
-        return self
-
-    def __next__(self) -> Buffer:
-        try:
-            piece = next(self._pieces)
-        except StopIteration:
-            self._finish(None)
-            raise
-        except BaseException as exc:
-            self._finish(exc)
-            raise
-        self._left -= len(piece)
-        self._hooks.received(len(piece))
-        return piece
-
-    def _finish(self, exc: BaseException | None) -> None:
-        if getattr(self, "_open", False):
-            self._open = False
-            self._hooks.in_flight.dec()
-            self._hooks.done("open_range", time.perf_counter() - self._started, exc)
-
-    def close(self) -> None:
-        self._finish(None if self._left <= 0 else GeneratorExit())
-        close = getattr(self._pieces, "close", None)
-        if close is not None:
-            close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # late in interpreter shutdown, say
-            self.close()

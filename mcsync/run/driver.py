@@ -9,28 +9,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoints.frameworks import Completion
-from ..config import SyncOptions
+from ..checkpoints.frameworks import Completion, is_commit_marker
 from ..events import (
-    EventSink,
+    Event,
     ListingDone,
     ObjectDeferred,
     ObjectFailed,
     ObjectPlanned,
-    StatsCollector,
 )
+from ..move.context import RunContext
 from ..move.dispatch import Dispatch, Outcome, kind_of
 from ..records import Action, ManifestEntry, Pair, split_digests
 from ..state.holdings import ManifestHoldings
 from ..state.manifest import Manifest, entry_for
 from ..state.spool import Spool
-from ..stores.base import FileTarget, ReadStore, Store
+from ..stores.base import FileTarget
 from ..types import RESERVED_PREFIX, ObjectInfo
 from .listing import Handoff, merge_join, prefetched
-from .plan import is_commit_marker, plan
+from .named_markers import not_yet
+from .plan import plan
 
 if TYPE_CHECKING:
     from ..move.compare import Verdict
@@ -44,29 +44,30 @@ MOVES = ("copy", "server_copy", "compare")  # actions that would write the key a
 class Driver:
     """Plans the keys of one run and commits what the dispatch unit returns."""
 
-    def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, *,
-                 manifest: Manifest | None, dispatch: Dispatch,
-                 holdings: ManifestHoldings | None, sink: EventSink, stats: StatsCollector,
-                 completion: Completion, stop: asyncio.Event,
-                 listing: Handoff[ObjectInfo] | None = None,
+    def __init__(self, ctx: RunContext, dispatch: Dispatch, *, manifest: Manifest | None,
+                 holdings: ManifestHoldings | None, completion: Completion,
                  workers: Workers | None = None) -> None:
-        """``workers``: worker processes that take the actions of one request each (see
-        ``workers``); everything else is dispatched here."""
-        self.src = src
-        self.dst = dst
-        self.options = options
+        """``dispatch``: where actions are carried out; ``manifest``: the run's, which only
+        the driver writes (None: no manifest); ``holdings``: the delta's view of it, told when
+        the target is found empty; ``completion``: which source objects are complete enough
+        to copy (checkpoints, ``--min-age``); ``workers``: worker processes that take the
+        actions of one request each (see ``workers``); everything else is dispatched here."""
+        self.src = ctx.src
+        self.dst = ctx.dst
+        self.options = ctx.options
+        self.emit = ctx.emit
+        self.stop = ctx.stop
         self.manifest = manifest
         self.dispatch = dispatch
         self.holdings = holdings
-        self.sink = sink
-        self.stats = stats
         self.completion = completion
-        self.stop = stop
-        self.listing = listing
         self.workers = workers
         # Objects in motion at once; their parts share the requests limit beneath.
-        self.objects = asyncio.Semaphore(options.concurrency)
+        self.objects = asyncio.Semaphore(self.options.concurrency)
         self.interrupted = False
+        # Objects of this run that failed, each told by this driver (every ObjectFailed before
+        # the markers and deletes is): a failure holds the markers and deletes back.
+        self.failed = 0
         self.compared = 0  # objects whose content was read and hashed (--checksum)
         self.bytes_compared = 0
         self._adopted = 0
@@ -74,12 +75,13 @@ class Driver:
     # -- pairs ------------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _pairs(self, trust: bool) -> AsyncIterator[AsyncIterator[Pair]]:
+    async def _pairs(self, trust: bool,
+                     listing: Handoff[ObjectInfo] | None) -> AsyncIterator[AsyncIterator[Pair]]:
         manifest = self.manifest
         if trust:
             assert manifest is not None
             targets: AsyncIterator[Any] = _aiter(manifest.entries())
-        early = self.listing.take() if self.listing is not None else None
+        early = listing.take() if listing is not None else None
         async with (contextlib.nullcontext(early) if early is not None
                     else prefetched(self.src.list())) as src_list:
             if not trust:
@@ -109,10 +111,11 @@ class Driver:
     # -- the loop ---------------------------------------------------------------------------------
 
     async def plan_and_copy(self, server_side: bool, trust: bool, deletes: Spool,
-                            markers: Spool) -> None:
+                            markers: Spool, listing: Handoff[ObjectInfo] | None = None) -> None:
+        """``listing``: the source's, started already by the engine (None: listed here)."""
         files = isinstance(self.dst, FileTarget)  # once: a protocol check costs microseconds
         listed = self.completion.listed  # every source key, in order: markers passed need no HEAD
-        async with self._pairs(trust) as pairs, asyncio.TaskGroup() as tg:
+        async with self._pairs(trust, listing) as pairs, asyncio.TaskGroup() as tg:
             async for pair in pairs:
                 if self.stop.is_set():
                     break
@@ -125,17 +128,17 @@ class Driver:
                 if action.kind in MOVES and action.src is not None:
                     why = await self.completion.waiting(action.src)
                     if why:  # a checkpoint not complete yet: a later run takes it
-                        self.sink.emit(ObjectDeferred(action.key, action.size, why))
+                        self._emit(ObjectDeferred(action.key, action.size, why))
                         continue
                 if action.kind == "compare":  # --checksum: read and hash, then decide
                     await self.objects.acquire()
                     tg.create_task(self._compare(pair, server_side, markers))
                     continue
-                self.sink.emit(ObjectPlanned(action.key, action.kind, action.size,
+                self._emit(ObjectPlanned(action.key, action.kind, action.size,
                                              action.reason))
                 if action.kind == "skip":
                     if pair.known is None and pair.dst is not None and pair.src is not None:
-                        self._adopt(pair.src, pair.dst)
+                        self.adopt(pair.src, pair.dst)
                     continue
                 if self.options.dry_run:
                     if self.dispatch.may_go_as_delta(action):
@@ -150,7 +153,7 @@ class Driver:
                     continue
                 await self._start(tg, action)
             else:
-                self.sink.emit(ListingDone())
+                self._emit(ListingDone())
 
     async def _compare(self, pair: Pair, server_side: bool, markers: Spool) -> None:
         """Hash what the planner could not decide from metadata; skip (and record the hashes,
@@ -161,7 +164,7 @@ class Driver:
         try:
             verdict = await self.dispatch.compare(pair)
             if isinstance(verdict, ObjectFailed):
-                self.sink.emit(verdict)
+                self._emit(verdict)
                 return
             self.compared += 1
             self.bytes_compared += verdict.bytes_read
@@ -170,10 +173,10 @@ class Driver:
             else:
                 action = Action("server_copy" if server_side else "copy", pair.key, src, dst,
                                 verdict.reason)
-            self.sink.emit(ObjectPlanned(action.key, kind_of(action), action.size,
+            self._emit(ObjectPlanned(action.key, kind_of(action), action.size,
                                          action.reason))
             if verdict.same:
-                self._adopt(src, dst, verdict)
+                self.adopt(src, dst, verdict)
             elif self.options.dry_run:
                 pass
             elif is_commit_marker(action.key):
@@ -191,9 +194,9 @@ class Driver:
         finally:
             self.objects.release()
         if found is not None:
-            self.sink.emit(found)
+            self._emit(found)
 
-    def _adopt(self, src: ObjectInfo, dst: ObjectInfo, content: Verdict | None = None) -> None:
+    def adopt(self, src: ObjectInfo, dst: ObjectInfo, content: Verdict | None = None) -> None:
         """A target object mcsync has no record of but found current (same size and ETag, or
         a target no older than the source): record it, so later runs that trust the manifest
         skip it too. Unless --checksum compared it (``content``: the source's block hashes),
@@ -209,26 +212,42 @@ class Driver:
         if self._adopted % 1000 == 0:
             self.manifest.commit()
 
-    async def commit_markers(self, markers: Spool) -> None:
+    async def commit_markers(self, markers: Iterable[Action]) -> None:
         """Index files, config.json and latest/COMMIT markers go last, and only when every
         other object arrived: a reader that finds them finds the whole checkpoint."""
-        if self.stats.failed:
+        if self.failed:
             for action in markers:
-                self.sink.emit(ObjectFailed(
+                self._emit(ObjectFailed(
                     action.key, kind_of(action), action.size,
-                    f"held back: {self.stats.failed} other objects of this sync failed, and "
+                    f"held back: {self.failed} other objects of this sync failed, and "
                     "this file tells readers the checkpoint is complete"))
             return
-        await self._execute_all(markers)
+        if self.options.latest_checkpoint:
+            # The choice read the marker before it listed the directory it names: no race.
+            await self._execute_all(markers)
+            return
+        await self._execute_all(await self._ready(markers))
+
+    async def _ready(self, markers: Iterable[Action]) -> list[Action]:
+        """The markers that may go: one naming another directory only once that directory is
+        complete at the target (``named_markers.not_yet``); the others wait, deferred."""
+        ready: list[Action] = []
+        for action in markers:
+            why = await not_yet(self.src, self.dst, action, self.options.selects)
+            if why:
+                self._emit(ObjectDeferred(action.key, action.size, why))
+            else:
+                ready.append(action)
+        return ready
 
     async def delete(self, deletes: Spool) -> None:
-        if self.stats.failed:
+        if self.failed:
             log.warning("not deleting %d target objects: %d objects failed",
-                        len(deletes), self.stats.failed)
+                        len(deletes), self.failed)
             return
         await self._execute_all(deletes)
 
-    async def _execute_all(self, actions: Spool) -> None:
+    async def _execute_all(self, actions: Iterable[Action]) -> None:
         async with asyncio.TaskGroup() as tg:
             for action in actions:
                 if self.stop.is_set():
@@ -265,6 +284,11 @@ class Driver:
         finally:
             self.objects.release()
 
+    def _emit(self, event: Event) -> None:
+        if isinstance(event, ObjectFailed):
+            self.failed += 1
+        self.emit(event)
+
     def commit(self, outcome: Outcome) -> None:
         """Record what an action came to (the record first, so an object reported done is
         recorded), then report it."""
@@ -276,7 +300,7 @@ class Driver:
                 self.manifest.record_object(outcome.record)
             elif outcome.forget:
                 self.manifest.forget(outcome.key)
-        self.sink.emit(outcome.event)
+        self._emit(outcome.event)
 
 
 class _TargetListing:

@@ -17,11 +17,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from ..bottleneck import Meter, judge
 from ..checkpoints.frameworks import Completion
 from ..checkpoints.latest import Chosen, choose, only_chosen
 from ..config import SyncOptions
 from ..errors import ListingOrderError, UsageError, first_error
 from ..events import (
+    Bottleneck,
     CheckpointChosen,
     EventSink,
     FanOut,
@@ -33,16 +35,17 @@ from ..events import (
     StatsCollector,
 )
 from ..limits import Limits
+from ..move.context import RunContext
 from ..move.dispatch import Dispatch
 from ..ratelimit import limits_share
 from ..report import RunTotals, SyncReport
 from ..retry import RetryPolicy, retrying
 from ..scale.worker_runner import Addresses
-from ..scale.workers import Workers, folds_case, open_pool, refuse_in_a_starting_worker
+from ..scale.workers import Workers, refuse_in_a_starting_worker
 from ..state.holdings import ManifestHoldings
 from ..state.lock import read_lock, run_lock
 from ..state.manifest import Manifest, default_path, pair_id
-from ..state.shard import Shard, suffix
+from ..state.shard import Shard, sharded, suffix
 from ..state.spool import Spool
 from ..state.task_log import TaskLog
 from ..stores.base import ReadStore, ServerSideCopier, Store, TempFileSweeper
@@ -50,12 +53,16 @@ from ..stores.registry import StoreOptions, open_store
 from ..stores.resilience import Pacing, pacing_of, resilient
 from ..tasks import cancel_and_wait
 from ..types import RESERVED_PREFIX, ObjectInfo
-from . import manifest_copy
+from . import manifest_copy, prune
 from .driver import Driver
 from .listing import Handoff, prefetched
+from .markers import commit_when_complete, deletes_in_order
+from .pools import folds_case, open_pool
 from .preflight import check_stores, writable_pair
 
 log = logging.getLogger(__name__)
+
+BOTTLENECK_EVERY_S = 5.0  # the progress display's "limited by", judged over this window
 
 ManifestFactory = Callable[[Path, str, str], Manifest]
 
@@ -124,10 +131,17 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
             if options.latest_checkpoint:  # a first pass finds it; the run lists only it
                 chosen = await choose(source, atomic_renames=source.facts.atomic_renames)
                 source = only_chosen(source, chosen)
+            retention = None
+            if (policy := prune.policy_of(options)) is not None:
+                retention = prune.Retention(policy, target, lambda event: None,
+                                            atomic_renames=target.facts.atomic_renames)
+                # Without what it would delete on arrival; no checkpoint under SRC: exit 2.
+                source = await retention.prepare(source, require=preflight)
             if not locking:
                 return await _run_with_manifest(source, target, options, sink, stop, path,
                                                 manifest_factory, check_manifest_copy,
-                                                addresses=addresses, chosen=chosen)
+                                                addresses=addresses, chosen=chosen,
+                                                retention=retention)
             # The source is listed while the lock is taken too: each page of a listing is a
             # round trip, and a source's listing needs nothing the lock guards (the target's
             # state and the manifest). Locked out, it is dropped unread.
@@ -136,7 +150,7 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
                 return await _run_with_manifest(source, target, options, sink, stop, path,
                                                 manifest_factory, check_manifest_copy,
                                                 Handoff(listing), addresses=addresses,
-                                                chosen=chosen)
+                                                chosen=chosen, retention=retention)
         finally:
             await cancel_and_wait(held, quiet=True)
     raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
@@ -179,7 +193,8 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
                              manifest_factory: ManifestFactory, check_manifest_copy: bool,
                              listing: Handoff[ObjectInfo] | None = None, *,
                              addresses: Addresses | None = None,
-                             chosen: Chosen | None = None) -> SyncReport:
+                             chosen: Chosen | None = None,
+                             retention: prune.Retention | None = None) -> SyncReport:
     """``listing``: the source's, started already (see run_sync); ``chosen``: the checkpoint
     ``--latest-checkpoint`` restores (``src`` lists it alone)."""
     manifest: Manifest | None = None
@@ -197,11 +212,17 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
         log.warning("%s; listing it directory by directory and starting again", exc)
         exc.fallback()
 
+    def attempt() -> Awaitable[SyncReport]:
+        # Each attempt is a run of its own: its report, limits and workers fresh.
+        stats = StatsCollector(src.url, dst.url, options.dry_run)
+        ctx = RunContext(src, dst, options, Limits(options.concurrency, options.memory_limit),
+                         FanOut([stats, sink or NullSink()]).emit, stop)
+        return _Run(ctx, stats, manifest, look=look, addresses=addresses,
+                    chosen=chosen, retention=retention).run(listing)
+
     try:  # each side may need to switch to an ordered listing once
-        return await retrying(
-            lambda: _Run(src, dst, options, sink or NullSink(), manifest, stop, look,
-                         listing, addresses, chosen).run(),
-            RetryPolicy.immediate(3), retry_on=ListingOrderError, before_retry=list_in_order)
+        return await retrying(attempt, RetryPolicy.immediate(3), retry_on=ListingOrderError,
+                              before_retry=list_in_order)
     finally:
         if manifest is not None:
             manifest.close()
@@ -212,19 +233,24 @@ class _Run:
     manifest, the watchdog of a stop, the manifest's copy at the target, the work after the
     last copy (markers, deletes, leftovers, --verify) and the report."""
 
-    def __init__(self, src: ReadStore, dst: Store, options: SyncOptions, sink: EventSink,
-                 manifest: Manifest | None, stop: asyncio.Event, look: bool,
-                 listing: Handoff[ObjectInfo] | None = None,
-                 addresses: Addresses | None = None, chosen: Chosen | None = None) -> None:
-        self.look = look  # for the manifest's copy at the target before trusting the manifest
+    def __init__(self, ctx: RunContext, stats: StatsCollector, manifest: Manifest | None, *,
+                 look: bool, addresses: Addresses | None = None,
+                 chosen: Chosen | None = None,
+                 retention: prune.Retention | None = None) -> None:
+        """``stats``: the report, one of ``ctx.emit``'s sinks; ``look``: for the manifest's
+        copy at the target before trusting the manifest; ``addresses``: where workers reopen
+        the stores from (None: no workers); ``chosen``: the checkpoint
+        ``--latest-checkpoint`` restores; ``retention``: the prune after the run (None: none)."""
+        src, dst, options, stop = ctx.src, ctx.dst, ctx.options, ctx.stop
+        self.look = look
         self.src = src
         self.dst = dst
         self.options = options
         self.manifest = manifest
         self.stop = stop
-        self.stats = StatsCollector(src.url, dst.url, options.dry_run)
-        self.sink = FanOut([self.stats, sink])
-        self.limits = Limits(options.concurrency, options.memory_limit)
+        self.stats = stats
+        self.emit = ctx.emit
+        self.limits = ctx.limits
         self.pacing = pacing_of(src) or Pacing.for_options(options)
         writing = manifest if not options.dry_run else None
         open_uploads = writing.open_uploads() if writing else {}
@@ -239,21 +265,24 @@ class _Run:
         # copies in parts (nothing moves in a dry run). Each task's end goes into the manifest
         # too, for `mcsync status` (task_log).
         self.task_log = TaskLog(writing)
-        self.workers = (Workers(open_pool(addresses, options), options, self.sink.emit, stop,
+        self.workers = (Workers(open_pool(addresses, options), options, self.emit, stop,
                                 on_task=self.task_log)
                         if addresses is not None and options.workers and not options.dry_run
                         and not self._folds_case(dst) else None)
-        self.dispatch = Dispatch(src, dst, options, self.limits, self.sink.emit,
-                                 journal=writing, known=holdings, open_uploads=open_uploads,
-                                 stop=stop, part_tasks=self.workers)
-        self.driver = Driver(src, dst, options, manifest=manifest, dispatch=self.dispatch,
-                             holdings=holdings, sink=self.sink, stats=self.stats,
+        self.dispatch = Dispatch(ctx, journal=writing, known=holdings,
+                                 open_uploads=open_uploads, part_tasks=self.workers)
+        self.driver = Driver(ctx, self.dispatch, manifest=manifest, holdings=holdings,
                              completion=Completion(src, min_age_s=options.min_age_s,
                                                    atomic_renames=src.facts.atomic_renames,
                                                    source=chosen.source if chosen else None),
-                             stop=stop, listing=listing, workers=self.workers)
+                             workers=self.workers)
         self.interrupted = False
         self.chosen = chosen
+        self.retention = retention
+        if retention is not None:
+            retention.emit = self.emit
+            if writing is not None:
+                retention.forget = writing.forget
 
     @staticmethod
     def _folds_case(dst: Store) -> bool:
@@ -263,18 +292,20 @@ class _Run:
                     "object without worker processes", dst.url)
         return True
 
-    async def run(self) -> SyncReport:
+    async def run(self, listing: Handoff[ObjectInfo] | None = None) -> SyncReport:
+        """``listing``: the source's, started already (see run_sync)."""
         writing = self.manifest is not None and not self.options.dry_run
         # A killed run may have left hidden temporary files that no journal names.
         sweep = (writing and self.manifest is not None and isinstance(self.dst, TempFileSweeper)
                  and self.manifest.last_status() in ("running", "interrupted"))
         started = time.time()
+        meter = Meter(*self.pacing.timings())
         run_id = self.manifest.start_run() if writing and self.manifest else 0
         self.task_log.run_id = run_id
-        self.sink.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
+        self.emit(RunStarted(self.src.url, self.dst.url, self.options.dry_run))
         if (c := self.chosen) is not None:
-            self.sink.emit(CheckpointChosen(c.directory, c.framework, c.step,
-                                            c.marker.key if c.marker else None, c.passed_over))
+            self.emit(CheckpointChosen(c.directory, c.framework, c.step,
+                                       c.marker.key if c.marker else None, c.passed_over))
         server_side = (self.options.server_side_copy and isinstance(self.dst, ServerSideCopier)
                        and self.dst.can_copy_from(self.src))
         trust = (self.manifest is not None and self.manifest.established
@@ -286,14 +317,23 @@ class _Run:
         main = asyncio.current_task()
         self.pacing.listeners.append(self._throttled)
         watchdog = asyncio.create_task(self._watchdog(main)) if main else None
+        judging = asyncio.create_task(self._judge_every(BOTTLENECK_EVERY_S))
         keeper = self.keeper
         uploader = asyncio.create_task(keeper.refresh()) if keeper else None
         try:
-            await self.driver.plan_and_copy(server_side, trust, deletes, markers)
+            await self.driver.plan_and_copy(server_side, trust, deletes, markers, listing)
+            waiting: set[str] = set()  # directories whose markers wait for other shards
             if markers and not self.stop.is_set():
-                await self.driver.commit_markers(markers)
+                if sharded(self.options.shard):  # the shard that finishes last writes them
+                    waiting = await commit_when_complete(self.driver, markers)
+                else:
+                    await self.driver.commit_markers(markers)
             if deletes and not self.stop.is_set():
-                await self.driver.delete(deletes)
+                await self._delete(deletes, waiting)
+            if (self.retention is not None and not self.stop.is_set()
+                    and not self.stats.failed):
+                # Only once every copy and marker of the run is at the target.
+                await self.retention.prune(dry_run=self.options.dry_run)
             if not self.stop.is_set():
                 await self.dispatch.finish()
                 if keeper is not None:
@@ -310,7 +350,7 @@ class _Run:
             self.interrupted = True
         finally:
             self.pacing.listeners.remove(self._throttled)
-            await cancel_and_wait(watchdog, uploader)
+            await cancel_and_wait(watchdog, uploader, judging)
             if self.workers is not None:
                 await self.workers.aclose()
             deletes.close()
@@ -336,7 +376,10 @@ class _Run:
             parts_in_flight_peak=self.limits.parts.most_busy,
             parts_in_flight_limit_peak=self.limits.parts.peak,
             tasks=w.tasks if w else 0, tasks_retried=w.tasks_retried if w else 0,
-            retried_tasks=tuple(w.retried) if w else ()))
+            retried_tasks=tuple(w.retried) if w else (),
+            deferred_until=self.driver.completion.young_until,
+            limited_by=None if self.options.dry_run else judge(meter.timings(
+                *self.pacing.timings(), self.src.url, self.dst.url))))
         if keeper is not None and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
                                      ("failed" if report.objects_failed else "ok"),
@@ -345,13 +388,24 @@ class _Run:
                 # A run that changed nothing leaves the target's copy as it is: a no-op run
                 # writes nothing at the target but its lock.
                 await keeper.send()
-        self.sink.emit(RunFinished(report))
+        self.emit(RunFinished(report))
         return report
+
+    async def _delete(self, deletes: Spool, waiting: set[str]) -> None:
+        """Markers first, then the rest (``markers.deletes_in_order``)."""
+        first, then = deletes_in_order(deletes, waiting, self.emit)
+        try:
+            for wave in (first, then):
+                if wave and not self.stop.is_set():
+                    await self.driver.delete(wave)
+        finally:
+            first.close()
+            then.close()
 
     def _throttled(self, store: str, operation: str, limit: int) -> None:
         """A store said slow down: fewer parts on the wire too, and the report hears of it."""
         self.limits.parts.throttled()
-        self.sink.emit(RequestThrottled(store, operation, limit))
+        self.emit(RequestThrottled(store, operation, limit))
 
     async def _sweep_leftovers(self, started: float) -> None:
         assert isinstance(self.dst, TempFileSweeper) and self.manifest is not None
@@ -365,6 +419,16 @@ class _Run:
         if swept:
             log.info("removed %d temporary files a killed run left in %s", len(swept),
                      self.dst.url)
+
+    async def _judge_every(self, seconds: float) -> None:
+        """What bounded the run over each last ``seconds``, for the progress display (on
+        the loop's thread: the meter reads that thread's clock)."""
+        while True:
+            meter = Meter(*self.pacing.timings())
+            await asyncio.sleep(seconds)
+            found = judge(meter.timings(*self.pacing.timings(), self.src.url, self.dst.url))
+            if found.verdict != "none":
+                self.emit(Bottleneck(found.verdict, found.describe()))
 
     async def _watchdog(self, main: asyncio.Task[Any]) -> None:
         await self.stop.wait()
@@ -380,4 +444,4 @@ class _Run:
         _, problems = await verify_entries(self.dst, self.manifest.entries(), self.limits,
                                            selects=self.options.selects)
         for key, problem in problems:
-            self.sink.emit(ObjectFailed(key, "copy", 0, f"verify: {problem}"))
+            self.emit(ObjectFailed(key, "copy", 0, f"verify: {problem}"))

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import fnmatch
 import re
 
-from ..checkpoints.frameworks import MARKERS
+from ..checkpoints.frameworks import is_commit_marker
 from ..config import SyncOptions
 from ..events import ActionKind
 from ..records import Action, ManifestEntry, Pair
@@ -17,17 +16,6 @@ _PLAIN_MD5 = re.compile(r"[0-9a-f]{32}")
 # S3 LastModified has one-second precision: a file uploaded within the second it was written
 # lists as "older" than its source. Times this close count as equal (rclone's modify window).
 MODIFY_WINDOW_S = 1.0
-# The markers' patterns as one expression: asked of every key of a run (11 fnmatch calls a
-# key cost 12 us).
-_MARKER = re.compile("|".join(fnmatch.translate(p) for p in MARKERS))
-
-
-def is_commit_marker(key: str) -> bool:
-    """A file readers open first to find a checkpoint (``checkpoints.MARKERS``): written
-    after everything else of the run."""
-    return _MARKER.match(key.rsplit("/", 1)[-1]) is not None
-
-
 def plan(pair: Pair, options: SyncOptions, *, server_side: bool,
          target_listed: bool = True, files: bool = False) -> Action | None:
     """The action for one key, or None when the key is not ours to touch (filtered out, or a
@@ -36,8 +24,12 @@ def plan(pair: Pair, options: SyncOptions, *, server_side: bool,
     system."""
     if pair.key.startswith(RESERVED_PREFIX) or not options.selects(pair.key):
         return None
-    if options.shard is not None and not holds(options.shard, pair.key):
-        return None  # another shard's: it copies, skips, records and deletes it
+    if (options.shard is not None and not holds(options.shard, pair.key)
+            and not is_commit_marker(pair.key)):
+        # Another shard's: it copies, skips, records and deletes it. A marker is every
+        # shard's: the last to finish writes it (``markers``), and each deletes it before
+        # the files it names.
+        return None
     src, dst, known = pair.src, pair.dst, pair.known
     if src is None:
         if dst is None:

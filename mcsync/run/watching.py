@@ -6,7 +6,11 @@ files still being written for a later cycle; a cycle with nothing to do costs a 
 the source and nothing at the target (the stores are checked, and the manifest's copy at the
 target looked for, on the first cycle and every ``COPY_CHECK_EVERY`` cycles only). A failed
 cycle is logged and tried again at the next interval; it never ends the watch. For a local or
-mounted source, file-system events (``watchfiles``: inotify) start a cycle early, debounced.
+mounted source, file-system events (``watchfiles``: inotify) start a cycle early, debounced,
+and events during a cycle start another right after it; a cycle that deferred files for their
+age (``--min-age``; a checkpoint whose completion marker vouches for it does not wait) starts
+the next when the first of them comes of age. The interval is the fallback, and the pace for
+object-store sources.
 A stop (SIGTERM, SIGINT) lets the cycle in flight finish or checkpoint within ``--grace`` and
 ends the watch normally.
 """
@@ -33,12 +37,15 @@ from ..stores.resilience import Pacing, pacing_of, resilient
 from ..tasks import cancel_and_wait
 from .engine import ManifestFactory, pair_lock, run_sync
 from .preflight import check_pair
+from .prune import NoCheckpoints
 
 log = logging.getLogger(__name__)
 
 COPY_CHECK_EVERY = 10  # cycles between looks for the manifest's copy at the target
 DEBOUNCE_MS = 2000  # file-system events this close together wake one cycle
 MIN_SPACING_S = 5.0  # an early wake never starts cycles closer together than this
+MIN_CYCLE_S = 1.0  # nor a wake for files coming of age
+DUE_SLACK_S = 0.1  # past the moment a deferred file comes of age: the clocks' rounding
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +80,17 @@ async def watch(source: ReadStore, target: ReadStore, options: SyncOptions,
             number = 0
             while not stop.is_set():
                 number += 1
+                # Cleared before the cycle, not after: a change during it (the trainer
+                # finishing the next step) starts another cycle right after.
+                wake.clear()
                 last = await _one(source, store, cycle_options, sink, stop, number,
                                   manifest_factory)
                 if on_cycle is not None:
                     pending = on_cycle(last)
                     if pending is not None:
                         await pending
-                await _until_next(interval_s, last.started, wake, stop)
+                due = last.report.deferred_until if last.report is not None else None
+                await _until_next(interval_s, last.started, wake, stop, due)
         finally:
             await cancel_and_wait(watcher)
     return last
@@ -94,6 +105,9 @@ async def _one(source: ReadStore, target: ReadStore, options: SyncOptions,
         report = await run_sync(source, target, options, sink, stop=stop,
                                 manifest_factory=manifest_factory, preflight=recheck,
                                 check_manifest_copy=recheck)
+    except NoCheckpoints as exc:  # none yet: the trainer writes its first one later
+        log.warning("cycle %d: %s; the next cycle syncs without looking again", number, exc)
+        return Cycle(number, None, str(exc), started, time.monotonic() - clock)
     except (UsageError, Locked):
         raise  # the setup is wrong: no later cycle would do better
     except MCSyncError as exc:
@@ -103,11 +117,13 @@ async def _one(source: ReadStore, target: ReadStore, options: SyncOptions,
 
 
 async def _until_next(interval_s: float, started: float, wake: asyncio.Event,
-                      stop: asyncio.Event) -> None:
-    """Until the interval since the cycle started is over, or the source changed (but not
-    sooner than MIN_SPACING_S after it started), or a stop."""
-    wake.clear()
+                      stop: asyncio.Event, due: float | None = None) -> None:
+    """Until the interval since the cycle started is over, or a file the cycle deferred for
+    its age comes of age (``due``), or the source changed (but not sooner than MIN_SPACING_S
+    after it started), or a stop."""
     deadline = started + interval_s
+    if due is not None:
+        deadline = min(deadline, max(due + DUE_SLACK_S, started + MIN_CYCLE_S))
     while not stop.is_set():
         left = deadline - time.time()
         if left <= 0:

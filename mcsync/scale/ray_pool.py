@@ -1,7 +1,7 @@
 """``--executor ray``: the ``WorkerPool`` of Ray actors, each running a
 ``worker_runner.TaskRunner`` in its own process, on whichever node of the cluster Ray placed it.
 
-Imported only when a run asks for Ray (``workers.open_pool``), and Ray only from here. The
+Imported only when a run asks for Ray (``run.pools.open_pool``), and Ray only from here. The
 driver connects once per process (``RAY_ADDRESS``, else a cluster running on this machine; a
 process that called ``ray.init`` itself keeps its connection) and stays connected for its
 later runs. No cluster there: exit 2 in mcsync's words (``--ray-address``, ``RAY_ADDRESS``).
@@ -9,15 +9,15 @@ later runs. No cluster there: exit 2 in mcsync's words (``--ray-address``, ``RAY
 Placed once, at start: each actor declares one CPU and its share of ``--memory-limit`` plus
 what its process needs beyond the buffers (``OVERHEAD``); as many as the nodes have room for
 now (``--workers auto``: one per free CPU) go into a placement group spread over the nodes
-(each node's NIC), fewer than asked said in the log, none refused (exit 2). Each started actor
-then says what it sees at the run's local paths (``shared_paths``): one that does not see the
-driver's files refuses the run (exit 2) before any task; one that could not start (mcsync
-missing on its node) is left out, named in the log. An actor that dies (SIGKILL, OOM, its node
-gone) or outlives its task's deadline (killed) fails its task with ``WorkerLost`` and is
-replaced by a fresh one in its bundle, which looks at the local paths again before its first
-task (not started, or not seeing them: ``WorkerUnavailable``); ``workers.Workers`` gives the
-task to another. An exception of the task's own is ``TaskFailed``. Actors and their placement
-group are the driver's: Ray ends them when the driver ends, killed or not.
+(each node's NIC: ``ray_placement``), fewer than asked said in the log, none refused (exit 2).
+Each started actor then says what it sees at the run's local paths (``shared_paths``): one that
+does not see the driver's files refuses the run (exit 2) before any task; one that could not
+start (mcsync missing on its node) is left out, named in the log. An actor that dies (SIGKILL,
+OOM, its node gone) or outlives its task's deadline (killed) fails its task with ``WorkerLost``
+and is replaced by a fresh one in its bundle, which looks at the local paths again before its
+first task (not started, or not seeing them: ``WorkerUnavailable``); ``workers.Workers`` gives
+the task to another. An exception of the task's own is ``TaskFailed``. Actors and their
+placement group are the driver's: Ray ends them when the driver ends, killed or not.
 
 Credentials: an actor is told where and how, never who. It is given ``Addresses`` (both
 addresses and each side's ``StoreOptions``: endpoints, a profile's name, certificate paths),
@@ -42,10 +42,10 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import SyncOptions, format_size
+from ..config import SyncOptions
 from ..errors import UsageError
 from ..stores.registry import meta_settings
-from ..types import MiB
+from .ray_placement import OVERHEAD, free_cpus, node_of, place, remove
 from .shared_paths import (
     NodeView,
     RootProbe,
@@ -63,18 +63,10 @@ from .worker_runner import (
     TaskRunner,
     WorkerLost,
     WorkerUnavailable,
-    worker_options,
 )
 
 log = logging.getLogger(__name__)
 
-# What a worker's process holds beyond its share of --memory-limit (Python, the clients, their
-# connection pools), declared to Ray with that share.
-OVERHEAD = 512 * MiB
-# A placement group of what had room a moment ago not placed in this long: the room is counted
-# again (another job took it), PLACE_TRIES times, then the run is refused.
-PLACE_S = 10.0
-PLACE_TRIES = 3
 # A placed worker whose process has not answered in this long is given up (its start is a
 # process and mcsync's imports: seconds; a node that cannot start it fails it at once).
 START_S = 60.0
@@ -109,11 +101,13 @@ class RayWorker:
     def __init__(self, addresses: Addresses, options: SyncOptions) -> None:
         self.runner = TaskRunner(addresses, options)
 
-    def ready(self) -> tuple[int, str]:
-        """Its PID and its node's address."""
+    def ready(self) -> tuple[str, str]:
+        """Who this worker is, as its tasks' results name it ("pid P on HOST"), and its
+        node's address."""
         import ray
 
-        return os.getpid(), str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        node = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        return f"pid {os.getpid()} on {socket.gethostname()}", node
 
     def look(self, probes: list[RootProbe]) -> list[NodeView]:
         return [view_of(probe) for probe in probes]
@@ -208,39 +202,17 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def free_cpus(ray: Any) -> int:
-    """``--workers auto`` on Ray: the CPUs the cluster has free now (at least one asked)."""
-    return max(1, int(ray.available_resources().get("CPU", 0) + 1e-6))
-
-
-def _free_per_node(ray: Any) -> list[tuple[float, float]]:
-    """(CPUs, memory) each node has free now. Ray's per-node table is not public API: where
-    it is missing, the cluster's total, as if one node."""
-    try:
-        from ray._private import state
-
-        nodes = list(state.available_resources_per_node().values())  # type: ignore[no-untyped-call]
-    except (ImportError, AttributeError):
-        nodes = [ray.available_resources()]
-    return [(float(n.get("CPU", 0)), float(n.get("memory", 0))) for n in nodes]
-
-
-def room(free: list[tuple[float, float]], asked: int, options: SyncOptions) -> int:
-    """How many of ``asked`` workers fit on nodes with ``free`` (CPUs, memory) each: a worker
-    takes 1 CPU and its share of ``--memory-limit`` (larger, the fewer they are) + OVERHEAD."""
-    for n in range(asked, 0, -1):
-        each = worker_options(options, n).memory_limit + OVERHEAD
-        if sum(min(int(cpu + 1e-6), int(memory // each)) for cpu, memory in free) >= n:
-            return n
-    return 0
-
-
 @dataclass(eq=False)
 class _Slot:
     actor: Any
     bundle: int  # its place in the run's placement group: a replacement takes the same
-    name: str = "a Ray worker"  # "pid P on node IP", once it answered
+    worker: str = ""  # "pid P on HOST", as its tasks' results name it, once it answered
+    node: str = ""  # its node's address, once it answered
     ready: bool = False  # started and seeing the local roots as the driver does
+
+    @property
+    def name(self) -> str:
+        return f"{self.worker} (node {self.node})" if self.worker else "a Ray worker"
 
 
 class RayPool:
@@ -258,7 +230,8 @@ class RayPool:
         self._slots: list[_Slot] = []
         self._probes: list[RootProbe] = []
         try:
-            self.size, self.options = self._place(n if n > 0 else free_cpus(ray), options)
+            self._group, self.size, self.options = place(ray, n if n > 0 else free_cpus(ray),
+                                                         options)
             self._probes = probe_roots(self.addresses)
             self._slots = self._start_all()
         except BaseException:
@@ -273,37 +246,6 @@ class RayPool:
         return f"{self.size} Ray workers"
 
     # -- start ------------------------------------------------------------------------------
-
-    def _place(self, asked: int, options: SyncOptions) -> tuple[int, SyncOptions]:
-        """A placement group of as many of ``asked`` workers as the nodes have room for now
-        (fewer: said in the log; none: exit 2), and the options of each."""
-        from ray.util.placement_group import placement_group, remove_placement_group
-
-        for _ in range(PLACE_TRIES):
-            free = _free_per_node(self._ray)
-            n = room(free, asked, options)
-            each = worker_options(options, max(n, 1))
-            need = f"1 CPU and {format_size(each.memory_limit + OVERHEAD)} of memory"
-            if n == 0:
-                cpus = sum(c for c, _ in free)
-                raise UsageError(
-                    f"--executor ray: no node of the Ray cluster has room for a worker now "
-                    f"(each needs {need}; free: {cpus:g} CPUs, "
-                    f"{format_size(int(max((m for _, m in free), default=0)))} of memory on "
-                    f"the freest of {len(free)} nodes)")
-            group = placement_group([{"CPU": 1, "memory": each.memory_limit + OVERHEAD}] * n,
-                                    strategy="SPREAD")
-            placed, _ = self._ray.wait([group.ready()], timeout=PLACE_S)
-            if placed:
-                if n < asked:
-                    log.warning("Ray has room for %d of the %d workers asked (each needs %s): "
-                                "running with %d", n, asked, need, n)
-                self._group = group
-                return n, each
-            # Another job took the room meanwhile: counted again.
-            remove_placement_group(group)
-        raise UsageError(f"--executor ray: Ray placed none of the workers that had room "
-                         f"within {PLACE_S:.0f} s, {PLACE_TRIES} times (the cluster is busy)")
 
     def _new(self, bundle: int) -> _Slot:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -329,11 +271,10 @@ class RayPool:
         failed = [f"not started within {START_S:.0f} s" for _ in late]
         for ref in answered:
             try:
-                pid, node = self._ray.get(ref)
+                asked[ref].worker, asked[ref].node = self._ray.get(ref)
             except rx.RayError as exc:
                 failed.append(_cause(exc, self._node_of(asked[ref])))
                 continue
-            asked[ref].name = f"pid {pid} on node {node}"
             up.append(asked[ref])
         for slot in slots:
             if slot not in up:
@@ -353,7 +294,7 @@ class RayPool:
                              ) from None
         for slot, seen in zip(up, views, strict=True):
             if (why := self._unseen(seen)) is not None:
-                raise UsageError(f"--executor ray: {slot.name.split(' on ')[-1]} {why}")
+                raise UsageError(f"--executor ray: node {slot.node} {why}")
             slot.ready = True
         return up
 
@@ -370,24 +311,17 @@ class RayPool:
 
     async def _bring_up(self, slot: _Slot) -> None:
         """A replacement's start and look at the local roots, before its first task."""
-        pid, node = await asyncio.wait_for(_awaited(slot.actor.ready.remote()), START_S)
-        slot.name = f"pid {pid} on node {node}"
+        slot.worker, slot.node = await asyncio.wait_for(_awaited(slot.actor.ready.remote()),
+                                                        START_S)
         if self._probes:
             views = await asyncio.wait_for(_awaited(slot.actor.look.remote(self._probes)),
                                            LOOK_S)
             if (why := self._unseen(views)) is not None:
-                raise WorkerUnavailable(f"the Ray worker on node {node} {why}")
+                raise WorkerUnavailable(f"the Ray worker on node {slot.node} {why}")
         slot.ready = True
 
     def _node_of(self, slot: _Slot) -> str | None:
-        """The address of the node ``slot``'s bundle is on (None: not known)."""
-        with contextlib.suppress(Exception):
-            from ray.util import placement_group_table
-
-            node_id = placement_group_table(self._group)["bundles_to_node_id"][slot.bundle]
-            return next(str(n["NodeManagerAddress"]) for n in self._ray.nodes()
-                        if n["NodeID"] == node_id)
-        return None
+        return node_of(self._ray, self._group, slot.bundle)
 
     def _kill(self, slot: _Slot) -> None:
         with contextlib.suppress(Exception):
@@ -438,7 +372,7 @@ class RayPool:
             running.cancel()
             self._replace(slot)
             raise WorkerLost(f"task timed out after {deadline:.0f} s on {slot.name}; that "
-                             f"Ray worker was killed")
+                             f"Ray worker was killed", slot.worker)
         try:
             result = running.result()
         except rx.RayActorError as exc:
@@ -447,11 +381,13 @@ class RayPool:
                 raise WorkerUnavailable(f"a Ray worker could not start "
                                         f"({_cause(exc, self._node_of(slot))})"
                                         ) from None
-            raise WorkerLost(f"a Ray worker died ({slot.name}: {_first_line(exc)})") from None
+            raise WorkerLost(f"a Ray worker died ({slot.name}: {_first_line(exc)})",
+                             slot.worker) from None
         except (rx.WorkerCrashedError, rx.NodeDiedError, rx.ObjectLostError,
                 rx.OutOfMemoryError) as exc:
             self._replace(slot)
-            raise WorkerLost(f"a Ray worker died ({slot.name}: {_first_line(exc)})") from None
+            raise WorkerLost(f"a Ray worker died ({slot.name}: {_first_line(exc)})",
+                             slot.worker) from None
         except rx.RayTaskError as exc:  # the task's own code raised: its failure, not the worker's
             self._idle.put_nowait(slot)
             cause = exc.cause if isinstance(exc.cause, BaseException) else exc
@@ -480,10 +416,7 @@ class RayPool:
         for slot in slots:
             self._kill(slot)
         if self._group is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            with contextlib.suppress(Exception):
-                remove_placement_group(self._group)
+            remove(self._ray, self._group)
             self._group = None
         remove_markers(self._probes)
 

@@ -6,8 +6,9 @@ What crosses to a worker: the two addresses and each side's ``StoreOptions`` onc
 starts (credentials come from the environment and config files the worker inherits, as the
 driver's did: never in a task), then, per task, the planned actions, or the part jobs of an
 upload the driver opened (``part_tasks``). What comes back: the outcomes (each record with its
-block hashes, each event; a ``PartSent`` per part job), the bytes moved per key, and the
-worker's request counters for the report.
+block hashes, each event; a ``PartSent`` per part job), the bytes moved per key, the
+worker's request counters for the report, and its requests as the metrics count them
+(``observe.requests.RequestTally``: the driver's metrics add them).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import SyncOptions
-from ..events import BytesMoved, Event
+from ..events import BytesMoved, Event, RequestsCounted
 from ..limits import Limits
+from ..move.context import RunContext
 from ..move.dispatch import Dispatch, Outcome
 from ..move.part_tasks import PartJob, PartSent, WorkerParts
+from ..observe.requests import RequestTally, meter
 from ..ratelimit import limits_share
 from ..records import Action
 from ..stores.base import ReadStore, Store
@@ -58,7 +61,13 @@ def worker_options(options: SyncOptions, n: int) -> SyncOptions:
 
 
 class WorkerLost(Exception):
-    """A worker died running a task (OOM, SIGKILL, its node gone): the task may go to another."""
+    """A worker died running a task (OOM, SIGKILL, its node gone): the task may go to another.
+    ``worker``: which ("pid P on HOST", as ``TaskResult.worker``), "" when the pool cannot
+    tell."""
+
+    def __init__(self, message: str, worker: str = "") -> None:
+        super().__init__(message)
+        self.worker = worker
 
 
 class WorkerUnavailable(Exception):
@@ -81,6 +90,8 @@ class TaskResult:
     expired: int
     worker: str = ""  # who ran it, "pid P on HOST" (for the run's task log)
     seconds: float = 0.0  # from its first action to its last outcome
+    # The worker's requests since its last task's result (those of a task that raised too).
+    requests: RequestsCounted | None = None
 
 
 class TaskRunner:
@@ -96,17 +107,21 @@ class TaskRunner:
         self.parts: WorkerParts | None = None
         self.pacing = Pacing.for_options(options)
         self.moved: list[tuple[str, int]] = []
+        self.tally = RequestTally()
 
     def _open(self) -> Dispatch:
         a = self.addresses
-        src = resilient(open_store(a.source, a.source_options), self.pacing)
-        dst = resilient(open_store(a.target, a.target_options), self.pacing)
+        # Metered inside the retry layer, as the driver's stores are: each try counts.
+        src = resilient(meter(open_store(a.source, a.source_options), self.tally, "source"),
+                        self.pacing)
+        dst = resilient(meter(open_store(a.target, a.target_options), self.tally, "target"),
+                        self.pacing)
         self.stores = [src, dst]
         assert isinstance(dst, Store)
         limits = Limits(self.options.concurrency, self.options.memory_limit)
         self.parts = WorkerParts(src, dst, limits)
-        return Dispatch(src, dst, self.options, limits, self._emit, journal=None, known=None,
-                        open_uploads={}, stop=asyncio.Event(), whole_only=True)
+        ctx = RunContext(src, dst, self.options, limits, self._emit, asyncio.Event())
+        return Dispatch(ctx, journal=None, known=None, open_uploads={}, whole_only=True)
 
     def _emit(self, event: Event) -> None:
         if isinstance(event, BytesMoved):
@@ -125,10 +140,10 @@ class TaskRunner:
         self.moved = []
         began = time.monotonic()
         outcomes = await run_items(self.dispatch, self.parts, items)
+        worker = f"pid {os.getpid()} on {socket.gethostname()}"
         return TaskResult(outcomes, self.moved,
                           p.throttled - before[0], p.retried - before[1], p.expired - before[2],
-                          f"pid {os.getpid()} on {socket.gethostname()}",
-                          time.monotonic() - began)
+                          worker, time.monotonic() - began, self.tally.take(worker))
 
     def close(self) -> None:
         async def closing() -> None:

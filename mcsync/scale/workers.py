@@ -20,26 +20,21 @@ names it. A killed driver takes its workers with it; the same command resumes as
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import multiprocessing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..batching import Batcher
 from ..config import SyncOptions
 from ..errors import Interrupted, Transient, UsageError
 from ..events import BytesMoved, Event, ObjectFailed
 from ..move.dispatch import Outcome, kind_of
 from ..move.part_tasks import PartJob, PartSent
 from ..records import Action
-from ..state.task_log import TaskDone
-from ..stores.base import ReadStore
-from ..stores.single import is_one_object
-from ..stores.wrap import innermost
-from ..tasks import fail_waiting
+from ..state.task_log import NO_WORKER, TaskDone
 from .worker_runner import (
-    Addresses,
     TaskItem,
     TaskResult,
     WorkerLost,
@@ -74,52 +69,6 @@ class WorkerPool(Protocol):
     async def aclose(self, *, wait: bool) -> None: ...
 
 
-def open_pool(addresses: Addresses, options: SyncOptions) -> WorkerPool:
-    """The run's pool of ``options.workers`` workers, each with its share of the limits: Ray
-    actors for ``--executor ray`` (``ray_pool``, whose import loads Ray), else processes here."""
-    if options.executor == "ray":
-        from .ray_pool import RayPool
-
-        return RayPool(addresses, options, max(options.workers, 0), options.ray_address)
-    from .local_pool import LocalPool
-
-    n = options.workers
-    return LocalPool(addresses, worker_options(options, n), n)
-
-
-def reopenable(source: ReadStore, target: ReadStore,
-               options: SyncOptions) -> tuple[SyncOptions, Addresses | None]:
-    """A run's options and the addresses its workers reopen ``source`` and ``target`` from,
-    for stores opened from addresses (their ``url``s open the same stores): the options
-    without workers when the pair is one object (``stores.single``: nothing to share out).
-    ``--executor ray`` connects here, before anything is locked: no cluster, exit 2 (a dry
-    run moves nothing, and needs no cluster)."""
-    if not options.workers:
-        return options, None
-    if is_one_object(source) or is_one_object(target):
-        log.info("one object: moved without worker processes")
-        return dataclasses.replace(options, workers=0), None
-    if options.executor == "ray" and not options.dry_run:
-        from .ray_pool import connect
-
-        connect(options.ray_address)
-    return options, Addresses(source.url, target.url, options.store_options("source"),
-                              options.store_options("target"))
-
-
-def folds_case(target: ReadStore) -> bool:
-    """Does ``target`` (a directory whose filesystem folds case) tell two keys apart only by
-    what one process remembers writing? Its whole objects then stay in the driver's process:
-    two workers could each write one of two names that differ only by case, one file."""
-    probe = getattr(innermost(target), "folds_case", None)
-    if not callable(probe):
-        return False
-    try:
-        return bool(probe())
-    except OSError:  # cannot tell: as if it did
-        return True
-
-
 def refuse_in_a_starting_worker() -> None:
     """A worker process starts by importing the caller's main script (``spawn``): a script
     that calls ``mcsync.sync(..., workers=N)`` unguarded would start a sync in each worker.
@@ -134,7 +83,6 @@ def refuse_in_a_starting_worker() -> None:
 class _Task:
     number: int
     actions: list[TaskItem]
-    futures: list[asyncio.Future[Outcome]]  # none for part jobs: ``send_parts`` awaits them
     tries: int = 0
 
     def name(self) -> str:
@@ -169,10 +117,9 @@ class Workers:
         self.task_objects = max(TASK_OBJECTS, worker_options(options, pool.size).concurrency)
         # Actions handed to workers and not yet come back, at most: the driver waits for room.
         self.room = asyncio.Semaphore(pool.size * TASKS_AHEAD * self.task_objects)
-        self._batch: list[tuple[Action, asyncio.Future[Outcome]]] = []
-        self._batch_bytes = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._sending: set[asyncio.Task[None]] = set()
+        self._batcher: Batcher[Action, Outcome] = Batcher(
+            self._send, size=lambda action: action.size, max_items=self.task_objects,
+            max_size=TASK_BYTES, linger_s=LINGER_S)
         self._numbered = 0
         self.tasks = 0
         self.retried: list[str] = []
@@ -182,46 +129,20 @@ class Workers:
     async def run(self, action: Action) -> Outcome:
         """``action``'s outcome, from a worker (``handed_back`` when it is not one request
         after all). The caller holds a unit of ``room`` meanwhile."""
-        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._batch.append((action, fut))
-        self._batch_bytes += action.size
-        if len(self._batch) >= self.task_objects or self._batch_bytes >= TASK_BYTES:
-            self._flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(LINGER_S, self._flush)
-        return await fut
+        return await self._batcher.submit(action)
 
-    def _flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        # Actions whose driver task was cancelled (a stop's grace over) are not sent.
-        batch = [(a, f) for a, f in self._batch if not f.cancelled()]
-        self._batch, self._batch_bytes = [], 0
-        if not batch:
-            return
+    async def _send(self, actions: list[Action]) -> list[Outcome]:
+        """One task of whole-object actions (the batcher closed it), an outcome per action."""
         self._numbered += 1
-        task = _Task(self._numbered, [a for a, _ in batch], [f for _, f in batch])
-        sending = asyncio.create_task(self._send(task))
-        self._sending.add(sending)
-        sending.add_done_callback(self._sending.discard)
-
-    async def _send(self, task: _Task) -> None:
-        try:
-            outcomes = await self._outcomes(task)
-        except BaseException as exc:
-            fail_waiting(task.futures, exc)
-            raise
-        for fut, outcome in zip(task.futures, outcomes, strict=True):
-            if not fut.done():
-                assert isinstance(outcome, Outcome)
-                fut.set_result(outcome)
+        outcomes = await self._outcomes(_Task(self._numbered, list(actions)))
+        assert all(isinstance(o, Outcome) for o in outcomes)
+        return [o for o in outcomes if isinstance(o, Outcome)]
 
     async def send_parts(self, jobs: list[PartJob]) -> list[PartSent]:
         """One task of part jobs (``part_tasks.RemoteParts`` batched them), run on a worker
         and on another when its worker died; a ``PartSent`` per job."""
         self._numbered += 1
-        results = await self._outcomes(_Task(self._numbered, list(jobs), []))
+        results = await self._outcomes(_Task(self._numbered, list(jobs)))
         assert all(isinstance(r, PartSent) for r in results)
         return [r for r in results if isinstance(r, PartSent)]
 
@@ -238,13 +159,15 @@ class Workers:
             except WorkerUnavailable as exc:
                 if task.tries < MAX_TRIES and not self.stop.is_set():
                     continue
-                return self._failed(task, str(exc))
+                return self._failed(task, str(exc), NO_WORKER)
             self.tasks += 1
             self.throttled += result.throttled
             self.requests_retried += result.retried
             self.expired += result.expired
             for key, nbytes in result.moved:
                 self.emit(BytesMoved(key, nbytes))
+            if result.requests is not None:  # for the metrics: the worker's requests
+                self.emit(result.requests)
             self._ended(TaskDone(task.name(), "done", result.worker, task.objects(),
                                  sum(n for _, n in result.moved), result.seconds))
             return result.outcomes
@@ -256,15 +179,16 @@ class Workers:
             return [PartSent(a.part.number, None, error=Interrupted(f"{task.name()}: stopped"))
                     if isinstance(a, PartJob) else Outcome(a.key, None) for a in task.actions]
         if task.tries >= MAX_TRIES:
-            return self._failed(task, f"a worker died running it {task.tries} times ({exc})")
+            return self._failed(task, f"a worker died running it {task.tries} times ({exc})",
+                                exc.worker)
         self.tasks_retried += 1
-        self._ended(TaskDone(task.name(), "retried"))
+        self._ended(TaskDone(task.name(), "retried", exc.worker))
         if len(self.retried) < MAX_NAMED:
             self.retried.append(f"{task.name()}: {exc}; run again")
         return None
 
-    def _failed(self, task: _Task, why: str) -> list[Outcome | PartSent]:
-        self._ended(TaskDone(task.name(), "failed", objects=task.objects()))
+    def _failed(self, task: _Task, why: str, worker: str) -> list[Outcome | PartSent]:
+        self._ended(TaskDone(task.name(), "failed", worker, objects=task.objects()))
         return [PartSent(a.part.number, None, error=Transient(f"{task.name()}: {why}"))
                 if isinstance(a, PartJob) else
                 Outcome(a.key, ObjectFailed(a.key, kind_of(a), a.size, f"{task.name()}: {why}",
@@ -277,13 +201,7 @@ class Workers:
 
     async def aclose(self) -> None:
         """After the run (or its cancellation): no task left waiting, the workers gone."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        for sending in list(self._sending):
-            sending.cancel()
-        if self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._batcher.aclose()
         # Tasks still running (a cancelled run) finish their few objects, then the workers
         # end; a run that ended normally has none.
         await self.pool.aclose(wait=not self.stop.is_set())

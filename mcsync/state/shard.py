@@ -2,15 +2,12 @@
 
 Shards are numbered from 0, as Kubernetes numbers an Indexed Job's pods
 (``JOB_COMPLETION_INDEX``), so ``--shard auto`` passes the index on unchanged. A key belongs to
-shard ``xxh3-64(its shard key, UTF-8) mod N`` (XXH3's output is fixed by its specification): a
-hash of the bytes alone, so Python's hash seed, the run order and the machine change nothing.
-A key is hashed whole (a large object is one key: one shard sends it), except a key under a
-checkpoint directory recognised by its name (Hugging Face ``checkpoint-N/``, DeepSpeed
-``global_stepN/``, Megatron ``iter_NNNNNNN/``, NeMo ``*step=N*/``), which is hashed on that
-directory's path: one shard moves the whole checkpoint, so the markers inside it
-(``trainer_state.json``, ``config.json``, ``*.index.json``) are still written after every other
-file of the checkpoint. A marker elsewhere is written after every object of its own shard
-(README: "Kubernetes Indexed Jobs").
+shard ``xxh3-64(key, UTF-8) mod N`` (XXH3's output is fixed by its specification): a hash of
+the bytes alone, so Python's hash seed, the run order and the machine change nothing. Every key
+is hashed on its own, so the shard files of one checkpoint directory (the common 500 GB
+directory) spread over the pods; a large object is one key: one shard sends it. A checkpoint's
+completion markers are the exception, written by whichever shard finishes last once every file
+of the checkpoint is at the target (``run/markers.py``).
 """
 
 from __future__ import annotations
@@ -21,16 +18,10 @@ from collections.abc import Mapping
 
 import xxhash
 
-from ..checkpoints.frameworks import FRAMEWORKS
 from ..errors import UsageError
 
 INDEX_VAR = "JOB_COMPLETION_INDEX"  # set by Kubernetes in an Indexed Job's pods
 COUNT_VAR = "JOB_COMPLETIONS"  # set in the pod template to the Job's completions
-
-# Checkpoint directories known by their name alone (a framework known by a file it holds, as
-# DCP's *.distcp or Orbax's _CHECKPOINT_METADATA, would need a request to tell).
-_CHECKPOINT_DIR = re.compile("|".join(f"(?:{f.directory})" for f in FRAMEWORKS
-                                      if f.directory is not None and f.contains is None))
 
 Shard = tuple[int, int]  # (index, count), 0 <= index < count
 
@@ -64,26 +55,16 @@ def _number(env: Mapping[str, str], name: str, hint: str) -> int:
     return int(value)
 
 
-def shard_key(key: str) -> str:
-    """What ``key`` is hashed on: the path of the first checkpoint directory (by name) above
-    it, else the key itself."""
-    # What every name _CHECKPOINT_DIR matches holds (tests/unit/test_shard.py pins the two),
-    # asked first: most keys are under no checkpoint directory, and cutting every key into
-    # its components cost ~3 us a key (one search of it too: NeMo's pattern starts with .*).
-    if not ("step" in key or "iter_" in key or "checkpoint-" in key):
-        return key
-    parts = key.split("/")
-    for depth, part in enumerate(parts[:-1], start=1):
-        if _CHECKPOINT_DIR.fullmatch(part):
-            return "/".join(parts[:depth])
-    return key
-
-
 def shard_of(key: str, count: int) -> int:
     """The shard ``key`` belongs to, of ``count``."""
     if count == 1:
         return 0
-    return xxhash.xxh3_64_intdigest(shard_key(key).encode("utf-8", "surrogatepass")) % count
+    return xxhash.xxh3_64_intdigest(key.encode("utf-8", "surrogatepass")) % count
+
+
+def sharded(shard: Shard | None) -> bool:
+    """Does ``shard`` split the keys (not None, not 1 of 1)?"""
+    return shard is not None and shard[1] > 1
 
 
 def holds(shard: Shard | None, key: str) -> bool:

@@ -4,9 +4,10 @@ the last came back. ``workers.Workers`` tells a ``TaskLog`` of each task as it e
 goes into the manifest at once, so the manifest's copy at the target (sent as the run goes and
 at its end) carries it to ``mcsync status``.
 
-A task whose worker died is not put to any worker (which one died is not known): it counts
-under the worker named ``""`` (shown as "(unknown)"), as do tasks failed for want of a worker
-and tasks done by a pool that does not say who ran them.
+A task whose worker died counts as retried (or, at its last try, failed) under the worker that
+died running it, as the pool names it (``WorkerLost.worker``); a task failed for want of any
+worker under ``NO_WORKER``. A pool that cannot say who ran a task leaves ``""`` (shown as
+"(unknown)").
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Literal
 from .manifest import Manifest
 
 TaskState = Literal["done", "retried", "failed"]
+NO_WORKER = "(no worker started)"  # the worker of a task no worker could be started for
 
 
 @dataclass(frozen=True, slots=True)

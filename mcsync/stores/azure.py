@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import obstore
@@ -41,7 +41,7 @@ from .s3_errors import translate
 
 if TYPE_CHECKING:
     from obstore import GetOptions, ObjectMeta
-    from obstore.store import AzureConfig, AzureCredential, RetryConfig
+    from obstore.store import AzureConfig, AzureCredential
 
 _QUERY = re.compile(r"\?[^\s\"'<>]*")  # a URL's query string: where a SAS token travels
 
@@ -147,7 +147,7 @@ class AzureStore:
 
     def __init__(self, *, container: str, prefix: str, endpoint: str | None = None,
                  max_connections: int = 128, retry: RetryPolicy | None = None,
-                 config: dict[str, str] | None = None) -> None:
+                 config: AzureConfig | None = None) -> None:
         """``endpoint`` defaults from ``AZURE_STORAGE_ENDPOINT`` / ``AZURE_ENDPOINT``;
         ``config``: obstore's Azure settings, over those of the environment (tests)."""
         self.container = container
@@ -158,7 +158,7 @@ class AzureStore:
                           or (self._connection.endpoint if self._connection else None)
                           or os.environ.get("AZURE_STORAGE_ENDPOINT")
                           or os.environ.get("AZURE_ENDPOINT") or None)
-        self._config = dict(config or {})
+        self._config: AzureConfig = config.copy() if config else {}
         if self._connection is not None:
             self._config.setdefault("account_name", self._connection.account)
         self._max_connections = max_connections
@@ -169,7 +169,7 @@ class AzureStore:
     def _make(self, *, preflight: bool = False) -> Any:
         from obstore.store import AzureStore as ObAzure
 
-        config = cast("AzureConfig", dict(self._config))
+        config = self._config.copy()
         if self._endpoint:
             config.setdefault("endpoint", self._endpoint)
         return ObAzure(
@@ -178,7 +178,7 @@ class AzureStore:
             client_options={"allow_http": (self._endpoint or "").startswith("http:"),
                             "pool_max_idle_per_host": str(self._max_connections),
                             "timeout": "300s", "connect_timeout": "10s"},
-            retry_config=cast("RetryConfig", self._retry.obstore(preflight=preflight)))
+            retry_config=self._retry.obstore(preflight=preflight))
 
     def _fast(self) -> Any:
         if self._client is None:

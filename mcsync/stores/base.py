@@ -46,6 +46,7 @@ from ..types import (
 
 __all__ = [
     "Buffer",
+    "CaseFolding",
     "CheckMode",
     "Composer",
     "CopySource",
@@ -236,6 +237,18 @@ class LocalTree(Protocol):
     wakes on file-system events), and two roots can be told nested."""
 
     root: Path
+
+
+@runtime_checkable
+class CaseFolding(Protocol):
+    """A store whose names may be folded by case where they are kept (a directory: its file
+    system may find a file by another case of its name). Such a target tells two keys apart
+    only by what one process remembers writing, so one process writes it."""
+
+    def folds_case(self) -> bool:
+        """Whether it does (a probe, made once; blocking). Raises OSError when it cannot
+        tell."""
+        ...
 
 
 @runtime_checkable

@@ -444,9 +444,9 @@ class LocalStore:
         await asyncio.to_thread(probe)
 
     def folds_case(self) -> bool:
-        """Whether this filesystem finds a file by another case of its name (then only one
-        process may write here: the names this process wrote are kept, not another's). A
-        probe file in the root, made once; blocking."""
+        """Whether this filesystem finds a file by another case of its name (``CaseFolding``:
+        then only one process may write here, the names this process wrote are kept, not
+        another's). A probe file in the root, made once; blocking."""
         return self._paths.folds_names()
 
     async def aclose(self) -> None:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -33,9 +34,9 @@ from ..config import SyncOptions
 from ..errors import CredentialsExpired, Throttled, Transient
 from ..limits import AdaptiveLimit
 from ..retry import RetryPolicy, retrying
-from ..types import ObjectInfo
+from ..types import Buffer, ObjectInfo
 from .base import ReadStore
-from .wrap import Op, wrap
+from .wrap import Op, Wrapped, wrap
 
 if TYPE_CHECKING:
     from ..ratelimit import Bandwidth, TokenBucket
@@ -67,6 +68,12 @@ class Pacing:
     expired: int = 0  # refused for expired credentials (renewed by the store, then retried)
     listeners: list[ThrottleListener] = field(default_factory=list)
     run_began: tuple[int, int, int] = (0, 0, 0)  # (throttled, retried, expired) at its start
+    # What a run says limited it (bottleneck.judge): per store url, the seconds requests spent
+    # waiting on its answers and bodies, summed over requests; and the seconds the rate limits
+    # held requests back. Added from worker threads too (a body drained): under a lock.
+    waited_s: dict[str, float] = field(default_factory=dict)
+    paced_s: float = 0.0
+    _timing: threading.Lock = field(default_factory=threading.Lock)
     _limits: dict[str, AdaptiveLimit] = field(default_factory=dict)
     _warned_at: float = -_WARN_EVERY_S
 
@@ -88,6 +95,19 @@ class Pacing:
     def begin_run(self) -> None:
         """A run starts: what it reports is counted from here (a watch's cycles share one)."""
         self.run_began = (self.throttled, self.retried, self.expired)
+
+    def waited(self, url: str, seconds: float) -> None:
+        with self._timing:
+            self.waited_s[url] = self.waited_s.get(url, 0.0) + seconds
+
+    def held(self, seconds: float) -> None:
+        with self._timing:
+            self.paced_s += seconds
+
+    def timings(self) -> tuple[dict[str, float], float]:
+        """The request time per store and the paced time so far (a run diffs two)."""
+        with self._timing:
+            return dict(self.waited_s), self.paced_s
 
     def current_limit(self) -> int:
         """The requests in flight now allowed to the most limited store."""
@@ -117,9 +137,9 @@ def resilient(store: ReadStore, pacing: Pacing) -> ReadStore:
     return wrap(store, _Hooks(store, pacing), name="Resilient")
 
 
-def pacing_of(store: Any) -> Pacing | None:
+def pacing_of(store: ReadStore) -> Pacing | None:
     """The pacing a store was wrapped with by ``resilient`` (None for any other)."""
-    hooks = getattr(store, "_hooks", None)
+    hooks = store.hooks if isinstance(store, Wrapped) else None
     return hooks.pacing if isinstance(hooks, _Hooks) else None
 
 
@@ -142,21 +162,32 @@ class _Hooks:
         async def once() -> T:
             nonlocal tries
             tries += 1
-            if p.tps is not None:
-                await p.tps.take()
             bandwidth = self.bandwidth
-            if bandwidth is not None and op.nbytes:
-                await bandwidth.take(op.nbytes)
+            if p.tps is not None or (bandwidth is not None and op.nbytes):
+                began = time.monotonic()
+                if p.tps is not None:
+                    await p.tps.take()
+                if bandwidth is not None and op.nbytes:
+                    await bandwidth.take(op.nbytes)
+                p.held(time.monotonic() - began)
             await self.limit.acquire()
+            began = time.monotonic()
             try:
                 result: Any = await fn()
             finally:
                 self.limit.release()
+                p.waited(self.url, time.monotonic() - began)
             self.limit.succeeded()
             if bandwidth is not None and op.name in _BYTES_IN:
+                began = time.monotonic()
                 await bandwidth.take(len(result))
+                p.held(time.monotonic() - began)
             elif bandwidth is not None and op.name == "open_range" and op.rng is not None:
+                began = time.monotonic()
                 await bandwidth.take(op.rng.length)
+                p.held(time.monotonic() - began)
+            if op.name == "open_range":  # its body is read after the call: time it as read
+                return _timed(result, self.url, p)  # type: ignore[return-value]
             return result  # type: ignore[no-any-return]
 
         def before_retry(exc: Any) -> None:
@@ -177,8 +208,19 @@ class _Hooks:
         return await retrying(once, p.policy, retry_on=Transient, attempts=1 << 30,
                               before_retry=before_retry)
 
+    async def read(self, op: Op, fn: Callable[[], Awaitable[Buffer]]) -> Buffer:
+        return await self.call(op, fn)
+
+    async def stream(self, op: Op,
+                     fn: Callable[[], Awaitable[Iterator[Buffer]]]) -> Iterator[Buffer]:
+        return await self.call(op, fn)
+
     def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
-        return fn()
+        began = time.monotonic()  # a file target's write: time waiting on the target
+        try:
+            return fn()
+        finally:
+            self.pacing.waited(self.url, time.monotonic() - began)
 
     async def listing(self, entries: AsyncIterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
         """The listing, listed again from the start when it breaks off, skipping the keys
@@ -208,3 +250,22 @@ class _Hooks:
                          last, exc)
                 await asyncio.sleep(delay)
                 current = self.store.list()
+
+
+def _timed(pieces: Iterator[Buffer], url: str, pacing: Pacing) -> Iterator[Buffer]:
+    """A streamed body whose reads count as time waiting on its store (closed, it closes the
+    body it reads)."""
+    try:
+        while True:
+            began = time.monotonic()
+            try:
+                piece = next(pieces)
+            except StopIteration:
+                return
+            finally:
+                pacing.waited(url, time.monotonic() - began)
+            yield piece
+    finally:
+        close = getattr(pieces, "close", None)
+        if close is not None:
+            close()

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .._version import __version__
@@ -35,7 +35,7 @@ from ..retry import RetryPolicy
 from .s3_errors import answer_of, translate, unclear_refusal
 
 if TYPE_CHECKING:
-    from obstore.store import ClientConfig, RetryConfig, S3Config
+    from obstore.store import ClientConfig, S3Config
 
 # The profile name under which a meta:// credential_process is handed to botocore's provider.
 _PROCESS_PROFILE = "mcsync-meta"
@@ -354,22 +354,22 @@ def make_obstore(settings: ClientSettings, keys: Keys, *, preflight: bool = Fals
     times only, so a wrong address fails in seconds (``Store.check``)."""
     from obstore.store import S3Store as ObStore
 
-    config: dict[str, Any] = {
-        "aws_region": settings.region,
-        "aws_virtual_hosted_style_request": not settings.path_style,
-        "aws_unsigned_payload": False,
-        "aws_s3_express": False,
+    # Each key names the setting its AWS_* variable sets (``region`` is ``aws_region``, which
+    # AWS_REGION maps to), so an explicit value here replaces the environment's.
+    config: S3Config = {
+        "region": settings.region,
+        "virtual_hosted_style_request": not settings.path_style,
+        "unsigned_payload": False,
+        "s3_express": False,
         # x-amz-checksum-sha256 on every PUT: the target verifies the body against it.
-        "aws_checksum_algorithm": "sha256",
+        "checksum_algorithm": "sha256",
+        "skip_signature": keys.anonymous,  # anonymous: a public bucket
     }
     if settings.endpoint_url:
         config["aws_endpoint_url_s3"] = settings.endpoint_url
     kwargs: dict[str, Any] = {}
     if not keys.anonymous:
-        config["aws_skip_signature"] = False
         kwargs["credential_provider"] = keys.obstore_provider()
-    else:
-        config["aws_skip_signature"] = True  # anonymous access to a public bucket
     endpoint = settings.endpoint_url or ""
     client_options: ClientConfig = {
         "allow_http": endpoint.startswith("http:"),
@@ -384,11 +384,9 @@ def make_obstore(settings: ClientSettings, keys: Keys, *, preflight: bool = Fals
         client_options["root_certificate"] = settings.ca_pem
     return ObStore(
         settings.bucket,
-        # The aws_-prefixed names are aliases obstore accepts but its stubs do not list; they
-        # are the ones its environment variables map to (see the module's docstring).
-        config=cast("S3Config", config),
+        config=config,
         client_options=client_options,
-        retry_config=cast("RetryConfig", settings.retry.obstore(preflight=preflight)),
+        retry_config=settings.retry.obstore(preflight=preflight),
         **kwargs,
     )
 

@@ -168,7 +168,7 @@ class CrtClient:
         if self._client is None:
             self._client = self._open()
         host, path = self._endpoint.target(bucket, key)
-        length = len(memoryview(body).cast("B")) if body is not None else 0
+        length = memoryview(body).nbytes if body is not None else 0
         sent = [("Host", host), ("Content-Length", str(length)), *headers]
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[Any, int | None, bytes | None]] = loop.create_future()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 from ..config import StoreOptions
 from ..errors import MCSyncError, NotFound, UsageError, as_config_error
@@ -54,13 +55,13 @@ def one_object(store: ReadStore, *, shown: str, real: str, url: str,
     """``store`` seen as holding one object, ``real``, under the key ``shown`` (its levels are
     not listed: they would show the directory's other files)."""
     return wrap(store, _OneObject(store, real), name="One", keys=Rename(shown, real), url=url,
-                without=(*without, LevelLister))
+                facts=replace(store.facts, one_object=True), without=(*without, LevelLister))
 
 
 def is_one_object(store: ReadStore) -> bool:
     """Is ``store`` a view of one object made by ``open_pair`` (which its address alone does
-    not reopen)?"""
-    return isinstance(getattr(store, "_hooks", None), _OneObject)
+    not reopen)? A fact it states (``StoreFacts.one_object``), kept by any wrapper over it."""
+    return store.facts.one_object
 
 
 async def open_pair(src: str, dst: str, open_source: Opener, open_target: Opener,

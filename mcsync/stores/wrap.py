@@ -9,26 +9,42 @@ the uploads it opens the same way.
 
 Each operation is an ``Op`` named after the protocol's method (``get``, ``put_part``,
 ``open_file``, ...) with the key of its object (an upload's operations: its object's key;
-``clear``: the prefix; ``check``: ""). Coroutines run through ``hooks.call``, methods that run
-on worker threads (``write_at``, ``part_written``) through ``hooks.call_blocking``, a listing
-through ``hooks.listing``. A hook may act before and after, time, count, raise, or return
-something in place of the result (a shorter read, a body iterator of its own). Plain lookups
+``clear``: the prefix; ``check``: ""). Coroutines run through ``hooks.call``, reads
+(``get``, ``read_into``) through ``hooks.read`` and a streamed range (``open_range``) through
+``hooks.stream``, methods that run on worker threads (``write_at``, ``part_written``) through
+``hooks.call_blocking``, a listing through ``hooks.listing``. A hook may act before and after,
+time, count or raise; only a read or a stream may be handed back as something else (a shorter
+read, a body iterator of its own), each typed as what it stands in for. Plain lookups
 (``validate_key``, ``can_copy_from``, ``copy_source``, ``compose_source``) and ``aclose`` go
 straight through.
 
 ``keys=Rename(shown, real)`` shows the inner store's key ``real`` as ``shown`` (every other
-key as it is), and ``url=`` names the wrapped store otherwise: a single file synced under
-another name (``stores/single.py``).
+key as it is), ``url=`` names the wrapped store otherwise and ``facts=`` states its facts: a
+single file synced under another name (``stores/single.py``).
+
+A wrapped store is ``Wrapped``: what it wraps (``inner``) and its hooks (``hooks``) are typed,
+so what asks for them (``innermost``, ``resilience.pacing_of``) never looks at attributes by
+name.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from ..types import Buffer, ByteRange, Capabilities, Level, ObjectInfo, PartClaim, PartRef
+from ..types import (
+    Buffer,
+    ByteRange,
+    Capabilities,
+    Level,
+    ObjectInfo,
+    PartClaim,
+    PartRef,
+    StoreFacts,
+)
 from .base import (
+    CaseFolding,
     Composer,
     FileTarget,
     FileUpload,
@@ -44,7 +60,8 @@ from .base import (
     TempFileSweeper,
 )
 
-__all__ = ["Hooks", "Op", "PassThrough", "Rename", "inner_of", "innermost", "unstarted", "wrap"]
+__all__ = ["Hooks", "Op", "PassThrough", "Rename", "Wrapped", "inner_of", "innermost",
+           "unstarted", "wrap"]
 
 T = TypeVar("T")
 
@@ -75,8 +92,17 @@ class Rename:
 
 class Hooks(Protocol):
     async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
-        """Run ``fn()`` (the inner store's coroutine) for ``op``; return its result or a
-        stand-in of the same type."""
+        """Run ``fn()`` (the inner store's coroutine) for ``op``; return its result."""
+        ...
+
+    async def read(self, op: Op, fn: Callable[[], Awaitable[Buffer]]) -> Buffer:
+        """The same for a read (``get``, ``read_into``): the bytes read, or fewer."""
+        ...
+
+    async def stream(self, op: Op,
+                     fn: Callable[[], Awaitable[Iterator[Buffer]]]) -> Iterator[Buffer]:
+        """The same for a streamed range (``open_range``): its body, or one that hands its
+        pieces on."""
         ...
 
     def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
@@ -88,11 +114,30 @@ class Hooks(Protocol):
         ...
 
 
+@runtime_checkable
+class Wrapped(Protocol):
+    """A store made by ``wrap``: the store it wraps and the hooks its operations pass
+    through."""
+
+    @property
+    def inner(self) -> ReadStore: ...
+
+    @property
+    def hooks(self) -> Hooks: ...
+
+
 class PassThrough:
     """Hooks that pass every operation through as it is: a view that changes one thing (its
     listing: ``stores.single``, ``latest``) overrides that alone."""
 
     async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
+        return await fn()
+
+    async def read(self, op: Op, fn: Callable[[], Awaitable[Buffer]]) -> Buffer:
+        return await fn()
+
+    async def stream(self, op: Op,
+                     fn: Callable[[], Awaitable[Iterator[Buffer]]]) -> Iterator[Buffer]:
         return await fn()
 
     def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
@@ -110,26 +155,28 @@ async def unstarted(entries: AsyncIterator[ObjectInfo]) -> None:
 
 
 def wrap(store: ReadStore, hooks: Hooks, *, name: str = "Wrapped", keys: Rename | None = None,
-         url: str | None = None, without: Collection[type] = ()) -> ReadStore:
+         url: str | None = None, facts: StoreFacts | None = None,
+         without: Collection[type] = ()) -> ReadStore:
     """``store`` with every operation passed through ``hooks``, offering the same abilities
-    (but those named in ``without``). ``name`` prefixes the class's name
-    (``FaultyWriteStreamer...``), for messages; ``keys`` and ``url``: see the module's text."""
+    (but those named in ``without``) and the same facts (unless ``facts``). ``name`` prefixes
+    the class's name (``FaultyWriteStreamer...``), for messages; ``keys`` and ``url``: see the
+    module's text."""
     bases = tuple(mixin for ability, mixin in _STORE_MIXINS
                   if isinstance(store, ability) and ability not in without)
     wrapped: ReadStore = _class_for(name, (*bases, _Read), "ReadStore")(store, hooks, name,
-                                                                        keys, url)
+                                                                        keys, url, facts)
     return wrapped
 
 
-def inner_of(store: Any) -> Any:
+def inner_of(store: ReadStore) -> ReadStore:
     """What a wrapped store wraps (the store itself for any other)."""
-    return getattr(store, "_inner", store)
+    return store.inner if isinstance(store, Wrapped) else store
 
 
-def innermost(store: Any) -> Any:
+def innermost(store: ReadStore) -> ReadStore:
     """The store under every layer of wrapping."""
-    while hasattr(store, "_inner"):
-        store = store._inner
+    while isinstance(store, Wrapped):
+        store = store.inner
     return store
 
 
@@ -145,13 +192,22 @@ def _class_for(name: str, bases: tuple[type, ...], plain: str) -> type:
 
 class _Read:
     def __init__(self, inner: Any, hooks: Hooks, name: str, keys: Rename | None = None,
-                 url: str | None = None) -> None:
+                 url: str | None = None, facts: StoreFacts | None = None) -> None:
         self._inner = inner
         self._hooks = hooks
         self._name = name
         self.url: str = url or inner.url
-        self.facts = inner.facts
+        self.facts: StoreFacts = facts or inner.facts
         self._keys = keys
+
+    @property
+    def inner(self) -> ReadStore:
+        inner: ReadStore = self._inner
+        return inner
+
+    @property
+    def hooks(self) -> Hooks:
+        return self._hooks
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self._inner!r}>"
@@ -177,7 +233,7 @@ class _Read:
 
     async def get(self, key: str, rng: ByteRange | None = None, *,
                   expect: ObjectInfo | None = None) -> Buffer:
-        return await self._hooks.call(
+        return await self._hooks.read(
             Op("get", key, rng=rng),
             lambda: self._inner.get(self._in(key), rng, expect=self._out_expect(expect)))
 
@@ -243,7 +299,7 @@ class _Streamer:
 
     async def open_range(self, key: str, rng: ByteRange, *,
                          expect: ObjectInfo | None = None) -> Iterator[Buffer]:
-        return await self._hooks.call(
+        return await self._hooks.stream(
             Op("open_range", key, rng=rng),
             lambda: self._inner.open_range(self._in(key), rng, expect=self._out_expect(expect)))
 
@@ -256,10 +312,11 @@ class _ReadsInto:
 
     async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
                         expect: ObjectInfo | None = None) -> memoryview:
-        return await self._hooks.call(
+        view = await self._hooks.read(
             Op("read_into", key, rng=rng),
             lambda: self._inner.read_into(self._in(key), rng, buf,
                                           expect=self._out_expect(expect)))
+        return view if isinstance(view, memoryview) else memoryview(view)
 
 
 class _Copier:
@@ -309,6 +366,13 @@ class _File:
         return _wrap_upload(upload, key, self._hooks, self._name, self._keys)
 
 
+class _CaseFolding:
+    _inner: Any
+
+    def folds_case(self) -> bool:
+        return bool(self._inner.folds_case())
+
+
 class _Tree:
     _inner: Any
 
@@ -353,6 +417,7 @@ _STORE_MIXINS: tuple[tuple[type, type], ...] = (
     (LocalTree, _Tree),
     (LevelLister, _Levels),
     (TempFileSweeper, _Sweeper),
+    (CaseFolding, _CaseFolding),
 )
 
 

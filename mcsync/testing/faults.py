@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, cast
+from typing import Literal, TypeVar
 
 from ..errors import Transient
 from ..stores.base import ReadStore
@@ -147,20 +147,28 @@ class _FaultHooks:
 
     async def call(self, op: Op, fn: Callable[[], Awaitable[T]]) -> T:
         name = _NAMES.get(op.name, op.name)
-        short = 0
         if name not in _AFTER_ONLY:
-            short = await self.faults.at(name, op.key, "before", op.nbytes)
-        result: Any = await fn()
-        if name in _BEFORE_ONLY:
-            return cast(T, result)
-        if name in ("get", "read_into"):  # what was read, cut short if a rule says so
-            short = max(short, await self.faults.at(name, op.key, "after", len(result)))
-            return cast(T, memoryview(result)[:len(result) - short] if short else result)
-        await self.faults.at(name, op.key, "after", op.nbytes)
-        if name == "open_range":
-            assert op.rng is not None
-            return cast(T, _pieces(result, op.key, op.rng.length - short, self.faults))
-        return cast(T, result)
+            await self.faults.at(name, op.key, "before", op.nbytes)
+        result = await fn()
+        if name not in _BEFORE_ONLY:
+            await self.faults.at(name, op.key, "after", op.nbytes)
+        return result
+
+    async def read(self, op: Op, fn: Callable[[], Awaitable[Buffer]]) -> Buffer:
+        """What was read, cut short if a rule says so."""
+        short = await self.faults.at(op.name, op.key, "before", op.nbytes)
+        data = await fn()
+        short = max(short, await self.faults.at(op.name, op.key, "after", len(data)))
+        return memoryview(data)[:len(data) - short] if short else data
+
+    async def stream(self, op: Op,
+                     fn: Callable[[], Awaitable[Iterator[Buffer]]]) -> Iterator[Buffer]:
+        """The body, each piece a rule's (``range_piece``), cut short if a rule says so."""
+        short = await self.faults.at(op.name, op.key, "before", op.nbytes)
+        pieces = await fn()
+        await self.faults.at(op.name, op.key, "after", op.nbytes)
+        assert op.rng is not None
+        return _pieces(pieces, op.key, op.rng.length - short, self.faults)
 
     def call_blocking(self, op: Op, fn: Callable[[], T]) -> T:
         if op.name not in _AFTER_ONLY:

@@ -10,6 +10,7 @@ from typing import Any
 from mcsync.config import SyncOptions
 from mcsync.events import BytesMoved, Event, ObjectDone
 from mcsync.limits import Limits
+from mcsync.move.context import RunContext
 from mcsync.move.dispatch import Dispatch, Outcome
 from mcsync.records import Action, OpenUpload, WrittenPart
 from mcsync.stores.memory import MemoryStore
@@ -45,9 +46,9 @@ def _dispatch(src: Any, dst: Any, journal: Journal, events: list[Event],
               open_uploads: dict[str, OpenUpload] | None = None,
               stop: asyncio.Event | None = None) -> Dispatch:
     options = SyncOptions(part_size=PART, part_concurrency=1)
-    return Dispatch(src, dst, options, Limits(options.concurrency, options.memory_limit),
-                    events.append, journal=journal, known=None,
-                    open_uploads=dict(open_uploads or {}), stop=stop or asyncio.Event())
+    ctx = RunContext(src, dst, options, Limits(options.concurrency, options.memory_limit),
+                     events.append, stop or asyncio.Event())
+    return Dispatch(ctx, journal=journal, known=None, open_uploads=dict(open_uploads or {}))
 
 
 async def _copy(dispatch: Dispatch, src: MemoryStore, key: str) -> Outcome:
@@ -114,9 +115,9 @@ def test_a_whole_objects_only_dispatch_hands_back_what_would_go_in_parts() -> No
     events = list[Event]()
 
     async def run() -> list[Outcome]:
-        dispatch = Dispatch(src, dst, options, Limits(8, options.memory_limit), events.append,
-                            journal=None, known=None, open_uploads={}, stop=asyncio.Event(),
-                            whole_only=True)
+        ctx = RunContext(src, dst, options, Limits(8, options.memory_limit), events.append,
+                         asyncio.Event())
+        dispatch = Dispatch(ctx, journal=None, known=None, open_uploads={}, whole_only=True)
         listed = await src.head("grows.bin")
         seed(src, {"grows.bin": payload(PART + 7, 4)})  # changed after it was listed
         stale = Action("copy", "grows.bin", listed, None, "new")

@@ -479,6 +479,7 @@ def in_process_pool(src, dst, ran: list[list[Any]], before: Callable[[list[Any]]
     whole-objects-only dispatch and a ``WorkerParts`` on the same stores), behind the real
     ``Workers``; ``ran`` gets each task's items."""
     from mcsync.limits import Limits
+    from mcsync.move.context import RunContext
     from mcsync.move.dispatch import Dispatch
     from mcsync.move.part_tasks import WorkerParts
     from mcsync.scale.worker_runner import TaskResult, run_items
@@ -488,9 +489,9 @@ def in_process_pool(src, dst, ran: list[list[Any]], before: Callable[[list[Any]]
 
         def __init__(self, options):
             limits = Limits(4, options.memory_limit)
-            self.dispatch = Dispatch(src, dst, options, limits, lambda event: None,
-                                     journal=None, known=None, open_uploads={},
-                                     stop=asyncio.Event(), whole_only=True)
+            ctx = RunContext(src, dst, options, limits, lambda event: None, asyncio.Event())
+            self.dispatch = Dispatch(ctx, journal=None, known=None, open_uploads={},
+                                     whole_only=True)
             self.parts = WorkerParts(src, dst, limits)
 
         def describe(self) -> str:

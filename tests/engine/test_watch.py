@@ -102,3 +102,52 @@ def test_later_cycles_ask_the_target_nothing_when_nothing_changed(tmp_path):
                       on_cycle=seen))
     # cycle 1 checks the target and copies; cycles 2-4 found nothing to do and asked nothing
     assert calls[1] == calls[2] == calls[3], calls
+
+
+def test_a_watch_with_retention_waits_for_the_first_checkpoint_then_prunes(tmp_path):
+    import dataclasses
+    import json
+
+    src = MemoryStore("s", endpoint=MemoryEndpoint("a"))
+    dst = MemoryStore("d", endpoint=MemoryEndpoint("b"))
+    seed(src, {"runs/events.out": b"tensorboard"})  # the trainer's logs come first
+    stop = asyncio.Event()
+    cycles: list[Cycle] = []
+
+    def step(n: int) -> dict[str, bytes]:
+        d = f"checkpoint-{n}/"
+        return {d + "model.safetensors": b"w%d" % n,
+                d + "trainer_state.json": json.dumps({"global_step": n}).encode()}
+
+    def seen(cycle: Cycle) -> None:
+        cycles.append(cycle)
+        if cycle.number <= 3:
+            seed(src, step(cycle.number * 100))
+        else:
+            stop.set()
+
+    asyncio.run(watch(src, dst, dataclasses.replace(options(tmp_path), keep_last=2), None,
+                      stop, interval_s=0.05, on_cycle=seen))
+    assert cycles[0].report is None and "no checkpoint directory" in (cycles[0].error or "")
+    assert all(c.report is not None for c in cycles[1:])
+    assert contents(dst) == {"runs/events.out": b"tensorboard", **step(200), **step(300)}
+    assert sum(c.report.checkpoints_pruned for c in cycles if c.report) == 1
+
+
+def test_a_change_during_a_cycle_or_a_file_coming_of_age_starts_the_next_cycle_early():
+    import time
+
+    from mcsync.run.watching import _until_next
+
+    async def waited(wake_set: bool, due: float | None, began_ago: float) -> float:
+        wake, stop = asyncio.Event(), asyncio.Event()
+        if wake_set:  # the trainer's events arrived while the cycle ran
+            wake.set()
+        clock = time.monotonic()
+        await _until_next(60.0, time.time() - began_ago, wake, stop, due)
+        return time.monotonic() - clock
+
+    assert asyncio.run(waited(True, None, began_ago=10)) < 1  # at once, not in 50 s
+    soon = asyncio.run(waited(False, time.time() + 0.5, began_ago=10))
+    assert 0.4 < soon < 3  # when the deferred file comes of age
+    assert asyncio.run(waited(False, None, began_ago=59.5)) < 2  # the interval, as before

@@ -19,6 +19,8 @@ CRASH_AT=point:n kills the process the n-th time it reaches ``point``:
   lock         after the n-th write of the target lock object (1: taken; later: renewed)
   unlock       before the target lock object is deleted at the end of the run
   state        before the n-th upload of the manifest's copy to the target
+  prune        before the n-th delete at the target (retention's, with --keep-last)
+  prune-done   after it returned
 
 DELAY_AT=op:seconds slows every call of a target operation down (``put_part:0.5``), for the
 tests that stop a run while it is busy.
@@ -62,6 +64,8 @@ POINTS: dict[str, list[tuple[str, str, str, str | None]]] = {
     "lock": [("put", "after", ".mcsync/lock-*", None)],
     "unlock": [("delete", "before", ".mcsync/lock-*", None)],
     "state": [("put", "before", ".mcsync/manifest-*", None)],
+    "prune": [("delete", "before", "*", STATE)],
+    "prune-done": [("delete", "after", "*", STATE)],
 }
 
 

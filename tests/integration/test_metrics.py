@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +188,58 @@ def test_serving_answers_scrapes_while_it_lives_and_frees_the_port() -> None:
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
     assert {t.name for t in threading.enumerate()} < threads
+
+
+# The S3 requests each metered operation sends (one each), as the proxy names them.
+SENDS = {"PutObject": "put", "GetObject": "get", "HeadObject": "head", "DeleteObject": "delete",
+         "DeleteObjects": "delete", "ListObjectsV2": "list", "CopyObject": "server_copy",
+         "CreateMultipartUpload": "open_upload", "UploadPart": "put_part",
+         "UploadPartCopy": "copy_part", "ListParts": "resume_upload",
+         "CompleteMultipartUpload": "complete", "AbortMultipartUpload": "abort"}
+
+
+def test_a_run_with_workers_counts_every_process_s_requests(seaweed, seaweed_proxy, tmp_path):
+    """The metrics of a ``--workers 2`` run are the requests a proxy in front of the target
+    saw, operation by operation: the workers' (whole objects, the parts of a copy in parts)
+    as well as the driver's."""
+    small = {f"data/item-{i:03d}.bin": payload(1_000 + 7 * i, 100 + i) for i in range(60)}
+    objects = small | {"ckpt/model.bin": payload(12 * MiB, 99)}
+    write_tree(tmp_path / "src", objects)
+    bucket = new_bucket(seaweed)
+    prom = tmp_path / "mcsync.prom"
+    run = mcsync("sync", str(tmp_path / "src"), f"meta://{bucket}/run/", "--workers", "2",
+                 "--part-size", "5MiB", "--quiet", "--metrics-file", str(prom),
+                 env=seaweed_proxy.endpoint.meta_env())
+    assert run.returncode == 0, run.stderr
+    assert read_bucket(seaweed, bucket, "run/") == objects
+    got = parse(prom.read_text())
+
+    seen = [e for e in seaweed_proxy.exchanges() if e.bucket == bucket]
+    assert all(e.outcome == "ok" for e in seen), seaweed_proxy.summary()
+    # The target's check is one operation of two requests: a listing (the run's first) and,
+    # the listing being empty, a GET of a key that cannot exist (is this S3 at all?).
+    listings = [e for e in seen if e.op == "ListObjectsV2"]
+    check = [listings[0], *(e for e in seen if e.op == "GetObject" and "/.mcsync/probe-" in e.key)]
+    assert len(check) == 2
+    at_proxy: Counter[tuple[str, str]] = Counter()
+    for e in seen:
+        if e not in check:
+            assert e.op in SENDS, e
+            at_proxy[SENDS[e.op], "ok" if e.status is not None and e.status < 300
+                     else "NotFound" if e.status == 404 else str(e.status)] += 1
+    at_proxy["check", "ok"] += 1
+    counted = Counter({(dict(labels)["operation"], dict(labels)["status"]): int(v)
+                       for labels, v in got["mcsync_requests_total"].items()
+                       if dict(labels)["store"] == "target" and v})
+    assert counted == at_proxy
+    # The workers' requests were in it: each small object one PUT from a worker, and the big
+    # one's parts sent by workers, which found its upload (ListParts) first.
+    assert at_proxy["put", "ok"] > len(small) and at_proxy["resume_upload", "ok"] >= 1
+    timed = {dict(labels)["operation"]: int(v)
+             for labels, v in got["mcsync_request_duration_seconds_count"].items()
+             if dict(labels)["store"] == "target"}
+    assert timed["put"] == at_proxy["put", "ok"] and timed["put_part"] == 3
+    # Every byte read from the source, by whichever process read it.
+    assert one(got, "mcsync_received_bytes_total") >= sum(map(len, objects.values()))
+    assert total(got, "mcsync_requests_in_flight") == 0
+    assert one(got, "mcsync_requests_in_flight_peak", store="target") >= 2  # two processes

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,8 @@ from testbed.faultproxy import FaultProxy, Rule, Stall
 from testbed.ray_cluster import WORKER_IP
 from testbed.servers import S3Endpoint
 
-from .helpers import new_bucket, read_bucket, write_tree
+from ..require import unavailable
+from .helpers import new_bucket, read_bucket, run_cli, write_tree
 from .test_workers import LARGE, OBJECTS, ROOT, SMALL, TOTALS, command, run, wait_for
 
 
@@ -56,7 +58,7 @@ def ray_cluster(seaweed: S3Endpoint, tmp_path_factory: pytest.TempPathFactory,
                 head_cpus=1, worker_cpus=1, env=keys,
                 worker_private=private_dir if private_mounts() is None else None))
         except RayMissing as exc:  # only a missing Ray: a cluster that fails to start fails
-            pytest.skip(str(exc))
+            unavailable("ray", str(exc))
         yield cluster
 
 
@@ -176,6 +178,11 @@ def test_a_ray_worker_killed_mid_run_has_its_task_given_to_another(
     assert len(report["retried_tasks"]) == report["tasks_retried"]
     assert all(t.startswith("task ") and "Ray worker died" in t
                for t in report["retried_tasks"]), report["retried_tasks"]
+    # mcsync status counts each retried task under the worker that died running it.
+    (row,) = json.loads(run_cli("status", f"meta://{busy.bucket}/run/", "--json",
+                                env=seaweed_proxy.endpoint.meta_env()).stdout)
+    retried = {t["worker"]: t["retried"] for t in row["tasks"] if t["retried"]}
+    assert retried == {f"pid {victims[0]} on {socket.gethostname()}": report["tasks_retried"]}
 
 
 @pytest.mark.slow

@@ -17,8 +17,6 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-import pytest
-
 from testbed.faultproxy import Rule, Stall
 
 from .helpers import new_bucket, read_bucket
@@ -26,8 +24,8 @@ from .test_workers import LARGE, OBJECTS, ROOT, command, run, source_tree, wait_
 
 __all__ = ["source_tree"]  # the module's fixture, shared
 
-SENT_BY = re.compile(r"^DEBUG mcsync\.part_tasks: (.+): parts ([\d, ]+) sent by worker (\d+)@",
-                     re.M)
+SENT_BY = re.compile(
+    r"^DEBUG mcsync\.move\.part_tasks: (.+): parts ([\d, ]+) sent by worker (\d+)@", re.M)
 PARTS = {key: -(-len(data) // (5 << 20)) for key, data in LARGE.items()}  # 5 MiB parts
 
 
@@ -64,7 +62,6 @@ def journal(manifest: Path) -> dict[str, tuple[str, set[int]]]:
     return {k: (i, {n for key, n in parts if key == k}) for k, i in ids.items()}
 
 
-@pytest.mark.slow  # ~13 s: two runs of 302 objects
 def test_large_objects_go_to_workers_by_parts_each_sent_once(source_tree, seaweed,
                                                               seaweed_proxy, tmp_path):
     bucket, alone = new_bucket(seaweed), new_bucket(seaweed)
@@ -110,7 +107,6 @@ def test_large_objects_go_to_workers_by_parts_each_sent_once(source_tree, seawee
         assert report[key] == single[key], key
 
 
-@pytest.mark.slow  # ~11 s
 def test_a_worker_killed_during_part_tasks_has_them_sent_by_another(source_tree, seaweed,
                                                                      seaweed_proxy):
     bucket = new_bucket(seaweed)

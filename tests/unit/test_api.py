@@ -154,3 +154,4 @@ def test_a_classified_failure_reaches_the_report_and_its_json() -> None:
     assert json.loads(json.dumps(report.to_dict()))["failures"][1] == {
         "key": "t", "error": "t: slow down (after 5 min)", "kind": "Throttled",
         "retryable": True}
+

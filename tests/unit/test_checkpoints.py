@@ -7,8 +7,7 @@ import asyncio
 
 import pytest
 
-from mcsync.checkpoints.frameworks import FRAMEWORKS, MARKERS, Completion, Listed
-from mcsync.run.plan import is_commit_marker
+from mcsync.checkpoints.frameworks import FRAMEWORKS, MARKERS, Completion, Listed, is_commit_marker
 from mcsync.stores.memory import MemoryStore
 from mcsync.types import ObjectInfo
 

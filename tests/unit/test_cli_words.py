@@ -61,3 +61,16 @@ def test_a_warms_progress_counts_cached_objects_done_and_fetched_bytes():
     assert out.getvalue() == ""
     progress.emit(CacheServed("s3://b/b", 1024, hit=False))  # its bytes counted as fetched
     assert out.getvalue().startswith("progress: 2/3 objects, 2.0 KiB/3.0 KiB, "), out.getvalue()
+
+
+def test_the_progress_line_says_what_limited_the_run_lately():
+    from mcsync.events import Bottleneck
+
+    out = io.StringIO()
+    clock = iter([0.0, 1.0, 2.0, 10.0])
+    progress = LogProgress(out, interval=5.0, clock=lambda: next(clock))
+    progress.emit(ObjectPlanned(key="a", action="copy", size=3, reason="new"))
+    progress.emit(Bottleneck("target", "limited by the target: 90% ..."))
+    assert out.getvalue() == ""
+    progress.emit(ObjectPlanned(key="b", action="copy", size=3, reason="new"))
+    assert out.getvalue().rstrip().endswith(", limited by target"), out.getvalue()

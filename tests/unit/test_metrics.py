@@ -20,10 +20,12 @@ from mcsync.events import (
     ObjectDone,
     ObjectFailed,
     ObjectPlanned,
+    RequestsCounted,
     RunFinished,
     RunStarted,
 )
 from mcsync.observe.metrics import OBJECT_RESULTS, Metrics, parse_addr, status_of
+from mcsync.observe.requests import RequestTally, meter
 from mcsync.report import ObjectResult, SyncReport
 from mcsync.stores.base import (
     Composer,
@@ -210,6 +212,64 @@ def test_requests_are_counted_by_store_operation_and_status() -> None:
     text = prometheus_client.generate_latest(metrics.registry).decode()
     assert "AKIA" not in text and "msg-7f3" not in text and "key-9c1" not in text
     assert "memory://" not in text
+
+
+def test_a_worker_s_tally_added_counts_as_if_this_process_made_its_requests() -> None:
+    """What a worker counts with ``RequestTally`` and the driver adds (``RequestsCounted``)
+    is exposed as the same figures a ``Metrics`` wrapping the stores itself shows."""
+
+    def requests(source: ReadStore, target: ReadStore, src: MemoryStore) -> None:
+        async def go() -> None:
+            assert isinstance(target, Store) and isinstance(source, RangeStreamer)
+            await src.put("obj", bytes(range(100)))
+            assert len(await source.get("obj")) == 100
+            with pytest.raises(NotFound):
+                await target.head("missing")
+            with pytest.raises(Throttled):
+                await target.put("slow", b"abc")
+            await asyncio.gather(target.put("a", b"abc"), target.put("b", b"de"))
+            body = await source.open_range("obj", ByteRange(0, 40))
+            assert sum(len(p) for p in body) == 40
+            assert [i.key async for i in source.list()] == ["obj"]
+
+        asyncio.run(go())
+
+    def stores(wrap: Any) -> tuple[ReadStore, ReadStore, MemoryStore]:
+        src, dst = memory_pair()
+        faults = Faults([Rule("put", key="slow", times=1, error=Throttled("x")),
+                         Rule("put", times=None, delay_s=0.02)])
+        return wrap(src, "source"), wrap(faulty(dst, faults), "target"), src
+
+    direct = Metrics()
+    source, target, src = stores(direct.wrap)
+    requests(source, target, src)
+
+    driver, tally = Metrics(), RequestTally()
+    driver.emit(RunStarted("s", "d", dry_run=False))
+    source, target, src = stores(lambda store, role: meter(store, tally, role))
+    requests(source, target, src)
+    counted = tally.take("pid 1 on node-a")
+    driver.emit(counted)
+    assert tally.take("pid 1 on node-a").requests == ()  # taken: counted once
+
+    def figures(metrics: Metrics) -> dict[Any, float]:
+        return {k: v for k, v in samples(metrics).items()
+                if k[0] in ("mcsync_requests_total", "mcsync_throttled_requests_total",
+                            "mcsync_received_bytes_total",
+                            "mcsync_request_duration_seconds_count")}
+
+    assert figures(driver) == figures(direct)
+    assert value(driver, "mcsync_received_bytes_total") == 140
+    assert value(driver, "mcsync_requests_total", store="target", operation="put",
+                 status="Throttled") == 1
+    # Peaks: the two PUTs at once in the worker; a second worker's peak adds to it, a later
+    # task of the same worker does not; the next run starts again.
+    assert value(driver, "mcsync_requests_in_flight_peak", store="target") == 2
+    driver.emit(RequestsCounted("pid 2 on node-b", (), 0, (("target", 3),)))
+    driver.emit(RequestsCounted("pid 1 on node-a", (), 0, (("target", 1),)))
+    assert value(driver, "mcsync_requests_in_flight_peak", store="target") == 5
+    driver.emit(RunStarted("s", "d", dry_run=False))
+    assert value(driver, "mcsync_requests_in_flight_peak", store="target") == 0
 
 
 def test_requests_in_flight_while_they_wait_and_a_streamed_body_until_it_is_read() -> None:

@@ -18,6 +18,7 @@ from mcsync.move.part_tasks import PartJob, PartSent, RemoteParts, parts_per_tas
 from mcsync.records import WrittenPart
 from mcsync.scale.worker_runner import TaskResult, WorkerLost
 from mcsync.scale.workers import MAX_TRIES, Workers
+from mcsync.state.task_log import TaskLog
 from mcsync.types import ByteRange, ObjectInfo
 
 MiB = 1 << 20
@@ -127,9 +128,9 @@ class DyingPool:
         if self.runs <= self.deaths:
             if self.stop is not None:
                 self.stop.set()
-            raise WorkerLost("killed")
+            raise WorkerLost("killed", f"pid {self.runs} on node-a")
         return TaskResult([PartSent(j.part.number, WrittenPart(j.part.number, "e", j.size))
-                           for j in items], [], 0, 0, 0)
+                           for j in items], [], 0, 0, 0, "pid 9 on node-b")
 
     async def aclose(self, *, wait: bool) -> None:
         pass
@@ -139,9 +140,11 @@ def jobs(n: int) -> list[PartJob]:
     return [PartJob("big.bin", "up-1", SRC, p, None, False) for p in parts(n)]
 
 
-def send(pool: DyingPool, stop: asyncio.Event | None = None) -> tuple[list[PartSent], Workers]:
+def send(pool: DyingPool, stop: asyncio.Event | None = None,
+         log: TaskLog | None = None) -> tuple[list[PartSent], Workers]:
     async def go() -> tuple[list[PartSent], Workers]:
-        workers = Workers(pool, SyncOptions(), lambda event: None, stop or asyncio.Event())
+        workers = Workers(pool, SyncOptions(), lambda event: None, stop or asyncio.Event(),
+                          on_task=log)
         return await workers.send_parts(jobs(2)), workers
 
     return asyncio.run(go())
@@ -152,6 +155,19 @@ def test_a_part_task_whose_worker_died_goes_to_another_and_is_named():
     assert [s.written.number for s in sent if s.written] == [1, 2]
     assert workers.tasks_retried == 1
     assert workers.retried == ["task 1 (parts 1, 2 of big.bin): killed; run again"]
+
+
+def test_the_task_log_names_the_worker_of_every_try_retried_and_failed_ones_too():
+    log = TaskLog(None)
+    send(DyingPool(deaths=1), log=log)
+    assert {w: (t.tasks, t.retried, t.failed) for w, t in log.workers.items()} == {
+        "pid 1 on node-a": (0, 1, 0), "pid 9 on node-b": (1, 0, 0)}
+    log = TaskLog(None)
+    send(DyingPool(deaths=MAX_TRIES), log=log)
+    assert {w: (t.tasks, t.retried, t.failed) for w, t in log.workers.items()} == {
+        "pid 1 on node-a": (0, 1, 0), "pid 2 on node-a": (0, 1, 0),
+        "pid 3 on node-a": (0, 0, 1)}
+    assert "" not in log.workers
 
 
 def test_a_part_task_that_kept_killing_workers_fails_its_parts_retryably():

@@ -1,8 +1,9 @@
 import pytest
 
+from mcsync.checkpoints.frameworks import is_commit_marker
 from mcsync.config import SyncOptions
 from mcsync.records import Pair
-from mcsync.run.plan import is_commit_marker, plan
+from mcsync.run.plan import plan
 from mcsync.types import ObjectInfo
 
 OPTS = SyncOptions()

@@ -1,7 +1,7 @@
 """``scale.shared_paths``: what a node must see at a local SRC or DST under ``--executor ray``,
 judged on real directories (a "node" here is ``view_of`` run against another directory, as a
-node whose own disk is at the same path would look), and ``ray_pool.room``: how many workers
-fit on the nodes' free CPUs and memory."""
+node whose own disk is at the same path would look), and ``ray_placement.room``: how many
+workers fit on the nodes' free CPUs and memory."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_a_file_that_changed_for_the_driver_too_is_not_held_against_a_node(tmp_p
 
 
 def test_room_counts_what_fits_on_each_node_now():
-    from mcsync.scale.ray_pool import OVERHEAD, room
+    from mcsync.scale.ray_placement import OVERHEAD, room
 
     options = SyncOptions(memory_limit=1 * GiB)
     assert room([(1.0, 2 * GiB), (1.0, 2 * GiB)], 8, options) == 2  # CPUs bound it

@@ -1,0 +1,295 @@
+"""A checkpoint streamed into memory through the node cache (``Cache.iter_safetensors``)
+against downloading it and then loading it (``benchmarks/README.md``, *Node cache*).
+
+One safetensors file of ``--mib`` MiB (``--tensors`` float16 tensors of random bits, the
+header first) on SeaweedFS, behind the capped link (``--link-mbit N``, root: ``bench_netns``)
+and on 127.0.0.1 uncapped. Each round, entrants rotated, each from a cold start:
+
+- **mcsync**: ``Cache(fresh dir).iter_safetensors(url)`` in a child process: when the first
+  tensor is in memory, when every one is (and the entry committed), from ``Cache()`` on (its
+  import and the process start are not counted; ``init_s`` is ``Cache()`` alone);
+- **mcsync, second load**: ``load_safetensors`` again from that cache (local disk, page cache
+  warm);
+- **download then load**: ``s5cmd cp`` of the object to a local file, then
+  ``safetensors.numpy.load_file`` (and apart: ``safe_open(...).get_tensor(first)``, the first
+  tensor). Timed from the ``s5cmd`` process start; when its first byte is on disk is sampled
+  every 2 ms (a thread watching the download directory). Without s5cmd: one-stream GET with
+  boto3, said so.
+
+Every loaded tensor is compared with the file's bytes after the clock stops (xxh3 of the data
+section). Medians and ranges over ``--repeat`` rounds; the load average is sampled.
+
+    python benchmarks/cache_safetensors.py [--mib 512] [--tensors 64] [--repeat 3]
+                                           [--link-mbit N] [--workdir DIR] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # testbed/: not installed
+
+MiB = 1 << 20
+BUCKET = "stbench"
+KEY = "ckpt/model.safetensors"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def make_checkpoint(path: Path, mib: int, tensors: int) -> str:
+    """The file (reused when it is there), and the xxh3-128 of its data section."""
+    import numpy as np
+    import xxhash
+    from safetensors.numpy import save_file
+
+    if not path.exists():
+        rng = np.random.default_rng(17)
+        per = mib * MiB // tensors // 2  # float16 elements per tensor
+        save_file({f"model.layers.{i}.weight": rng.integers(0, 1 << 16, per, dtype=np.uint16)
+                   .view(np.float16).reshape(-1, 1024) for i in range(tensors)}, str(path))
+    data = path.read_bytes()
+    return xxhash.xxh3_128_hexdigest(data[8 + int.from_bytes(data[:8], "little"):])
+
+
+def _digest(arrays: list[Any]) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    for a in arrays:
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+# --- the child: mcsync's reader, timed in-process ---------------------------------------------
+
+def probe(cache_dir: str, url: str) -> dict[str, Any]:
+    from mcsync.cache import Cache
+
+    t0 = time.perf_counter()
+    cache = Cache(cache_dir, validate="never")
+    out: dict[str, Any] = {"init_s": time.perf_counter() - t0}
+    try:
+        arrays, first = [], None
+        for _, tensor in cache.iter_safetensors(url):
+            if first is None:
+                first = time.perf_counter() - t0
+            arrays.append(tensor)
+        out.update(first_s=first, whole_s=time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        again = cache.load_safetensors(url)
+        out["second_s"] = time.perf_counter() - t1
+        out["digest"] = _digest(arrays)
+        out["second_digest"] = _digest(list(again.values()))
+        out["fetched"] = cache.stats.bytes_fetched
+    finally:
+        cache.close()
+    return out
+
+
+# --- download then load --------------------------------------------------------------------
+
+def download_then_load(s5cmd: str | None, ep: Any, into: Path) -> dict[str, Any]:
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    target = into / "model.safetensors"
+    first_byte: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:  # when the download's first byte is on disk
+        while not done.is_set():
+            if any(e.stat().st_size > 0 for e in os.scandir(into)):
+                first_byte.append(time.perf_counter())
+                return
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    t0 = time.perf_counter()
+    watcher.start()
+    try:
+        if s5cmd:
+            subprocess.run([s5cmd, "--endpoint-url", ep.url, "--log", "error", "cp",
+                            f"s3://{BUCKET}/{KEY}", str(target)],
+                           env=dict(os.environ) | _keys(ep), check=True)
+        else:  # one stream
+            body = ep.client().get_object(Bucket=BUCKET, Key=KEY)["Body"]
+            with open(target, "wb") as out:
+                while chunk := body.read(8 * MiB):
+                    out.write(chunk)
+    finally:
+        done.set()
+        watcher.join()
+    downloaded = time.perf_counter()
+    with safe_open(str(target), framework="np") as f:
+        f.get_tensor(next(iter(f.keys())))
+    first = time.perf_counter()
+    tensors = load_file(str(target))
+    whole = time.perf_counter()
+    # load_file's dict is by name; the data section is in offset order
+    raw = target.read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    header.pop("__metadata__", None)
+    order = sorted(header, key=lambda k: header[k]["data_offsets"][0])
+    return {"first_byte_s": (first_byte[0] - t0) if first_byte else None,
+            "download_s": downloaded - t0, "first_s": first - t0,
+            "whole_s": (downloaded - t0) + (whole - first),
+            "digest": _digest([tensors[k] for k in order])}
+
+
+def _keys(ep: Any) -> dict[str, str]:
+    return {"AWS_ACCESS_KEY_ID": ep.access_key, "AWS_SECRET_ACCESS_KEY": ep.secret_key,
+            "AWS_REGION": ep.region}
+
+
+# --- the harness ---------------------------------------------------------------------------
+
+def summary(values: list[float]) -> str:
+    if not values:
+        return "— | — |"
+    s = sorted(values)
+    return f"{statistics.median(s):.3f} | {s[0]:.3f}–{s[-1]:.3f} |"
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--probe":
+        print(json.dumps(probe(sys.argv[2], sys.argv[3])))
+        return 0
+    import bench_netns
+    from bench_tools import _venv_or_path, base_env
+
+    from testbed.servers import S3Endpoint, seaweedfs
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mib", type=int, default=512)
+    ap.add_argument("--tensors", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--link-mbit", type=int, default=None)
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="mcsync-stbench-"))).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    started, loads = time.time(), [os.getloadavg()[0]]
+    local = workdir / "model.safetensors"
+    want = make_checkpoint(local, args.mib, args.tensors)
+    size = local.stat().st_size
+    s5cmd = _venv_or_path("s5cmd")
+    log(f"work dir {workdir}; {size / MiB:.0f} MiB checkpoint, {args.tensors} tensors; "
+        f"download with {s5cmd or 'one streamed GET (no s5cmd found)'}")
+    rows: list[dict[str, Any]] = []
+    link_note = "none"
+    with ExitStack() as stack:
+        servers: dict[str, S3Endpoint] = {}
+        for d in ("weed", "weed-capped"):
+            shutil.rmtree(workdir / d, ignore_errors=True)
+        if args.link_mbit:
+            try:
+                link = bench_netns.open_link(args.link_mbit, log)
+                stack.callback(link.close)
+                servers["capped"] = stack.enter_context(
+                    bench_netns.seaweedfs_in(link, workdir / "weed-capped", S3Endpoint))
+                link_note = link.describe()
+            except bench_netns.LinkUnavailable as exc:
+                link_note = f"--link-mbit {args.link_mbit} not applied ({exc})"
+        servers["uncapped"] = stack.enter_context(seaweedfs(workdir / "weed"))
+        for ep in servers.values():
+            ep.create_bucket(BUCKET)
+            if s5cmd:
+                subprocess.run([s5cmd, "--endpoint-url", ep.url, "--log", "error", "cp",
+                                str(local), f"s3://{BUCKET}/{KEY}"],
+                               env=dict(os.environ) | _keys(ep), check=True)
+            else:
+                ep.client().put_object(Bucket=BUCKET, Key=KEY, Body=local.read_bytes())
+        env = base_env() | {"PYTHONPATH": str(REPO)}
+        for rep in range(1, args.repeat + 1):
+            for name, ep in servers.items():
+                entrants = ["mcsync", "download"]
+                for who in entrants[rep % 2:] + entrants[:rep % 2]:
+                    if who == "mcsync":
+                        d = workdir / "cache"
+                        shutil.rmtree(d, ignore_errors=True)
+                        proc = subprocess.run(
+                            [sys.executable, str(Path(__file__).resolve()), "--probe", str(d),
+                             f"meta://{BUCKET}/{KEY}"], env=env | ep.meta_env(),
+                            capture_output=True, text=True, check=False)
+                        if proc.returncode != 0:
+                            raise SystemExit(f"probe failed: {proc.stderr[-500:]}")
+                        out = json.loads(proc.stdout)
+                        ok = out["digest"] == want and out["second_digest"] == want and \
+                            out["fetched"] == size
+                        shutil.rmtree(d, ignore_errors=True)
+                    else:
+                        out = download_then_load(s5cmd, ep, workdir / "download")
+                        ok = out["digest"] == want
+                        shutil.rmtree(workdir / "download", ignore_errors=True)
+                    out.pop("digest", None)
+                    out.pop("second_digest", None)
+                    rows.append({"link": name, "who": who, "rep": rep, "ok": ok, **out})
+                    log(f"rep {rep} {name:<8} {who:<8} " + "  ".join(
+                        f"{k} {v:.3f}" for k, v in out.items()
+                        if isinstance(v, float)) + ("" if ok else "  WRONG BYTES"))
+                loads.append(os.getloadavg()[0])
+    print(render(rows, args, size, link_note, loads, s5cmd, (time.time() - started) / 60))
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args), "link": link_note, "loads": loads,
+                                         "rows": rows}, indent=2, default=str) + "\n")
+    if args.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def render(rows: list[dict[str, Any]], args: argparse.Namespace, size: int, link_note: str,
+           loads: list[float], s5cmd: str | None, minutes: float) -> str:
+    tool = "`s5cmd cp`" if s5cmd else "one streamed GET"
+    lines = [f"safetensors checkpoint · {size / MiB:,.0f} MiB, {args.tensors} tensors · "
+             f"capped link: {link_note} · {args.repeat} rounds · load average (1 min) "
+             f"{min(loads):.1f}–{max(loads):.1f} · {minutes:.1f} min", "",
+             "| link | measurement | s (median) | range |", "|---|---|---|---|"]
+    for link in ("capped", "uncapped"):
+        mine = [r for r in rows if r["link"] == link and r["ok"]]
+        if not mine:
+            continue
+        ours = [r for r in mine if r["who"] == "mcsync"]
+        theirs = [r for r in mine if r["who"] == "download"]
+        for label, vals in (
+                ("mcsync `iter_safetensors`: first tensor in memory", [r["first_s"] for r in ours]),
+                ("mcsync: every tensor in memory, entry committed", [r["whole_s"] for r in ours]),
+                ("mcsync: second load, from the cache", [r["second_s"] for r in ours]),
+                (f"{tool}: first byte on disk", [r["first_byte_s"] for r in theirs
+                                                 if r["first_byte_s"] is not None]),
+                (f"{tool}: downloaded", [r["download_s"] for r in theirs]),
+                (f"{tool} + `safe_open().get_tensor`: first tensor",
+                 [r["first_s"] for r in theirs]),
+                (f"{tool} + `load_file`: every tensor", [r["whole_s"] for r in theirs])):
+            lines.append(f"| {link} | {label} | {summary(vals)}")
+        wholes = [o["whole_s"] / t["whole_s"] for o, t in zip(
+            sorted(ours, key=lambda r: r["rep"]), sorted(theirs, key=lambda r: r["rep"]),
+            strict=False)]
+        lines.append(f"| {link} | mcsync ÷ download-then-load, whole, same round | "
+                     f"{summary(wholes)}")
+    bad = [r for r in rows if not r["ok"]]
+    if bad:
+        lines.append(f"\n{len(bad)} runs returned wrong bytes: {bad}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

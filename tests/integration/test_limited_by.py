@@ -1,0 +1,76 @@
+"""A run says what limited it: each case is built to be bound by one thing, and the verdict in
+the report (``--json``'s ``limited_by``) must name that thing. The verdict is asserted, not a
+time: the figures behind it are the run's own measurements."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from testbed.faultproxy import FaultProxy, Rule, Stall
+from testbed.servers import S3Endpoint
+
+from .helpers import new_bucket, payload, put_objects, read_bucket, read_tree, run_cli, write_tree
+
+
+def sync_json(*args: str, env: dict[str, str]) -> dict:
+    result = run_cli("sync", *args, "--json", env=env)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["limited_by"] is not None, doc
+    return doc
+
+
+def test_a_bwlimit_well_under_the_servers_rate_is_the_limit(tmp_path: Path,
+                                                            seaweed: S3Endpoint) -> None:
+    files = {f"shard-{i}.bin": payload(1 << 20, i) for i in range(6)}
+    write_tree(tmp_path / "src", files)
+    bucket = new_bucket(seaweed)
+    doc = sync_json(str(tmp_path / "src"), f"meta://{bucket}/", "--bwlimit", "2MiB",
+                    env=seaweed.meta_env())
+    assert doc["limited_by"]["verdict"] == "bwlimit", doc["limited_by"]
+    assert read_bucket(seaweed, bucket) == files
+
+
+def test_a_target_slow_to_answer_is_the_limit(tmp_path: Path, seaweed: S3Endpoint,
+                                              seaweed_proxy: FaultProxy) -> None:
+    files = {f"obj-{i:03d}": payload(64 << 10, i) for i in range(24)}
+    write_tree(tmp_path / "src", files)
+    bucket = new_bucket(seaweed)
+    seaweed_proxy.add(Rule(Stall(0.2), op="PutObject"))
+    doc = sync_json(str(tmp_path / "src"), f"meta://{bucket}/", "-c", "4",
+                    env=seaweed_proxy.endpoint.meta_env())
+    assert doc["limited_by"]["verdict"] == "target", doc["limited_by"]
+    assert read_bucket(seaweed, bucket) == files
+
+
+def test_a_source_slow_to_answer_is_the_limit(tmp_path: Path, seaweed: S3Endpoint,
+                                              seaweed_proxy: FaultProxy) -> None:
+    files = {f"obj-{i:03d}": payload(64 << 10, i) for i in range(24)}
+    bucket = new_bucket(seaweed)
+    put_objects(seaweed, bucket, files)
+    seaweed_proxy.add(Rule(Stall(0.2), op="GetObject"))
+    doc = sync_json(f"meta://{bucket}/", str(tmp_path / "dst"), "-c", "4",
+                    env=seaweed_proxy.endpoint.meta_env())
+    assert doc["limited_by"]["verdict"] == "source", doc["limited_by"]
+    assert read_tree(tmp_path / "dst") == files
+
+
+def test_many_small_files_one_at_a_time_between_local_trees_are_bound_by_the_client(
+        tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        pytest.skip("no writable /dev/shm (tmpfs) on this machine")
+    files = {f"d{i % 20:02d}/f{i:05d}": payload(256, i) for i in range(3000)}
+    work = shm / f"mcsync-client-bound-{os.getpid()}"
+    try:
+        write_tree(work / "src", files)
+        doc = sync_json(str(work / "src"), str(work / "dst"), "-c", "1", env={})
+        assert doc["limited_by"]["verdict"] == "client", doc["limited_by"]
+        assert read_tree(work / "dst") == files
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
