@@ -198,7 +198,7 @@ def _options(options: SyncOptions | None, overrides: dict[str, Any]) -> SyncOpti
 
 
 def _ray_workers(options: SyncOptions) -> SyncOptions:
-    """``executor="ray"`` without a number of workers: one per CPU of the cluster."""
+    """``executor="ray"`` without a number of workers: one per CPU the cluster has free."""
     if options.executor == "ray" and options.workers == 0:
         from .config import WORKERS_AUTO
 

@@ -34,8 +34,8 @@ S3_MAX_PART_SIZE = S3_LIMITS.max_part_size
 CHUNKERS = ("auto", "fixed", "safetensors", "cdc")
 DELTA_SCOPES = ("key", "prefix", "target")
 EXECUTORS = ("local", "ray")
-# --executor ray with --workers auto (or none given): one worker per CPU of the cluster, known
-# once connected (ray_pool).
+# --executor ray with --workers auto (or none given): one worker per CPU the cluster has free,
+# counted once connected (ray_pool).
 WORKERS_AUTO = -1
 
 

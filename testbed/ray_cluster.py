@@ -11,6 +11,12 @@ its raylet, GCS and workers): never ``ray stop``, which stops every Ray cluster 
 ``env`` is what the nodes (so every worker Ray starts on them) have in their environment, over a
 scrubbed copy of this process's: credentials a worker resolves itself, as on a real cluster.
 
+``worker_private``: a directory the worker node sees as another machine would see its own local
+disk at that path: its ``ray start`` runs in a mount namespace of its own (``unshare -m``, as
+root) with an empty tmpfs mounted over the directory, so its raylet and every worker it starts
+see that tmpfs while this machine sees the directory. ``private_mounts()`` says whether this
+machine can (the reason when not, for a test to skip with).
+
     python -m testbed.ray_cluster --cpus 2    # prints the address, runs until Ctrl-C
 """
 
@@ -32,7 +38,7 @@ from pathlib import Path
 
 from .processes import LOOPBACK, Child, ServerStartError, free_ports, python_child_env
 
-__all__ = ["RayCluster", "RayMissing", "ray_cluster"]
+__all__ = ["RayCluster", "RayMissing", "private_mounts", "ray_cluster"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +101,30 @@ def _ray_cli() -> str:
     return found
 
 
+def private_mounts() -> str | None:
+    """None when a child can be started in a mount namespace of its own with a tmpfs mounted
+    in it (root, ``unshare`` and ``mount`` present, the kernel allowing it); else why not."""
+    if os.geteuid() != 0:
+        return "a private mount namespace needs root (unshare -m, mount -t tmpfs)"
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return "unshare or mount is not installed"
+    with tempfile.TemporaryDirectory(prefix="ray-private-") as probe:
+        done = subprocess.run(["unshare", "-m", "--propagation", "private", "mount", "-t",
+                               "tmpfs", "mcsync-private", probe],
+                              capture_output=True, text=True, timeout=30, check=False)
+    if done.returncode != 0:
+        return f"unshare -m with a tmpfs mount failed here: {done.stderr.strip()[:200]}"
+    return None
+
+
+def _in_private_mount(directory: Path, argv: list[str]) -> list[str]:
+    """``argv`` run in a mount namespace of its own over which an empty tmpfs hides
+    ``directory`` (``unshare`` and ``sh`` exec in turn: the child keeps its PID)."""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            'mount -t tmpfs -o size=64m mcsync-private "$0" && exec "$@"', str(directory),
+            *argv]
+
+
 def _node_args(ip: str, cpus: int, memory: int) -> list[str]:
     (node_manager, object_manager, agent_listen, agent_grpc, metrics, runtime_env,
      *workers) = free_ports(6 + WORKER_PORTS)
@@ -111,9 +141,13 @@ def _node_args(ip: str, cpus: int, memory: int) -> list[str]:
 @contextlib.contextmanager
 def ray_cluster(*, head_cpus: int = 1, worker_cpus: int = 1, memory: int = 2 * 2**30,
                 env: dict[str, str] | None = None, startup_timeout: float = 240.0,
-                temp_dir: Path | None = None) -> Iterator[RayCluster]:
+                temp_dir: Path | None = None,
+                worker_private: Path | None = None) -> Iterator[RayCluster]:
     """A head node and (``worker_cpus`` > 0) a worker node, up and registered when this
-    yields. ``temp_dir``: Ray's (short: its sockets' paths must fit in 107 bytes)."""
+    yields. ``temp_dir``: Ray's (short: its sockets' paths must fit in 107 bytes);
+    ``worker_private``: a directory the worker node sees empty (see the module's doc)."""
+    if worker_private is not None and (why := private_mounts()) is not None:
+        raise ServerStartError(why)
     ray = _ray_cli()
     own_dir = temp_dir is None
     tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp")) if temp_dir is None else temp_dir
@@ -128,7 +162,7 @@ def ray_cluster(*, head_cpus: int = 1, worker_cpus: int = 1, memory: int = 2 * 2
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 cluster = _start(ray, tmp, head_env, node_env, nodes, head_cpus, worker_cpus,
-                                 memory, time.monotonic() + startup_timeout)
+                                 memory, time.monotonic() + startup_timeout, worker_private)
                 break
             except _PortTaken as exc:
                 log.warning("Ray cluster, attempt %d: %s; starting again", attempt, exc)
@@ -148,7 +182,7 @@ class _PortTaken(Exception):
 
 def _start(ray: str, tmp: Path, head_env: dict[str, str], node_env: dict[str, str],
            nodes: list[Child], head_cpus: int, worker_cpus: int, memory: int,
-           deadline: float) -> RayCluster:
+           deadline: float, worker_private: Path | None) -> RayCluster:
     (tmp / "ray_current_cluster").unlink(missing_ok=True)
     gcs, dashboard = free_ports(2)
     nodes.append(Child("ray-head", [
@@ -160,10 +194,11 @@ def _start(ray: str, tmp: Path, head_env: dict[str, str], node_env: dict[str, st
     # A node that joins before the head has registered itself gives up.
     _wait_for_head(cluster, deadline)
     if worker_cpus:
-        nodes.append(Child("ray-worker", [
-            ray, "start", "--address", f"[::ffff:{LOOPBACK}]:{gcs}",
-            *_node_args(WORKER_IP, worker_cpus, memory)],
-            tmp / "worker.log", cwd=tmp, env=node_env))
+        argv = [ray, "start", "--address", f"[::ffff:{LOOPBACK}]:{gcs}",
+                *_node_args(WORKER_IP, worker_cpus, memory)]
+        if worker_private is not None:
+            argv = _in_private_mount(worker_private, argv)
+        nodes.append(Child("ray-worker", argv, tmp / "worker.log", cwd=tmp, env=node_env))
     _wait_for_nodes(cluster, len(nodes), deadline)
     return cluster
 

@@ -208,7 +208,7 @@ def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True,
                      help="Where the --workers run: processes on this machine, or Ray actors on "
                           "a Ray cluster (pip install 'mcsync[ray]'; --workers auto or none: "
-                          "one per CPU of the cluster)."),
+                          "one per CPU the cluster has free)."),
         click.option("--ray-address", default=None, metavar="ADDR",
                      help="The Ray cluster of --executor ray (default: RAY_ADDRESS, else one "
                           "running on this machine)."),

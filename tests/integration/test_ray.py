@@ -1,17 +1,21 @@
 """``--executor ray``: the workers as Ray actors on a local Ray cluster of two nodes (a head and a
 worker node, ``testbed.ray_cluster``), against SeaweedFS through the fault proxy, which records
 every request. The nodes hold the store's keys in their environment (as a cluster's pods would
-from a Secret); the driver passes where to write, never a key."""
+from a Secret); the driver passes where to write, never a key. Where this machine allows it
+(root, ``unshare``), the worker node sees a directory of its own at ``private_dir``'s path, as
+another machine's local disk: a local SRC or DST there is what the nodes do not all see."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from testbed.faultproxy import FaultProxy, Rule, Stall
+from testbed.ray_cluster import WORKER_IP
 from testbed.servers import S3Endpoint
 
 from ..require import unavailable
@@ -28,18 +33,30 @@ from .test_workers import LARGE, OBJECTS, ROOT, SMALL, TOTALS, command, run, wai
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(seaweed: S3Endpoint, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+def private_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the worker node sees as an empty directory of its own (when it can)."""
+    return tmp_path_factory.mktemp("node-private")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(seaweed: S3Endpoint, tmp_path_factory: pytest.TempPathFactory,
+                private_dir: Path) -> Iterator:
     """Started once for this module's tests, and stopped after them: a head, a worker node
     and a driver held ~760 MiB, not to be kept through the rest of the session."""
-    from testbed.ray_cluster import RayMissing, ray_cluster
+    from testbed.ray_cluster import RayMissing, private_mounts, ray_cluster
 
     nowhere = tmp_path_factory.mktemp("ray-node-home")
     keys = {"MCSYNC_META_ACCESS_KEY_ID": seaweed.access_key,
             "MCSYNC_META_SECRET_ACCESS_KEY": seaweed.secret_key,
-            "MCSYNC_CONFIG": str(nowhere / "config.toml"), "AWS_EC2_METADATA_DISABLED": "true"}
+            "MCSYNC_CONFIG": str(nowhere / "config.toml"), "AWS_EC2_METADATA_DISABLED": "true",
+            # First on the workers' path: where a test puts a dependency of mcsync that cannot
+            # be imported, seen by the worker node alone (under its private mount).
+            "PYTHONPATH": str(private_dir / "shadow")}
     with contextlib.ExitStack() as stack:
         try:
-            cluster = stack.enter_context(ray_cluster(head_cpus=1, worker_cpus=1, env=keys))
+            cluster = stack.enter_context(ray_cluster(
+                head_cpus=1, worker_cpus=1, env=keys,
+                worker_private=private_dir if private_mounts() is None else None))
         except RayMissing as exc:  # only a missing Ray: a cluster that fails to start fails
             unavailable("ray", str(exc))
         yield cluster
@@ -255,6 +272,16 @@ def test_ray_refusals_are_one_line_naming_the_address(source_tree, tmp_path):
                                where), {})
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"no Ray cluster reachable at {where}" in err, err
+    code, _, err = run(command(source_tree, str(dst), "--executor", "ray", "--ray-address",
+                               "127.0.0.1:1"), {})
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("mcsync: error: --executor ray: no Ray cluster reachable at "
+                          "127.0.0.1:1 (from --ray-address): "), err
+    assert "give --ray-address or RAY_ADDRESS the address of a running cluster's GCS" in err
+    code, _, err = run(command(source_tree, str(dst), "--executor", "ray"),
+                       {"RAY_ADDRESS": "127.0.0.1:1"})
+    assert code == 2 and "127.0.0.1:1 (from RAY_ADDRESS)" in err, err
+    assert "--address" not in err.replace("--ray-address", ""), err  # Ray's flag, not ours
 
     missing = ("import sys; sys.modules['ray'] = None\n"  # as if not installed
                "from mcsync.cli.main import main; main()")
@@ -274,6 +301,174 @@ def test_ray_refusals_are_one_line_naming_the_address(source_tree, tmp_path):
     code, _, err = run(command(source_tree, str(dst), "--ray-address", where), {})
     assert code == 2 and "--ray-address" in err and len(err.strip().splitlines()) == 1, err
     assert not dst.exists() or not any(dst.rglob("*.bin"))
+
+
+def settled(cluster) -> None:
+    """No actor of an earlier run left (Ray ends them a moment after their driver): each node
+    has its CPU free again for the next run's placement."""
+    wait_for(lambda: not ray_workers(cluster), timeout=60)
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def nodes_of_last_run(cluster) -> set[str]:
+    """The nodes of the RayWorker actors of the cluster's latest job (driver)."""
+    actors = [a for a in cluster_state(cluster)["actors"].values()
+              if a["ActorClassName"] == "RayWorker"]
+    last = max(a["JobID"] for a in actors)
+    return {a["Address"]["IPAddress"] for a in actors if a["JobID"] == last}
+
+
+def test_local_paths_a_node_does_not_see_are_refused_before_anything_moves(
+        source_tree, ray_cluster, private_dir, tmp_path, seaweed_proxy):
+    """The worker node sees its own empty directory at ``private_dir`` (a mount namespace of
+    its own): a local SRC or DST there is refused, exit 2 in one line naming the path and
+    what to do, nothing written; SRC and DST that both nodes see sync, on both nodes."""
+    from testbed.ray_cluster import private_mounts
+
+    if (why := private_mounts()) is not None:
+        pytest.skip(why)
+    env = driver_env(ray_cluster, seaweed_proxy)
+    hidden_src, shared_dst = private_dir / "src", tmp_path / "dst"
+    write_tree(hidden_src, SMALL)
+    settled(ray_cluster)  # one worker per node: the worker node takes one
+    code, _, err = run(command(hidden_src, str(shared_dst), "--executor", "ray",
+                               "--workers", "2"), env)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert (f"mcsync: error: --executor ray: node {WORKER_IP} does not see the files this "
+            f"machine sees at {hidden_src} (") in err, err
+    assert "a local SRC under --executor ray must be on a filesystem every node mounts" in err
+    assert files_under(shared_dst) == {} if shared_dst.exists() else True
+
+    hidden_dst = private_dir / "dst"
+    settled(ray_cluster)
+    code, _, err = run(command(source_tree, str(hidden_dst), "--executor", "ray",
+                               "--workers", "2"), env)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"node {WORKER_IP} does not see the files this machine sees at {hidden_dst} (" in err
+    assert "a local DST under --executor ray" in err
+    assert files_under(hidden_dst) == {}  # not an object, nor the marker the nodes looked for
+
+    settled(ray_cluster)
+    code, report, err = run(command(source_tree, str(shared_dst), "--executor", "ray",
+                                    "--workers", "2"), env)
+    assert code == 0, err
+    copied = files_under(shared_dst)
+    assert {k: v for k, v in copied.items() if not k.startswith(".mcsync/")} == OBJECTS
+    assert not [k for k in copied if "node-check-" in k]  # the marker taken back
+    assert report["objects_copied"] == len(OBJECTS) and report["tasks"] >= 2
+    assert nodes_of_last_run(ray_cluster) == {"127.0.0.1", WORKER_IP}
+
+
+def test_more_workers_than_the_cluster_has_room_for_run_with_those_that_fit(
+        source_tree, ray_cluster, seaweed, seaweed_proxy):
+    """``--workers 8`` on a cluster of 2 CPUs: the workers that fit, said on stderr, and no
+    task waits for a worker Ray cannot place."""
+    bucket = new_bucket(seaweed)
+    settled(ray_cluster)
+    began = time.monotonic()
+    code, report, err = run(command(source_tree, f"meta://{bucket}/run/", "--executor", "ray",
+                                    "--workers", "8"), driver_env(ray_cluster, seaweed_proxy))
+    took = time.monotonic() - began
+    assert code == 0, err
+    said = re.findall(r"Ray has room for (\d) of the 8 workers asked \(each needs 1 CPU and "
+                      r"[\d.]+ [MG]iB of memory\): running with \1", err)
+    assert said in (["2"], ["1"]), err  # 1: an earlier run's placement not yet given back
+    assert len(err.strip().splitlines()) == 1, err
+    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
+    assert report["objects_failed"] == 0 and report["tasks_retried"] == 0
+    assert took < 90, took  # a hang guard: Ray's wait for a CPU it never gets is unbounded
+
+
+def test_a_node_where_mcsync_cannot_be_imported_is_named_and_left_out(
+        source_tree, ray_cluster, private_dir, seaweed, seaweed_proxy):
+    """The worker node's Python finds a broken ``xxhash`` first (on its own disk, as on a node
+    where a dependency of mcsync is missing or another version is installed; mcsync itself
+    comes from the driver's directory, which Ray puts first): its worker fails to start, named
+    with its node and the error at once, and the run goes on with the head's."""
+    from testbed.ray_cluster import private_mounts
+
+    if (why := private_mounts()) is not None:
+        pytest.skip(why)
+    shadow = private_dir / "shadow" / "xxhash"
+    on_worker_node = ["nsenter", "--target", str(ray_cluster.pids()[1]), "--mount", "sh", "-c"]
+    subprocess.run([*on_worker_node, 'mkdir -p "$0" && echo "raise ImportError(\'xxhash is '
+                    'broken on this node\')" > "$0/__init__.py"', str(shadow)], check=True,
+                   timeout=30)
+    assert not shadow.exists()  # this machine (the head, the driver) does not see it
+    bucket = new_bucket(seaweed)
+    try:
+        settled(ray_cluster)
+        began = time.monotonic()
+        code, report, err = run(command(source_tree, f"meta://{bucket}/run/", "--executor",
+                                        "ray", "--workers", "2"),
+                                driver_env(ray_cluster, seaweed_proxy))
+        took = time.monotonic() - began
+    finally:
+        subprocess.run([*on_worker_node, 'rm -rf "$0"', str(shadow.parent)], check=True,
+                       timeout=30)
+    assert code == 0, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "1 of the 2 Ray workers started (node 127.0.0.2: " in err, err
+    assert "xxhash is broken on this node" in err and err.rstrip().endswith(
+        "running with those"), err
+    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
+    assert report["objects_failed"] == 0 and report["tasks_retried"] == 0
+    assert took < 90, took  # a hang guard: no wait for the worker that cannot start
+
+
+@pytest.mark.slow
+def test_a_stuck_ray_worker_is_killed_at_its_tasks_deadline_and_the_task_runs_again(
+        source_tree, ray_cluster, seaweed, seaweed_proxy):
+    """An actor stopped (SIGSTOP) mid-run, as on a dead mount or a hung connection: its task
+    outlives ``task_timeout`` (15 s), the actor is killed and replaced, the task goes to a
+    worker again, and the run ends rc 0 with every object as the source's."""
+    bucket = new_bucket(seaweed)
+    stall = seaweed_proxy.add(Rule(Stall(0.1), op="PutObject"))
+    code = ("import json, sys, mcsync\n"
+            "r = mcsync.sync(sys.argv[1], sys.argv[2], executor='ray', workers=2, "
+            "task_timeout=15, concurrency=6, part_size=5 * 2**20)\n"
+            "print(json.dumps([r.ok, r.objects_failed, r.tasks_retried, r.retried_tasks]))\n")
+    settled(ray_cluster)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(source_tree), f"meta://{bucket}/run/"],
+                            env=dict(os.environ) | driver_env(ray_cluster, seaweed_proxy),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victims: list[int] = []
+    try:
+        wait_for(lambda: len([e for e in seaweed_proxy.exchanges("PutObject")
+                              if e.bucket == bucket]) >= 30, timeout=120)
+        victims = ray_workers(ray_cluster)
+        os.kill(victims[0], signal.SIGSTOP)
+        stopped = time.monotonic()
+        out, err = proc.communicate(timeout=180)
+        took = time.monotonic() - stopped
+        # Killed, not left stopped: a process that went on later would write behind the
+        # manifest's back.
+        wait_for(lambda: not running(victims[0]), timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        seaweed_proxy.remove(stall)
+        for pid in victims[:1]:  # Ray's kill of a stopped process may wait for it to run
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    ok, failed, retried, named = json.loads(out)
+    assert ok and failed == 0
+    assert retried >= 1 and any("timed out after 15 s on pid " in t for t in named), named
+    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
+    assert took < 120, took  # a hang guard
 
 
 _STATE = """
