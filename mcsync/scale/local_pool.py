@@ -145,7 +145,7 @@ class _Worker:
             await self.kill()
             raise WorkerLost(f"worker {self.name} died ({how})", self.name) from exc
         if state == "failed":
-            raise TaskFailed(f"in worker {self.name}: {answer}")
+            raise TaskFailed(f"in worker {self.name}: {answer}", self.name)
         if not isinstance(answer, TaskResult):
             raise TypeError(f"worker {self.name} returned {type(answer).__name__}")
         return answer

@@ -391,7 +391,8 @@ class RayPool:
         except rx.RayTaskError as exc:  # the task's own code raised: its failure, not the worker's
             self._idle.put_nowait(slot)
             cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-            raise TaskFailed(f"{type(cause).__name__}: {_first_line(cause)}") from cause
+            raise TaskFailed(f"{type(cause).__name__}: {_first_line(cause)}",
+                             slot.worker) from cause
         except BaseException:
             self._idle.put_nowait(slot)
             raise

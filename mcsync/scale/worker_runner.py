@@ -76,7 +76,12 @@ class WorkerUnavailable(Exception):
 
 class TaskFailed(Exception):
     """A task raised inside its worker: the task's own failure, with its cause's text (the
-    worker is fine and keeps running; the task is not run again by another)."""
+    worker is fine and keeps running; the task is not run again by another). ``worker``: the
+    one it raised in, as ``WorkerLost.worker``."""
+
+    def __init__(self, message: str, worker: str = "") -> None:
+        super().__init__(message)
+        self.worker = worker
 
 
 @dataclass(frozen=True, slots=True)

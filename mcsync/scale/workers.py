@@ -205,7 +205,7 @@ class Workers:
                 return self._failed(task, str(exc), NO_WORKER)
             except TaskFailed as exc:  # its own code raised: the same would happen elsewhere
                 self.unavailable = 0
-                return self._failed(task, f"failed {exc}", "", "TaskFailed")
+                return self._failed(task, f"failed {exc}", exc.worker, "TaskFailed")
             self.unavailable = 0
             self.tasks += 1
             self.throttled += result.throttled

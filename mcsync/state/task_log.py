@@ -6,8 +6,9 @@ at its end) carries it to ``mcsync status``.
 
 A task whose worker died (or was killed at its deadline) counts as retried (or, at its last
 try, failed) under the worker that died running it, as the pool names it
-(``WorkerLost.worker``); a task failed for want of any worker under ``NO_WORKER``. A pool that
-cannot say who ran a task leaves ``""`` (shown as "(unknown)").
+(``WorkerLost.worker``); one whose own code raised, failed under the worker it raised in
+(``TaskFailed.worker``); a task failed for want of any worker under ``NO_WORKER``. A pool
+that cannot say who ran a task leaves ``""`` (shown as "(unknown)").
 """
 
 from __future__ import annotations
