@@ -25,6 +25,7 @@ entrants rotated; medians and ranges; the load average is sampled each round.
                                [--object-mib 16] [--big-mib 1024] [--workdir DIR] [--json OUT]
     python benchmarks/cache.py --merge A.json B.json ...   # one table over several runs
     python benchmarks/cache.py --hits | --warm-scale ...  # benchmarks/cache_scale.py
+    python benchmarks/cache.py --epoch ...  # a data-loader epoch: benchmarks/cache_epoch.py
 """
 
 from __future__ import annotations
@@ -198,6 +199,10 @@ def main() -> int:
         import cache_scale  # hits/s with 1 and 8 processes; a warm of 100k objects
 
         return cache_scale.main(sys.argv[1:])
+    if len(sys.argv) > 1 and sys.argv[1] == "--epoch":
+        import cache_epoch  # a data-loader epoch: 8 readers, local / cold / warm / store
+
+        return cache_epoch.main(sys.argv[2:])
     import bench_netns
     from bench_measure import run_measured
     from bench_tools import _venv_or_path, base_env

@@ -258,9 +258,15 @@ class Cache(Fetching):
                          ) -> Iterator[tuple[str, Any]]:
         """``(name, tensor)`` of a safetensors object, each as its bytes land (numpy arrays;
         torch's with ``framework="pt"``): ``safetensors.py``."""
-        from .safetensors import iter_safetensors  # numpy (the cache extra) on first use
-
-        return iter_safetensors(self.open, url, framework)
+        # Opened first: the fill (HEAD, then the first part's GET) is under way while numpy
+        # (the cache extra) is imported, which is slow on a busy machine.
+        f = self.open(url)
+        try:
+            from .safetensors import iter_safetensors
+        except BaseException:
+            f.close()
+            raise
+        return iter_safetensors(lambda _: f, url, framework)
 
     def load_safetensors(self, url: str, framework: Literal["np", "pt"] = "np",
                          ) -> dict[str, Any]:

@@ -1,6 +1,11 @@
 """Filling one cache entry: its missing parts fetched by parallel ranges into its partial file,
 then made complete.
 
+The reader's needs first: the first missing part (a checkpoint's header and first tensors)
+is fetched alone, with the whole link to itself, and each part whose body has arrived lets one
+more start, up to ``concurrency``, in file order, so parts land about in the order a reader
+going front to back asks for them and the link is kept full (``_Ramp``).
+
 Each part is a range GET pinned to the entry's version (``expect=``: If-Match on the ETag, or
 the GCS generation), streamed into the file at its offset and hashed on the way
 (``streaming.drain_into``), fdatasync'd, and only then recorded in the index with its digest:
@@ -54,18 +59,38 @@ def part_range(entry: Entry, number: int) -> ByteRange:
 
 
 def _drain(pieces: Iterator[Buffer], out: _File, rng: ByteRange) -> bytes:
-    digests = drain_into(pieces, out, rng, [rng])
-    fd = out.fd
-    os.fdatasync(fd)
-    return digests[0]
+    return drain_into(pieces, out, rng, [rng])[0]
 
 
 def _write(data: Buffer, fd: int, rng: ByteRange) -> bytes:
-    if len(data) != rng.length:
-        raise Transient(f"read {len(data)} bytes of a {rng.length}-byte range")
     pwrite_all(fd, data, rng.start)
     os.fdatasync(fd)
     return xxhash.xxh3_128_digest(data)
+
+
+class _Ramp:
+    """How many parts may be in flight: one at first, one more each time a part's body has
+    arrived (before its fdatasync and record, so the link does not idle), up to ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.allowed = 1
+        self.busy = 0
+        self.changed = asyncio.Event()
+
+    async def take(self) -> None:
+        while self.busy >= self.allowed:
+            self.changed.clear()
+            await self.changed.wait()
+        self.busy += 1
+
+    def arrived(self) -> None:
+        self.allowed = min(self.limit, self.allowed + 1)
+        self.changed.set()
+
+    def done(self) -> None:
+        self.busy -= 1
+        self.changed.set()
 
 
 async def fill(store: ReadStore, key: str, entry: Entry, fd: int, index: Index,
@@ -78,7 +103,7 @@ async def fill(store: ReadStore, key: str, entry: Entry, fd: int, index: Index,
     expect = entry.info(key)
     done = index.parts_done(entry.id)
     digests: dict[int, bytes] = dict(done)
-    slots = asyncio.Semaphore(concurrency)
+    ramp = _Ramp(concurrency)
     streams = isinstance(store, RangeStreamer)
 
     async def part(number: int) -> None:
@@ -88,18 +113,26 @@ async def fill(store: ReadStore, key: str, entry: Entry, fd: int, index: Index,
             if streams:
                 assert isinstance(store, RangeStreamer)
                 body = await store.open_range(key, rng, expect=expect)
-                return await asyncio.to_thread(_drain, body, _File(fd, landed, number, rng.start),
-                                               rng)
+                got = await asyncio.to_thread(_drain, body, _File(fd, landed, number, rng.start),
+                                              rng)
+                ramp.arrived()
+                await asyncio.to_thread(os.fdatasync, fd)
+                return got
             data = await store.get(key, rng, expect=expect)
+            if len(data) != rng.length:
+                raise Transient(f"read {len(data)} bytes of a {rng.length}-byte range")
+            ramp.arrived()
             return await asyncio.to_thread(_write, data, fd, rng)
 
-        async with slots:
+        try:
             # A request is retried by the store's retry layer; a body broken off on the way
             # is a new request for the whole part, here.
             digest = await retrying(once, policy, retry_on=Transient)
             await asyncio.to_thread(index.part_done, entry.id, number, digest)
             digests[number] = digest
             on_bytes(rng.length)
+        finally:
+            ramp.done()
 
     if entry.size == 0:
         digests = {0: xxhash.xxh3_128_digest(b"")}
@@ -107,7 +140,8 @@ async def fill(store: ReadStore, key: str, entry: Entry, fd: int, index: Index,
         missing = [n for n in range(entry.parts) if n not in done]
         try:
             async with asyncio.TaskGroup() as group:
-                for number in missing:
+                for number in missing:  # started here, one by one: file order
+                    await ramp.take()
                     group.create_task(part(number))
         except BaseExceptionGroup as failed:
             # One part's error is the entry's: a changed source first (the caller drops it)
