@@ -31,7 +31,7 @@ from typing import Protocol
 from .. import checksums
 from ..chunking import CDC_AVG, CDC_MAX, group_parts
 from ..delta.read import cdc_from, covers, scan_cdc, scan_chunks, scan_span
-from ..errors import first_error
+from ..errors import IntegrityError, first_error
 from ..limits import Limits
 from ..stores.base import ReadStore
 from ..types import ByteRange, ObjectInfo
@@ -112,7 +112,7 @@ class RemoteScan:
         done = await self._run(jobs)
         digests = [d for r in done for d in r.digests]
         if len(digests) != len(chunks):
-            raise ValueError(f"{info.key}: {len(digests)} digests for {len(chunks)} chunks")
+            raise IntegrityError(f"{info.key}: {len(digests)} digests for {len(chunks)} chunks")
         if crc:
             self._verify(info, done)
         return digests
@@ -146,7 +146,7 @@ class RemoteScan:
             digests += r.digests[i:]
             p = chunks[-1].end
         if p != info.size:
-            raise ValueError(f"{info.key}: content-defined cut ended at {p} of {info.size}")
+            raise IntegrityError(f"{info.key}: content-defined cut ended at {p} of {info.size}")
         return chunks, digests
 
     async def _meet(self, info: ObjectInfo, p: int, starts: dict[int, int],
@@ -194,8 +194,11 @@ class WorkerHashes:
         try:
             if job.cdc:
                 end = min(job.rng.end + OVERLAP, job.src.size)
+                # Smaller windows than the driver's cut: a worker holds a few jobs at once
+                # within its share of the memory budget.
                 chunks, digests, crc = await cdc_from(self.src, job.src, self.limits,
-                                                      job.rng.start, end, crc_to=job.rng.end)
+                                                      job.rng.start, end, crc_to=job.rng.end,
+                                                      window=2 * CDC_MAX)
                 span = job.rng.length
                 return HashDone(tuple(chunks), tuple(digests),
                                 (crc, span) if job.crc else None, None, self.me)
