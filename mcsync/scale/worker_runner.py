@@ -4,11 +4,12 @@ from ``Addresses``, and a dispatch unit with no manifest; a task's planned actio
 
 What crosses to a worker: the two addresses and each side's ``StoreOptions`` once, when it
 starts (credentials come from the environment and config files the worker inherits, as the
-driver's did: never in a task), then, per task, the planned actions, or the part jobs of an
-upload the driver opened (``part_tasks``). What comes back: the outcomes (each record with its
-block hashes, each event; a ``PartSent`` per part job), the bytes moved per key, the
-worker's request counters for the report, and its requests as the metrics count them
-(``observe.requests.RequestTally``: the driver's metrics add them).
+driver's did: never in a task), then, per task, the planned actions, the part jobs of an
+upload the driver opened (``part_tasks``), or the byte ranges of an object to read and hash
+(``hash_tasks``). What comes back: the outcomes (each record with its block hashes, each
+event; a ``PartSent`` per part job, a ``HashDone`` per hash job: digests, never bytes), the
+bytes moved per key, the worker's request counters for the report, and its requests as the
+metrics count them (``observe.requests.RequestTally``: the driver's metrics add them).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ running a ``worker_runner.TaskRunner``. Multipart uploads, block deltas and uplo
 left stay in the driver's process, which journals them: a worker has no journal, so an object
 that grew past one request since it was listed comes back ``handed_back``. The parts of a copy
 in parts the driver opened go to workers all the same, as part tasks (``part_tasks``:
-``send_parts``), retried like any task.
+``send_parts``), and so do the byte ranges of a large object's hashing read for a delta or a
+content-defined cut, as hash tasks (``hash_tasks``: ``send_hashes``), retried like any task.
 
 A task whose worker died goes to another, each at most ``MAX_TRIES`` times, and the report
 names it; so does one that ran past its deadline (``task_deadline``: ``--task-timeout``, else
