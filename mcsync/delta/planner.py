@@ -29,7 +29,7 @@ from ..types import ByteRange, ObjectInfo
 from . import bases as delta_bases
 from . import match as delta
 from .bases import Base
-from .read import cut, scan_chunks
+from .read import LocalScan, Scan, cut, scan_chunks
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,8 @@ class DeltaPlanner:
     options: SyncOptions
     limits: Limits
     known: Holdings | None = None  # the records and chunk index composed from
+    # Where the new version is read and hashed whole: here, or on the run's workers.
+    scan: Scan | None = None
     _present: set[str] = field(default_factory=set)  # bases seen at the target (Base.name)
 
     def possible(self, action: Action) -> bool:
@@ -130,7 +132,8 @@ class DeltaPlanner:
         if isinstance(own, str) and not self._index_may_help():
             return own
         block, chunker = self.cut_of(action, src.size)
-        layout = await cut(self.src, src, block, chunker, self.limits)
+        scan = self.scan or LocalScan(self.src, self.limits)
+        layout = await cut(self.src, src, block, chunker, self.limits, scan)
         part_size = self.options.part_size_for(src.size, self.dst.caps)
         if isinstance(own, str) and not layout.digests:  # a new object: look before reading
             picked = delta_bases.samples(layout.chunks, layout.header is not None)
@@ -138,8 +141,7 @@ class DeltaPlanner:
             hits = self._holders(action.key, zip(picked, sampled, strict=True))
             if not hits or not await self._any_present(hits):
                 return f"{own}, and no chunk of it is at the target"
-        digests = layout.digests or await scan_chunks(self.src, src, layout.chunks, part_size,
-                                                      self.limits)
+        digests = layout.digests or await scan.chunks(src, layout.chunks, part_size)
         new = list(zip(layout.chunks, digests, strict=True))
         found = [own] if isinstance(own, Base) else []
         found, segments = await self._match_present(

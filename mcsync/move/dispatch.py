@@ -21,7 +21,7 @@ from ..errors import Interrupted, MCSyncError, PreconditionFailed, SourceGone, U
 from ..events import ActionKind, DeltaPlanned, ObjectDeferred, ObjectDone, ObjectFailed
 from ..records import Action, ManifestEntry, OpenUpload, Pair
 from .context import RunContext
-from .part_tasks import PartTasks
+from .hash_tasks import WorkerTasks
 from .transfer import NotWhole, Transfer
 from .upload import Journal
 
@@ -55,13 +55,13 @@ class Dispatch:
 
     def __init__(self, ctx: RunContext, *, journal: Journal | None, known: Holdings | None,
                  open_uploads: dict[str, OpenUpload], whole_only: bool = False,
-                 part_tasks: PartTasks | None = None) -> None:
+                 part_tasks: WorkerTasks | None = None) -> None:
         """``journal``: where open uploads are recorded (None: a dry run, a worker);
         ``known``: the records and chunk index a delta composes from; ``open_uploads``: those
         a killed run left, to take up; ``whole_only``: a worker process's, which has no
         journal: an action that is not one request comes back ``handed_back``;
         ``part_tasks``: workers that send the parts of what this process uploads in parts
-        (``part_tasks``)."""
+        (``part_tasks``) and read and hash large objects for it (``hash_tasks``)."""
         self.src = ctx.src
         self.dst = ctx.dst
         self.options = ctx.options

@@ -20,7 +20,7 @@ from ..checkpoints.frameworks import is_commit_marker
 from ..chunking import Layout, group_parts
 from ..delta.match import Part
 from ..delta.planner import DeltaPlanner, Holdings
-from ..delta.read import cut
+from ..delta.read import LocalScan, Scan, cut
 from ..errors import IntegrityError, MCSyncError, NotFound, PreconditionFailed, SourceGone
 from ..events import BytesMoved
 from ..hashing import block_digest_async
@@ -39,8 +39,9 @@ from ..streaming import STREAM_PART_SIZE
 from ..types import ByteRange, ObjectInfo
 from .context import RunContext
 from .delta_sender import Composed, DeltaSender
+from .hash_tasks import RemoteScan, WorkerTasks
 from .part_sender import PartSender
-from .part_tasks import PartTasks, RemoteParts, parts_per_task
+from .part_tasks import RemoteParts, parts_per_task
 from .upload import Journal, MovePart, UploadPlan, Uploads
 
 log = logging.getLogger(__name__)
@@ -68,12 +69,13 @@ class Transfer:
     def __init__(self, ctx: RunContext, *, journal: Journal | None = None,
                  open_uploads: dict[str, OpenUpload] | None = None,
                  known: Holdings | None = None, whole_only: bool = False,
-                 part_tasks: PartTasks | None = None) -> None:
+                 part_tasks: WorkerTasks | None = None) -> None:
         """``journal``: where open uploads are recorded (None for a dry run); ``known``: the
         records and chunk index a delta composes from; ``open_uploads``: those a killed run
         left, to take up; ``whole_only``: raise NotWhole for an object that is not one
         request (a worker process, which has no journal); ``part_tasks``: workers that send
-        the parts of a copy in parts (``part_tasks``; not into files: see there)."""
+        the parts of a copy in parts (``part_tasks``; not into files: see there) and read and
+        hash an object whole for its cut or its delta (``hash_tasks``)."""
         src, dst, options, limits, emit = ctx.src, ctx.dst, ctx.options, ctx.limits, ctx.emit
         self.ctx = ctx
         self.whole_only = whole_only
@@ -86,7 +88,10 @@ class Transfer:
         self.limits = limits
         self.emit = emit
         self.uploads = Uploads(ctx, journal, dict(open_uploads or {}))
-        self.delta_planner = DeltaPlanner(src, dst, options, limits, known)
+        # The source's hashing reads, whatever the target: they write nothing.
+        self.scan: Scan = (RemoteScan(part_tasks, src, limits) if part_tasks is not None
+                           else LocalScan(src, limits))
+        self.delta_planner = DeltaPlanner(src, dst, options, limits, known, self.scan)
         self.delta_sender = DeltaSender(ctx, known)
         # Abilities asked once per run, not per object: on Python 3.11 each check against a
         # runtime protocol walks the protocol's members (~20 us for ServerSideCopier here),
@@ -214,7 +219,7 @@ class Transfer:
         was_delta = (prior.layout or "").startswith("delta:")
         block, chunker = (self.delta_planner.cut_of(action, src.size) if was_delta
                           else (part_size, self.options.chunker))
-        layout = await cut(self.src, src, block, chunker, self.limits)
+        layout = await cut(self.src, src, block, chunker, self.limits, self.scan)
         found = await self.uploads.recognise(prior, src, layout, self.src, part_size)
         if found is None:
             return None
@@ -251,7 +256,8 @@ class Transfer:
     async def _copy_parts(self, action: Action, src: ObjectInfo,
                           prior: OpenUpload | None) -> Done:
         part_size = self.options.part_size_for(src.size, self.dst.caps)
-        layout = await cut(self.src, src, part_size, self.options.chunker, self.limits)
+        layout = await cut(self.src, src, part_size, self.options.chunker, self.limits,
+                           self.scan)
         chunks = layout.chunks
         sender = self._part_sender(action.key, src, layout.digests,
                                    check_crc=src.crc32c is not None)

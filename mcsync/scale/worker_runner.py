@@ -4,11 +4,12 @@ from ``Addresses``, and a dispatch unit with no manifest; a task's planned actio
 
 What crosses to a worker: the two addresses and each side's ``StoreOptions`` once, when it
 starts (credentials come from the environment and config files the worker inherits, as the
-driver's did: never in a task), then, per task, the planned actions, or the part jobs of an
-upload the driver opened (``part_tasks``). What comes back: the outcomes (each record with its
-block hashes, each event; a ``PartSent`` per part job), the bytes moved per key, the
-worker's request counters for the report, and its requests as the metrics count them
-(``observe.requests.RequestTally``: the driver's metrics add them).
+driver's did: never in a task), then, per task, the planned actions, the part jobs of an
+upload the driver opened (``part_tasks``), or the byte ranges of an object to read and hash
+(``hash_tasks``). What comes back: the outcomes (each record with its block hashes, each
+event; a ``PartSent`` per part job, a ``HashDone`` per hash job: digests, never bytes), the
+bytes moved per key, the worker's request counters for the report, and its requests as the
+metrics count them (``observe.requests.RequestTally``: the driver's metrics add them).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..events import BytesMoved, Event, RequestsCounted
 from ..limits import Limits
 from ..move.context import RunContext
 from ..move.dispatch import Dispatch, Outcome
+from ..move.hash_tasks import HashDone, HashJob, WorkerHashes
 from ..move.part_tasks import PartJob, PartSent, WorkerParts
 from ..observe.requests import RequestTally, meter
 from ..ratelimit import limits_share
@@ -36,8 +38,10 @@ from ..stores.registry import StoreOptions, open_store
 from ..stores.resilience import Pacing, resilient
 from ..types import MiB
 
-# What a task carries: planned actions of one request each, or parts of an upload.
-TaskItem = Action | PartJob
+# What a task carries: planned actions of one request each, parts of an upload, or ranges of
+# an object to read and hash (``hash_tasks``).
+TaskItem = Action | PartJob | HashJob
+Result = Outcome | PartSent | HashDone
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +92,7 @@ class TaskFailed(Exception):
 class TaskResult:
     """What a worker sends back for one task."""
 
-    outcomes: list[Outcome | PartSent]  # one per item of the task, in order
+    outcomes: list[Result]  # one per item of the task, in order
     moved: list[tuple[str, int]]  # BytesMoved, in order
     throttled: int
     retried: int
@@ -110,6 +114,7 @@ class TaskRunner:
         self.stores: list[ReadStore] = []
         self.dispatch: Dispatch | None = None
         self.parts: WorkerParts | None = None
+        self.hashes: WorkerHashes | None = None
         self.pacing = Pacing.for_options(options)
         self.moved: list[tuple[str, int]] = []
         self.tally = RequestTally()
@@ -125,6 +130,7 @@ class TaskRunner:
         assert isinstance(dst, Store)
         limits = Limits(self.options.concurrency, self.options.memory_limit)
         self.parts = WorkerParts(src, dst, limits)
+        self.hashes = WorkerHashes(src, limits)
         ctx = RunContext(src, dst, self.options, limits, self._emit, asyncio.Event())
         return Dispatch(ctx, journal=None, known=None, open_uploads={}, whole_only=True)
 
@@ -139,12 +145,12 @@ class TaskRunner:
     async def _run(self, items: list[TaskItem]) -> TaskResult:
         if self.dispatch is None:
             self.dispatch = self._open()
-        assert self.parts is not None
+        assert self.parts is not None and self.hashes is not None
         p = self.pacing
         before = (p.throttled, p.retried, p.expired)
         self.moved = []
         began = time.monotonic()
-        outcomes = await run_items(self.dispatch, self.parts, items)
+        outcomes = await run_items(self.dispatch, self.parts, self.hashes, items)
         worker = f"pid {os.getpid()} on {socket.gethostname()}"
         return TaskResult(outcomes, self.moved,
                           p.throttled - before[0], p.retried - before[1], p.expired - before[2],
@@ -161,11 +167,15 @@ class TaskRunner:
             self.runner.close()
 
 
-async def run_items(dispatch: Dispatch, parts: WorkerParts,
-                    items: list[TaskItem]) -> list[Outcome | PartSent]:
+async def run_items(dispatch: Dispatch, parts: WorkerParts, hashes: WorkerHashes,
+                    items: list[TaskItem]) -> list[Result]:
     """A task's items run at once, each result in its item's place (none raises)."""
-    async def one(item: TaskItem) -> Outcome | PartSent:
-        return await (parts.send(item) if isinstance(item, PartJob) else dispatch.run(item))
+    async def one(item: TaskItem) -> Result:
+        if isinstance(item, PartJob):
+            return await parts.send(item)
+        if isinstance(item, HashJob):
+            return await hashes.run(item)
+        return await dispatch.run(item)
 
     async with asyncio.TaskGroup() as tg:
         running = [tg.create_task(one(item)) for item in items]

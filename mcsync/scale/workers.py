@@ -11,7 +11,8 @@ running a ``worker_runner.TaskRunner``. Multipart uploads, block deltas and uplo
 left stay in the driver's process, which journals them: a worker has no journal, so an object
 that grew past one request since it was listed comes back ``handed_back``. The parts of a copy
 in parts the driver opened go to workers all the same, as part tasks (``part_tasks``:
-``send_parts``), retried like any task.
+``send_parts``), and so do the byte ranges of a large object's hashing read for a delta or a
+content-defined cut, as hash tasks (``hash_tasks``: ``send_hashes``), retried like any task.
 
 A task whose worker died goes to another, each at most ``MAX_TRIES`` times, and the report
 names it; so does one that ran past its deadline (``task_deadline``: ``--task-timeout``, else
@@ -35,12 +36,14 @@ from ..config import SyncOptions
 from ..errors import Interrupted, Transient, UsageError
 from ..events import BytesMoved, Event, ObjectFailed
 from ..move.dispatch import Outcome, kind_of
+from ..move.hash_tasks import HashDone, HashJob
 from ..move.part_tasks import PartJob, PartSent
 from ..ratelimit import Timetable
 from ..records import Action
 from ..state.task_log import NO_WORKER, TaskDone
 from ..types import MiB
 from .worker_runner import (
+    Result,
     TaskFailed,
     TaskItem,
     TaskResult,
@@ -125,12 +128,16 @@ class _Task:
             numbers = ", ".join(str(j.part.number) for j in self.actions
                                 if isinstance(j, PartJob))
             return f"task {self.number} (parts {numbers} of {first.key})"
+        if isinstance(first, HashJob):
+            return (f"task {self.number} (hashing {first.key} from byte {first.rng.start} "
+                    f"to {first.rng.end})")
         keys = first.key if first.key == last.key else f"{first.key} .. {last.key}"
         return f"task {self.number} ({len(self.actions)} objects, {keys})"
 
     def objects(self) -> int:
-        """Whole objects it carries (a part task carries none: its object is the driver's)."""
-        return sum(1 for a in self.actions if not isinstance(a, PartJob))
+        """Whole objects it carries (a part or hash task carries none: its object is the
+        driver's)."""
+        return sum(1 for a in self.actions if isinstance(a, Action))
 
 
 class Workers:
@@ -183,7 +190,15 @@ class Workers:
         assert all(isinstance(r, PartSent) for r in results)
         return [r for r in results if isinstance(r, PartSent)]
 
-    async def _outcomes(self, task: _Task) -> list[Outcome | PartSent]:
+    async def send_hashes(self, jobs: list[HashJob]) -> list[HashDone]:
+        """One task of hash jobs (``hash_tasks.RemoteScan``): ranges read and hashed on a
+        worker, on another when its worker died; a ``HashDone`` per job."""
+        self._numbered += 1
+        results = await self._outcomes(_Task(self._numbered, list(jobs)))
+        assert all(isinstance(r, HashDone) for r in results)
+        return [r for r in results if isinstance(r, HashDone)]
+
+    async def _outcomes(self, task: _Task) -> list[Result]:
         deadline = task_deadline(sum(a.size for a in task.actions), len(task.actions),
                                  self.share)
         while True:
@@ -219,12 +234,13 @@ class Workers:
                                  sum(n for _, n in result.moved), result.seconds))
             return result.outcomes
 
-    def _after_death(self, task: _Task, exc: WorkerLost) -> list[Outcome | PartSent] | None:
+    def _after_death(self, task: _Task, exc: WorkerLost) -> list[Result] | None:
         """A worker died under ``task``: another takes it (None), unless the run is stopping
         or the task has had its tries."""
         if self.stop.is_set():  # interrupted: the next run takes these (an upload stays open)
-            return [PartSent(a.part.number, None, error=Interrupted(f"{task.name()}: stopped"))
-                    if isinstance(a, PartJob) else Outcome(a.key, None) for a in task.actions]
+            stopped = Interrupted(f"{task.name()}: stopped")
+            return [Outcome(a.key, None) if isinstance(a, Action) else _errored(a, stopped)
+                    for a in task.actions]
         if task.tries >= MAX_TRIES:
             return self._failed(task, f"a worker died running it {task.tries} times ({exc})",
                                 exc.worker)
@@ -244,10 +260,10 @@ class Workers:
             raise self.broken
 
     def _failed(self, task: _Task, why: str, worker: str,
-                kind: str = "WorkerDied") -> list[Outcome | PartSent]:
+                kind: str = "WorkerDied") -> list[Result]:
         self._ended(TaskDone(task.name(), "failed", worker, objects=task.objects()))
-        return [PartSent(a.part.number, None, error=Transient(f"{task.name()}: {why}"))
-                if isinstance(a, PartJob) else
+        return [_errored(a, Transient(f"{task.name()}: {why}"))
+                if not isinstance(a, Action) else
                 Outcome(a.key, ObjectFailed(a.key, kind_of(a), a.size, f"{task.name()}: {why}",
                                             kind, retryable=True))
                 for a in task.actions]
@@ -262,3 +278,10 @@ class Workers:
         # Tasks still running (a cancelled run) finish their few objects, then the workers
         # end; a run that ended normally has none.
         await self.pool.aclose(wait=not self.stop.is_set())
+
+
+def _errored(job: PartJob | HashJob, error: BaseException) -> PartSent | HashDone:
+    """A part or hash job's result that is ``error``: the driver's to act on."""
+    if isinstance(job, PartJob):
+        return PartSent(job.part.number, None, error=error)
+    return HashDone(error=error)

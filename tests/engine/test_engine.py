@@ -481,6 +481,7 @@ def in_process_pool(src, dst, ran: list[list[Any]], before: Callable[[list[Any]]
     from mcsync.limits import Limits
     from mcsync.move.context import RunContext
     from mcsync.move.dispatch import Dispatch
+    from mcsync.move.hash_tasks import WorkerHashes
     from mcsync.move.part_tasks import WorkerParts
     from mcsync.scale.worker_runner import TaskResult, run_items
 
@@ -493,6 +494,7 @@ def in_process_pool(src, dst, ran: list[list[Any]], before: Callable[[list[Any]]
             self.dispatch = Dispatch(ctx, journal=None, known=None, open_uploads={},
                                      whole_only=True)
             self.parts = WorkerParts(src, dst, limits)
+            self.hashes = WorkerHashes(src, limits)
 
         def describe(self) -> str:
             return "in this process"
@@ -500,7 +502,8 @@ def in_process_pool(src, dst, ran: list[list[Any]], before: Callable[[list[Any]]
         async def run(self, items, *, deadline_s=None) -> TaskResult:
             before(items)
             ran.append(list(items))
-            return TaskResult(await run_items(self.dispatch, self.parts, items), [], 0, 0, 0)
+            return TaskResult(await run_items(self.dispatch, self.parts, self.hashes, items),
+                              [], 0, 0, 0)
 
         async def aclose(self, *, wait: bool) -> None:
             pass
@@ -529,6 +532,7 @@ def test_the_driver_commits_what_workers_return_and_moves_what_they_hand_back(
     driver opens and journals its upload and its parts go to the pool as part tasks. Every
     object is recorded, so a second run moves nothing."""
     from mcsync.move.part_tasks import PartJob
+    from mcsync.records import Action
 
     src, dst = pair
     seed(src, {**{f"small/{i:02d}": payload(100 + i, i) for i in range(30)}, "grows": b"x"})
@@ -542,7 +546,7 @@ def test_the_driver_commits_what_workers_return_and_moves_what_they_hand_back(
     pool = in_process_pool(src, dst, ran, rewrite)
     report = run_with_pool(monkeypatch, pool, src, dst, tmp_path / "manifest.sqlite")
     assert report.ok and report.tasks == len(ran) >= 1, report.failures
-    whole = [a.key for task in ran for a in task if not isinstance(a, PartJob)]
+    whole = [a.key for task in ran for a in task if isinstance(a, Action)]
     assert sorted(whole) == sorted(contents(src))
     parts = [j for task in ran for j in task if isinstance(j, PartJob)]
     assert sorted(j.part.number for j in parts) == [1, 2, 3]
