@@ -485,3 +485,30 @@ def cluster_state(cluster) -> dict:
     done = subprocess.run([sys.executable, "-c", _STATE, cluster.address], env=cluster.env,
                           capture_output=True, text=True, timeout=120, check=True)
     return json.loads(done.stdout)
+
+
+def test_a_delta_resync_on_ray_hashes_the_file_on_the_actors(ray_cluster, seaweed,
+                                                             seaweed_proxy, tmp_path):
+    """The delta's hashing read goes to Ray actors as hash tasks, as it goes to local
+    workers (test_worker_delta.py): a 2 % change re-synced with the bytes of the rest reused,
+    the target identical to the file."""
+    from .test_worker_delta import change, same_at_target, write_safetensors
+
+    bucket = new_bucket(seaweed)
+    src = tmp_path / "src"
+    src.mkdir()
+    model = src / "model.safetensors"
+    write_safetensors(model, 136 * 2**20)
+    size = model.stat().st_size
+    env = driver_env(ray_cluster, seaweed_proxy)
+    args = command(src, f"meta://{bucket}/ckpt/", "--executor", "ray", "--workers", "2",
+                   "--manifest", str(tmp_path / "m.sqlite"))
+    code, first, err = run(args, env)
+    assert code == 0 and first["objects_copied"] == 1, err
+
+    change(model, 0.02, (0.3, 0.7))
+    code, report, err = run(args, env)
+    assert code == 0, err
+    assert report["bytes_sent"] < size // 10 and report["bytes_reused"] > size // 2, report
+    assert report["tasks"] >= 2 and report["tasks_retried"] == 0, report  # hash tasks
+    assert same_at_target(seaweed, bucket, "ckpt/model.safetensors", model)
