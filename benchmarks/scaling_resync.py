@@ -23,6 +23,7 @@ SHA-256 is checked against the file's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -64,6 +65,7 @@ class Run:
     tasks: int
     load1: float
     server_cpu_s: float
+    hashed_s: float
     verdict: str  # the report's limited_by: its verdict and the target's share
     ok: bool
     note: str = ""
@@ -84,14 +86,18 @@ def server_cpu() -> float:
 
 class DriverReads(threading.Thread):
     """The driver's own ``rchar``: the mcsync process whose command line holds ``marker``,
-    sampled until it ends or one of its workers (children) is gone."""
+    sampled until it ends or one of its workers (children) is gone. ``hashed_s``: when the
+    hashing read was through, about: the workers' reads (the driver's without workers) first
+    reached ``size``; their start-up reads make it early by a few MiB a process."""
 
-    def __init__(self, marker: str) -> None:
+    def __init__(self, marker: str, size: int) -> None:
         super().__init__(daemon=True)
-        self.marker, self.done, self.own = marker, threading.Event(), 0
+        self.marker, self.size, self.done, self.own = marker, size, threading.Event(), 0
+        self.start_t, self.hashed_s = time.perf_counter(), 0.0
 
     def run(self) -> None:
         pid = None
+        workers: dict[int, int] = {}
         while pid is None and not self.done.is_set():
             pid = next((p for launcher, _ in children(os.getpid())
                         for p, cmd in children(launcher)
@@ -107,6 +113,11 @@ class DriverReads(threading.Thread):
                 return  # a worker reaped: the count holds its reads from here
             self.own = count
             seen.update(p for p, _ in children(pid))
+            for w in seen:
+                with contextlib.suppress(OSError, AssertionError):
+                    workers[w] = rchar(w)
+            if not self.hashed_s and (sum(workers.values()) if seen else count) >= self.size:
+                self.hashed_s = time.perf_counter() - self.start_t
             time.sleep(0.02)
 
 
@@ -151,7 +162,7 @@ class Resync:
         argv += ["--workers", str(workers)] if workers else []  # 0: no flag, the driver alone
         env = mcsync_env(self.ep.meta_env(), self.work / "state")
         load1, server = os.getloadavg()[0], server_cpu()
-        reads = DriverReads(str(self.manifest))
+        reads = DriverReads(str(self.manifest), self.size)
         reads.start()
         r = run_measured(argv, env, stdout=self.logs / f"{name}.out",
                          stderr=self.logs / f"{name}.err", timeout=self.args.timeout)
@@ -168,7 +179,7 @@ class Resync:
         return Run(dry, workers, cold, n, r.wall_s, r.cpu_s, reads.own,
                    (r.tool_hwm_kib or 0) / 1024, int(report.get("bytes_sent", 0)),
                    int(report.get("bytes_reused", 0)), int(report.get("tasks", 0)),
-                   load1, server, verdict, why is None, why or "")
+                   load1, server, reads.hashed_s, verdict, why is None, why or "")
 
     def one(self, workers: int, cold: bool, n: int) -> list[Run]:
         """A change re-synced with ``workers``; with none, planned first (``--dry-run``: the
@@ -183,7 +194,8 @@ class Resync:
 
     def show(self, name: str, run: Run) -> None:
         log(f"  {name}: {run.wall_s:.2f} s, {self.size / MIB / run.wall_s:.0f} MiB/s, "
-            f"{run.cpu_s:.2f} CPU s, driver read {run.driver_read / MIB:.0f} MiB, "
+            f"hashed by {run.hashed_s:.2f} s, {run.cpu_s:.2f} CPU s, "
+            f"driver read {run.driver_read / MIB:.0f} MiB, "
             f"RSS {run.driver_rss_mib:.0f} MiB, sent {run.sent / MIB:.0f} MiB, reused "
             f"{run.reused / MIB:.0f} MiB, {run.tasks} tasks, server {run.server_cpu_s:.2f} CPU s, "
             f"limited by {run.verdict}, load {run.load1:.1f}"
@@ -197,9 +209,9 @@ def _mr(values: list[float], fmt: str) -> str:
 
 
 def table(runs: list[Run], size: int) -> str:
-    head = ("| run | workers | page cache | wall s | MiB/s | × 0 workers | client CPU s | "
-            "driver read MiB | driver peak RSS MiB | sent MiB | reused MiB | tasks | server CPU s "
-            "| limited by (target's share) | load (1 min) | runs |")
+    head = ("| run | workers | page cache | wall s | hashed by s | MiB/s | × 0 workers | "
+            "client CPU s | driver read MiB | driver peak RSS MiB | sent MiB | reused MiB | tasks "
+            "| server CPU s | limited by (target's share) | load (1 min) | runs |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     keys = sorted({(not r.dry, r.cold, r.workers) for r in runs})
     base: dict[tuple[bool, bool], float] = {}
@@ -213,7 +225,7 @@ def table(runs: list[Run], size: int) -> str:
         failed = len(mine) - len([r for r in mine if r.ok])
         lines.append(
             f"| {'re-sync' if resync else 'plan'} | {workers} | {'dropped' if cold else 'warm'} "
-            f"| {_mr([r.wall_s for r in ok], '.2f')} "
+            f"| {_mr([r.wall_s for r in ok], '.2f')} | {_mr([r.hashed_s for r in ok], '.2f')} "
             f"| {_mr([size / MIB / r.wall_s for r in ok], '.0f')} | {x} "
             f"| {_mr([r.cpu_s for r in ok], '.2f')} "
             f"| {_mr([r.driver_read / MIB for r in ok], '.0f')} "
