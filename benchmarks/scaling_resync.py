@@ -27,11 +27,13 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -121,6 +123,19 @@ class DriverReads(threading.Thread):
             time.sleep(0.02)
 
 
+def vacuum(work: Path) -> None:
+    """Reclaim the replaced versions (SeaweedFS keeps each until a vacuum: 1 GiB a run), and
+    stop before the disk, shared with others, runs short."""
+    master = next(a.split("=", 1)[1] for _, cmd in children(os.getpid())
+                  if "weed" in cmd.split(" ")[0]
+                  for a in cmd.split() if a.startswith("-master.port="))
+    with urllib.request.urlopen(f"http://127.0.0.1:{master}/vol/vacuum?garbageThreshold=0.001",
+                                timeout=600) as r:
+        r.read()
+    if shutil.disk_usage(work).free < 8 << 30:
+        raise SystemExit(f"less than 8 GiB free at {work}: stopped")
+
+
 def evict(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -185,6 +200,7 @@ class Resync:
         """A change re-synced with ``workers``; with none, planned first (``--dry-run``: the
         hashing read alone; a dry run hashes in the driver whatever ``--workers`` says)."""
         change(self.model, 0.02, (self.rng.uniform(0.02, 0.47), self.rng.uniform(0.52, 0.97)))
+        vacuum(self.work)
         runs = []
         for dry in (True, False) if workers == 0 else (False,):
             name = f"{'plan' if dry else 'resync'}-{workers}-{'cold' if cold else 'warm'}-{n}"
