@@ -10,14 +10,16 @@ Each run (``bench_measure.run_measured``): the wall time; client CPU (user + sys
 and of the workers it reaped); the driver's own peak RSS (``VmHWM``); the driver's own read
 bytes (``rchar`` of ``/proc/PID/io``, sampled every 20 ms while no worker of it is reaped, as
 ``tests/integration/test_worker_delta.py`` does: a reaped child's counts join its parent's);
-``bytes_sent`` and ``bytes_reused`` of the ``--json`` report. After each run the object's
-SHA-256 is checked against the file's.
+when the hashing read was through (``DriverReads``); ``bytes_sent``, ``bytes_reused`` and
+``limited_by`` of the ``--json`` report; the server's CPU. After each run the object's SHA-256
+is checked against the file's. With no workers the change is also planned first (``--dry-run``:
+the hashing read alone, in the driver).
 
 ``--cold``: each configuration also runs with the file's pages evicted first
 (``posix_fadvise(DONTNEED)`` on that file alone), so the hashing read comes from the disk.
 
-    .venv/bin/python benchmarks/scaling_resync.py                 # ~10 min
-    .venv/bin/python benchmarks/scaling_resync.py --repeat 5 --cold --json resync.json
+    .venv/bin/python benchmarks/scaling_resync.py                 # ~4 min
+    .venv/bin/python benchmarks/scaling_resync.py --repeat 4 --cold --json resync.json  # ~9 min
 """
 
 from __future__ import annotations
