@@ -21,6 +21,9 @@ and a few of 24 MiB sent as multipart uploads (the driver opens and completes th
 go to the workers since part tasks landed, after the 2026-12-04 figures, when the driver moved
 them itself at its own 1/N share of the limit). Made once per ``--workdir``, seeded.
 
+A checkpoint's delta re-sync (its hashing read run on the workers, 0/1/2/4 of them) is
+``benchmarks/scaling_resync.py``.
+
 Variants: ``--variant NAME=ARGS`` adds mcsync arguments to every run of a variant (default
 ``local=``, the local process pool); an executor that takes ``--workers N`` is measured the same
 way, e.g. ``--variant 'ray=--executor ray --ray-address 127.0.0.1:6379'``.
