@@ -124,12 +124,13 @@ if __name__ == "__mp_main__":
 
     real = runner.run_items
 
-    async def poisoned(dispatch, parts, items):
+    async def poisoned(*args):
+        items = args[-1]  # run_items(..., items): the task's items come last
         if any(getattr(item, "key", "").endswith("poison.bin") for item in items):
             with open(os.environ["POISONED_BY"], "w") as f:
                 f.write(str(os.getpid()))
             raise RuntimeError("poisoned batch")
-        return await real(dispatch, parts, items)
+        return await real(*args)
 
     runner.run_items = poisoned
 
