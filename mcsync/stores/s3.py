@@ -43,7 +43,8 @@ from ..types import REMOTE, Buffer, ByteRange, Capabilities, Level, ObjectInfo
 from .base import CheckMode, ReadStore
 from .obstore_body import fill, pieces, whole
 from .s3_body import S3CopySource, botocore_body, unquote_etag
-from .s3_clients import ClientCert, S3Credentials
+from .s3_clients import ClientCert
+from .s3_keys import S3Credentials
 from .s3_listing import tree_walk
 from .s3_store_clients import S3Clients
 from .s3_transport import UploadIds
@@ -126,7 +127,7 @@ class S3Store:
     # -- identity for server-side copy ----------------------------------------------------------
 
     def endpoint_identity(self) -> tuple[str | None, str]:
-        """The endpoint and who signs (``s3_clients.KeySource``), known from construction:
+        """The endpoint and who signs (``s3_keys.KeySource``), known from construction:
         two stores with the same can copy server-side."""
         return self._clients.identity
 

@@ -27,8 +27,9 @@ from ..errors import Permanent, Transient
 from ..retry import RetryPolicy
 from ..types import Buffer
 from .s3_body import Body
-from .s3_clients import ClientCert, ClientSettings, Keys, S3Credentials
+from .s3_clients import ClientCert, ClientSettings
 from .s3_errors import S3Answered, crt_answer, crt_error
+from .s3_keys import Keys, S3Credentials
 
 # botocore's read_timeout: a CopyObject answers when the copy is done, so this bounds a copy
 # as it does botocore's (which fails a read that waits longer, and tries again). A request with

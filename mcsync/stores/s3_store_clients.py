@@ -47,19 +47,15 @@ from .s3_body import BodyChecksums, S3CopySource
 from .s3_clients import (
     ClientCert,
     ClientSettings,
-    Keys,
-    KeySource,
-    Renewals,
-    S3Credentials,
     make_obstore,
     obstore_forked,
     open_botocore,
-    process_keys,
     read_ca_bundle,
     uses_tls,
 )
 from .s3_crt import CrtClient
 from .s3_errors import checksum_header_refusal, translate
+from .s3_keys import Keys, KeySource, Renewals, S3Credentials, process_keys
 from .s3_transport import BotocoreTransport, CrtTransport, MultipartTransport, UploadIds
 
 log = logging.getLogger(__name__)

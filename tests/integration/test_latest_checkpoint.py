@@ -14,7 +14,7 @@ import pytest
 
 import mcsync
 from mcsync.stores.s3 import S3Store
-from mcsync.stores.s3_clients import S3Credentials
+from mcsync.stores.s3_keys import S3Credentials
 from testbed.faultproxy import FaultProxy
 from testbed.servers import S3Endpoint
 

@@ -24,8 +24,8 @@ from mcsync.errors import (
 )
 from mcsync.stores.registry import meta_settings
 from mcsync.stores.s3 import S3Store
-from mcsync.stores.s3_clients import Keys, KeySource, S3Credentials
 from mcsync.stores.s3_errors import Answer, answer_of, translate, unclear_refusal
+from mcsync.stores.s3_keys import Keys, KeySource, S3Credentials
 
 SECRET = "s3cr3t-MARK"
 

@@ -143,7 +143,7 @@ def test_bodies_that_must_be_signed_stay_with_botocore(url: str, crt_sends_bodie
     requests without a body to any explicit endpoint, and bodies only where the payload needs
     no SHA-256 (the CRT's S3 signer sends UNSIGNED-PAYLOAD); botocore sends the others."""
     from mcsync.stores.s3 import S3Store
-    from mcsync.stores.s3_clients import S3Credentials
+    from mcsync.stores.s3_keys import S3Credentials
     from mcsync.stores.s3_transport import BotocoreTransport, CrtTransport
 
     async def senders() -> tuple[object, object]:

@@ -19,7 +19,7 @@ from mcsync.errors import Transient
 from mcsync.retry import RetryPolicy
 from mcsync.stores import s3
 from mcsync.stores.s3 import S3Store
-from mcsync.stores.s3_clients import S3Credentials
+from mcsync.stores.s3_keys import S3Credentials
 from testbed.faultproxy import INTERNAL_ERROR, FaultProxy, Rule
 from testbed.servers import S3Endpoint
 

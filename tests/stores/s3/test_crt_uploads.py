@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mcsync.stores.s3 import S3Store
-from mcsync.stores.s3_clients import S3Credentials
+from mcsync.stores.s3_keys import S3Credentials
 from testbed.servers import S3Endpoint
 
 from ...integration.helpers import new_bucket, payload, read_bucket, write_tree

@@ -18,7 +18,7 @@ import pytest
 
 from mcsync.errors import AccessDenied, NotFound, PreconditionFailed
 from mcsync.stores.s3 import S3Store
-from mcsync.stores.s3_clients import S3Credentials
+from mcsync.stores.s3_keys import S3Credentials
 from testbed.faultproxy import INTERNAL_ERROR, SLOW_DOWN, FaultProxy, Rule, Stall
 from testbed.servers import S3Endpoint
 
