@@ -127,37 +127,6 @@ def test_three_workers_write_each_key_once_and_report_as_one_process(source_tree
     assert again["objects_copied"] == 0 and again["tasks"] == 0
 
 
-def test_a_worker_killed_mid_run_has_its_task_given_to_another(source_tree, seaweed,
-                                                              seaweed_proxy):
-    bucket = new_bucket(seaweed)
-    seaweed_proxy.add(Rule(Stall(0.1), op="PutObject"))  # keeps the run busy
-    env = dict(os.environ) | seaweed_proxy.endpoint.meta_env()
-    proc = subprocess.Popen(command(source_tree, f"meta://{bucket}/run/", "--workers", "3",
-                                    "-c", "6"),
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        wait_for(lambda: len(seaweed_proxy.exchanges("PutObject")) >= 30)
-        victims = workers_of(proc.pid)
-        assert victims, children(proc.pid)
-        os.kill(victims[0], signal.SIGKILL)
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
-    report = json.loads(out)
-    assert read_bucket(seaweed, bucket, "run/") == OBJECTS
-    assert report["objects_copied"] == len(OBJECTS) and report["objects_failed"] == 0
-    assert report["tasks_retried"] >= 1
-    assert len(report["retried_tasks"]) == report["tasks_retried"]
-    assert all(t.startswith("task ") and "died" in t for t in report["retried_tasks"])
-    (row,) = json.loads(run_cli("status", f"meta://{bucket}/run/", "--json",
-                                env=seaweed_proxy.endpoint.meta_env()).stdout)
-    assert sum(t["retried"] for t in row["tasks"]) == report["tasks_retried"]
-    assert sum(t["tasks"] for t in row["tasks"]) == report["tasks"]
-
-
 def test_a_killed_driver_takes_its_workers_and_the_same_command_resumes(source_tree, seaweed,
                                                                        seaweed_proxy):
     bucket = new_bucket(seaweed)
