@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ..bottleneck import Meter, judge
+from ..bottleneck import judge
 from ..checkpoints.frameworks import Completion
 from ..checkpoints.latest import Chosen, choose, only_chosen
 from ..config import SyncOptions
@@ -37,6 +37,7 @@ from ..events import (
 from ..limits import Limits
 from ..move.context import RunContext
 from ..move.dispatch import Dispatch
+from ..observe.clocks import Meter
 from ..ratelimit import limits_share
 from ..report import RunTotals, SyncReport
 from ..retry import RetryPolicy, retrying
