@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ..bottleneck import judge
+from ..bottleneck import RunTimings, WorkersSpent, judge, with_workers
 from ..checkpoints.frameworks import Completion
 from ..checkpoints.latest import Chosen, choose, only_chosen
 from ..config import SyncOptions
@@ -381,8 +382,7 @@ class _Run:
             tasks=w.tasks if w else 0, tasks_retried=w.tasks_retried if w else 0,
             retried_tasks=tuple(w.retried) if w else (),
             deferred_until=self.driver.completion.young_until,
-            limited_by=None if self.options.dry_run else judge(meter.timings(
-                *self.pacing.timings(), self.src.url, self.dst.url))))
+            limited_by=None if self.options.dry_run else judge(self._timings(meter))))
         if keeper is not None and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
                                      ("failed" if report.objects_failed else "ok"),
@@ -428,10 +428,21 @@ class _Run:
         the loop's thread: the meter reads that thread's clock)."""
         while True:
             meter = Meter(*self.pacing.timings())
+            workers = self.workers.spent if self.workers is not None else WorkersSpent()
             await asyncio.sleep(seconds)
-            found = judge(meter.timings(*self.pacing.timings(), self.src.url, self.dst.url))
+            found = judge(self._timings(meter, since=workers))
             if found.verdict != "none":
                 self.emit(Bottleneck(found.verdict, found.describe()))
+
+    def _timings(self, meter: Meter, since: WorkersSpent | None = None) -> RunTimings:
+        """What the run measured since ``meter`` started, with what its workers spent; over a
+        window (the workers' figures ``since`` its start), their request times only."""
+        t = meter.timings(*self.pacing.timings(), self.src.url, self.dst.url)
+        w = self.workers
+        if w is None:
+            return t
+        spent = w.spent if since is None else w.spent.since(since)
+        return with_workers(t, spent, w.size, socket.gethostname(), cpu=since is None)
 
     async def _watchdog(self, main: asyncio.Task[Any]) -> None:
         await self.stop.wait()
