@@ -59,7 +59,7 @@ from . import manifest_copy, prune
 from .driver import Driver
 from .listing import Handoff, prefetched
 from .markers import commit_when_complete, deletes_in_order
-from .pools import folds_case, open_pool
+from .pools import folds_case, has_workers, open_pool
 from .preflight import check_stores, writable_pair
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,7 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
         # retry layer; a watch wraps its stores once, for all its cycles.
         # With workers, each paces itself at 1/N of the limits and so does this process,
         # which moves bytes itself only for deltas and uploads a killed run left.
-        paced = (limits_share(options, options.workers)
-                 if options.workers and not options.dry_run else options)
+        paced = limits_share(options, options.workers) if has_workers(options) else options
         pacing = pacing_of(source) or pacing_of(target) or Pacing.for_options(paced)
         source, target = resilient(source, pacing), resilient(target, pacing)
         pacing.begin_run()
@@ -263,14 +262,15 @@ class _Run:
                        if writing is not None else None)
         holdings = (ManifestHoldings(manifest, writing=writing is not None)
                     if manifest is not None else None)
-        # --workers: worker processes take the actions of one request each and the parts of
-        # copies in parts (nothing moves in a dry run). Each task's end goes into the manifest
-        # too, for `mcsync status` (task_log).
+        # --workers: worker processes take the actions of one request each, the parts of
+        # copies in parts and the hashing reads of large objects (a dry run's delta previews
+        # alone: nothing moves; its target is not probed for case). Each task's end goes into
+        # the manifest too, for `mcsync status` (task_log).
         self.task_log = TaskLog(writing)
         self.workers = (Workers(open_pool(addresses, options), options, self.emit, stop,
                                 on_task=self.task_log)
-                        if addresses is not None and options.workers and not options.dry_run
-                        and not self._folds_case(dst) else None)
+                        if addresses is not None and has_workers(options)
+                        and (options.dry_run or not self._folds_case(dst)) else None)
         self.dispatch = Dispatch(ctx, journal=writing, known=holdings,
                                  open_uploads=open_uploads, part_tasks=self.workers)
         self.driver = Driver(ctx, self.dispatch, manifest=manifest, holdings=holdings,
