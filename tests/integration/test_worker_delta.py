@@ -170,6 +170,8 @@ def test_a_dry_run_with_workers_leaves_the_delta_previews_hashing_read_to_them(
     assert report["dry_run"] and report["bytes_sent"] < size // 10, report
     assert report["bytes_reused"] > size // 2, report  # the preview found the delta
     assert report["tasks"] >= size // (64 * MiB), report
+    print(f"dry run: driver read {driver_read} bytes of a {size}-byte file; "
+          f"tasks {report['tasks']}")
     assert driver_read < size // 4, (driver_read, size)
     assert not same_at_target(seaweed, bucket, "ckpt/model.safetensors", model)
 
