@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ..bottleneck import Meter, judge
+from ..bottleneck import RunTimings, WorkersSpent, judge, with_workers
 from ..checkpoints.frameworks import Completion
 from ..checkpoints.latest import Chosen, choose, only_chosen
 from ..config import SyncOptions
@@ -37,6 +38,7 @@ from ..events import (
 from ..limits import Limits
 from ..move.context import RunContext
 from ..move.dispatch import Dispatch
+from ..observe.clocks import Meter
 from ..ratelimit import limits_share
 from ..report import RunTotals, SyncReport
 from ..retry import RetryPolicy, retrying
@@ -57,7 +59,7 @@ from . import manifest_copy, prune
 from .driver import Driver
 from .listing import Handoff, prefetched
 from .markers import commit_when_complete, deletes_in_order
-from .pools import folds_case, open_pool
+from .pools import folds_case, has_workers, open_pool
 from .preflight import check_stores, writable_pair
 
 log = logging.getLogger(__name__)
@@ -105,8 +107,7 @@ async def run_sync(src: str | ReadStore, dst: str | ReadStore, options: SyncOpti
         # retry layer; a watch wraps its stores once, for all its cycles.
         # With workers, each paces itself at 1/N of the limits and so does this process,
         # which moves bytes itself only for deltas and uploads a killed run left.
-        paced = (limits_share(options, options.workers)
-                 if options.workers and not options.dry_run else options)
+        paced = limits_share(options, options.workers) if has_workers(options) else options
         pacing = pacing_of(source) or pacing_of(target) or Pacing.for_options(paced)
         source, target = resilient(source, pacing), resilient(target, pacing)
         pacing.begin_run()
@@ -261,14 +262,15 @@ class _Run:
                        if writing is not None else None)
         holdings = (ManifestHoldings(manifest, writing=writing is not None)
                     if manifest is not None else None)
-        # --workers: worker processes take the actions of one request each and the parts of
-        # copies in parts (nothing moves in a dry run). Each task's end goes into the manifest
-        # too, for `mcsync status` (task_log).
+        # --workers: worker processes take the actions of one request each, the parts of
+        # copies in parts and the hashing reads of large objects (a dry run's delta previews
+        # alone: nothing moves; its target is not probed for case). Each task's end goes into
+        # the manifest too, for `mcsync status` (task_log).
         self.task_log = TaskLog(writing)
         self.workers = (Workers(open_pool(addresses, options), options, self.emit, stop,
                                 on_task=self.task_log)
-                        if addresses is not None and options.workers and not options.dry_run
-                        and not self._folds_case(dst) else None)
+                        if addresses is not None and has_workers(options)
+                        and (options.dry_run or not self._folds_case(dst)) else None)
         self.dispatch = Dispatch(ctx, journal=writing, known=holdings,
                                  open_uploads=open_uploads, part_tasks=self.workers)
         self.driver = Driver(ctx, self.dispatch, manifest=manifest, holdings=holdings,
@@ -380,8 +382,7 @@ class _Run:
             tasks=w.tasks if w else 0, tasks_retried=w.tasks_retried if w else 0,
             retried_tasks=tuple(w.retried) if w else (),
             deferred_until=self.driver.completion.young_until,
-            limited_by=None if self.options.dry_run else judge(meter.timings(
-                *self.pacing.timings(), self.src.url, self.dst.url))))
+            limited_by=None if self.options.dry_run else judge(self._timings(meter))))
         if keeper is not None and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
                                      ("failed" if report.objects_failed else "ok"),
@@ -427,10 +428,21 @@ class _Run:
         the loop's thread: the meter reads that thread's clock)."""
         while True:
             meter = Meter(*self.pacing.timings())
+            workers = self.workers.spent if self.workers is not None else WorkersSpent()
             await asyncio.sleep(seconds)
-            found = judge(meter.timings(*self.pacing.timings(), self.src.url, self.dst.url))
+            found = judge(self._timings(meter, since=workers))
             if found.verdict != "none":
                 self.emit(Bottleneck(found.verdict, found.describe()))
+
+    def _timings(self, meter: Meter, since: WorkersSpent | None = None) -> RunTimings:
+        """What the run measured since ``meter`` started, with what its workers spent; over a
+        window (the workers' figures ``since`` its start), their request times only."""
+        t = meter.timings(*self.pacing.timings(), self.src.url, self.dst.url)
+        w = self.workers
+        if w is None:
+            return t
+        spent = w.spent if since is None else w.spent.since(since)
+        return with_workers(t, spent, w.size, socket.gethostname(), cpu=since is None)
 
     async def _watchdog(self, main: asyncio.Task[Any]) -> None:
         await self.stop.wait()

@@ -3,8 +3,9 @@ pools (``scale/``) stay a floor below it and none imports another.
 
 ``reopenable``: before anything is locked, whether the pair can be shared out at all (a view of
 one object cannot: its address alone does not reopen it) and the addresses a worker reopens
-its stores from; ``--executor ray`` connects to its cluster here. ``open_pool``: the pool the
-engine hands its ``workers.Workers``, Ray actors or processes on this machine. ``folds_case``:
+its stores from; ``--executor ray`` connects to its cluster here. ``has_workers``: whether the
+run has workers at all. ``open_pool``: the pool the engine hands its ``workers.Workers``, Ray
+actors or processes on this machine. ``folds_case``:
 a target whose names fold by case is written by the driver's process alone.
 """
 
@@ -21,6 +22,14 @@ from ..stores.base import CaseFolding, ReadStore
 from ..stores.single import is_one_object
 
 log = logging.getLogger(__name__)
+
+
+def has_workers(options: SyncOptions) -> bool:
+    """Does a run of ``options`` start workers? A dry run too (``mcsync plan``): the hashing
+    reads of its delta previews go to them, as a sync's do (nothing else does: a dry run moves
+    nothing, and its processes start only when a hash task does); but not on Ray, whose
+    actors are placed at once: a dry run needs no cluster."""
+    return bool(options.workers) and not (options.dry_run and options.executor == "ray")
 
 
 def open_pool(addresses: Addresses, options: SyncOptions) -> WorkerPool:

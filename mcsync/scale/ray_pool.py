@@ -19,6 +19,10 @@ first task (not started, or not seeing them: ``WorkerUnavailable``); ``workers.W
 the task to another. An exception of the task's own is ``TaskFailed``. Actors and their
 placement group are the driver's: Ray ends them when the driver ends, killed or not.
 
+What an actor spent (its requests' time, CPU, its loop) comes back with each task's result, as
+a local worker's does, for the run's verdict; its CPU counts against its node's cores, not the
+one CPU it declared (``bottleneck.with_workers``).
+
 Credentials: an actor is told where and how, never who. It is given ``Addresses`` (both
 addresses and each side's ``StoreOptions``: endpoints, a profile's name, certificate paths),
 the run's options, and, as its runtime env's variables, the settings the driver resolved from

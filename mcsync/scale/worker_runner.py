@@ -8,8 +8,10 @@ driver's did: never in a task), then, per task, the planned actions, the part jo
 upload the driver opened (``part_tasks``), or the byte ranges of an object to read and hash
 (``hash_tasks``). What comes back: the outcomes (each record with its block hashes, each
 event; a ``PartSent`` per part job, a ``HashDone`` per hash job: digests, never bytes), the
-bytes moved per key, the worker's request counters for the report, and its requests as the
-metrics count them (``observe.requests.RequestTally``: the driver's metrics add them).
+bytes moved per key, the worker's request counters for the report, its requests as the
+metrics count them (``observe.requests.RequestTally``: the driver's metrics add them), and what
+it spent since its last result for the run's "limited by" verdict (``bottleneck.Spent``: request
+time per side, time paced, CPU, its loop's busy time; the driver adds them to its own).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..bottleneck import Spent
 from ..config import SyncOptions
 from ..events import BytesMoved, Event, RequestsCounted
 from ..limits import Limits
@@ -30,6 +33,7 @@ from ..move.context import RunContext
 from ..move.dispatch import Dispatch, Outcome
 from ..move.hash_tasks import HashDone, HashJob, WorkerHashes
 from ..move.part_tasks import PartJob, PartSent, WorkerParts
+from ..observe.clocks import WorkerClock
 from ..observe.requests import RequestTally, meter
 from ..ratelimit import limits_share
 from ..records import Action
@@ -101,6 +105,8 @@ class TaskResult:
     seconds: float = 0.0  # from its first action to its last outcome
     # The worker's requests since its last task's result (those of a task that raised too).
     requests: RequestsCounted | None = None
+    # What the worker spent since its last task's result, as ``requests`` (the verdict's).
+    spent: Spent | None = None
 
 
 class TaskRunner:
@@ -118,6 +124,7 @@ class TaskRunner:
         self.pacing = Pacing.for_options(options)
         self.moved: list[tuple[str, int]] = []
         self.tally = RequestTally()
+        self.clock: WorkerClock | None = None  # started on the loop's thread, at a first task
 
     def _open(self) -> Dispatch:
         a = self.addresses
@@ -143,6 +150,8 @@ class TaskRunner:
         return self.runner.run(self._run(items))
 
     async def _run(self, items: list[TaskItem]) -> TaskResult:
+        if self.clock is None:
+            self.clock = WorkerClock(*self.pacing.timings())
         if self.dispatch is None:
             self.dispatch = self._open()
         assert self.parts is not None and self.hashes is not None
@@ -152,9 +161,11 @@ class TaskRunner:
         began = time.monotonic()
         outcomes = await run_items(self.dispatch, self.parts, self.hashes, items)
         worker = f"pid {os.getpid()} on {socket.gethostname()}"
+        src, dst = self.stores
         return TaskResult(outcomes, self.moved,
                           p.throttled - before[0], p.retried - before[1], p.expired - before[2],
-                          worker, time.monotonic() - began, self.tally.take(worker))
+                          worker, time.monotonic() - began, self.tally.take(worker),
+                          self.clock.take(*p.timings(), src.url, dst.url))
 
     def close(self) -> None:
         async def closing() -> None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..batching import Batcher
+from ..bottleneck import WorkersSpent
 from ..config import SyncOptions
 from ..errors import Interrupted, Transient, UsageError
 from ..events import BytesMoved, Event, ObjectFailed
@@ -143,7 +144,7 @@ class _Task:
 class Workers:
     """The driver's side of a pool: actions batched into tasks, tasks run on the pool and
     retried when their worker died, outcomes handed back per action, the workers' counters
-    summed for the report."""
+    summed for the report, and what they spent (``spent``) for its verdict."""
 
     def __init__(self, pool: WorkerPool, options: SyncOptions,
                  emit: Callable[[Event], None], stop: asyncio.Event,
@@ -167,6 +168,9 @@ class Workers:
         self.retried: list[str] = []
         self.tasks_retried = 0
         self.throttled = self.requests_retried = self.expired = 0
+        # What the workers spent, for the verdict: each result's since its worker's last one,
+        # so a task run again adds only its new run's (a killed worker's last is lost).
+        self.spent = WorkersSpent()
         self.unavailable = 0  # workers in a row that could not start (BREAKER)
         self.broken: UsageError | None = None  # what stopped the run once BREAKER was reached
 
@@ -230,6 +234,8 @@ class Workers:
                 self.emit(BytesMoved(key, nbytes))
             if result.requests is not None:  # for the metrics: the worker's requests
                 self.emit(result.requests)
+            if result.spent is not None:
+                self.spent = self.spent.plus(result.spent, result.worker)
             self._ended(TaskDone(task.name(), "done", result.worker, task.objects(),
                                  sum(n for _, n in result.moved), result.seconds))
             return result.outcomes

@@ -74,3 +74,33 @@ def test_many_small_files_one_at_a_time_between_local_trees_are_bound_by_the_cli
         assert read_tree(work / "dst") == files
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# With --workers the workers make the requests: what they spent comes back with each task's
+# result and is added to the driver's. 64 objects make two tasks (32 objects each), one per
+# worker; the driver itself PUTs or GETs none of the objects (only its lock and manifest), so
+# a request time at least the proxy's holds of the objects' requests is the workers'.
+STALL_S = 0.2
+
+
+@pytest.mark.parametrize("side", ["target", "source"])
+def test_with_workers_the_side_slow_to_answer_is_the_limit_and_the_workers_time_counts(
+        side: str, tmp_path: Path, seaweed: S3Endpoint, seaweed_proxy: FaultProxy) -> None:
+    files = {f"obj-{i:03d}": payload(64 << 10, i) for i in range(64)}
+    bucket = new_bucket(seaweed)
+    if side == "target":
+        op, args = "PutObject", (str(tmp_path / "src"), f"meta://{bucket}/")
+        write_tree(tmp_path / "src", files)
+    else:
+        op, args = "GetObject", (f"meta://{bucket}/", str(tmp_path / "dst"))
+        put_objects(seaweed, bucket, files)
+    seaweed_proxy.add(Rule(Stall(STALL_S), op=op))
+    doc = sync_json(*args, "-c", "4", "--workers", "2", env=seaweed_proxy.endpoint.meta_env())
+    found = doc["limited_by"]
+    held = len(seaweed_proxy.exchanges(op, fault="stall", key="obj-*"))
+    assert held >= len(files), seaweed_proxy.summary()
+    assert found["verdict"] == side, found
+    assert found[f"{side}_s"] >= 0.9 * STALL_S * held, (found, held)
+    assert found["processes"] == 3, found  # the driver and both workers
+    moved = read_bucket(seaweed, bucket) if side == "target" else read_tree(tmp_path / "dst")
+    assert moved == files

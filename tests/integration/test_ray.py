@@ -28,7 +28,7 @@ from testbed.ray_cluster import WORKER_IP
 from testbed.servers import S3Endpoint
 
 from ..require import unavailable
-from .helpers import new_bucket, read_bucket, run_cli, write_tree
+from .helpers import new_bucket, payload, read_bucket, run_cli, write_tree
 from .test_workers import LARGE, OBJECTS, ROOT, SMALL, TOTALS, command, run, wait_for
 
 
@@ -512,3 +512,24 @@ def test_a_delta_resync_on_ray_hashes_the_file_on_the_actors(ray_cluster, seawee
     assert report["bytes_sent"] < size // 10 and report["bytes_reused"] > size // 2, report
     assert report["tasks"] >= 2 and report["tasks_retried"] == 0, report  # hash tasks
     assert same_at_target(seaweed, bucket, "ckpt/model.safetensors", model)
+
+
+def test_the_limited_by_verdict_of_a_ray_run_adds_what_the_actors_spent(
+        ray_cluster, seaweed, seaweed_proxy, tmp_path):
+    """The actors send what they spent with each task's result, as local workers do
+    (test_limited_by.py): the target held 0.2 s per PUT, which only the actors send, is the
+    verdict, its request time at least those holds, and the figures cover three processes."""
+    files = {f"obj-{i:03d}": payload(64 << 10, i) for i in range(64)}  # a task per actor
+    write_tree(tmp_path / "src", files)
+    bucket = new_bucket(seaweed)
+    seaweed_proxy.add(Rule(Stall(0.2), op="PutObject"))
+    code, report, err = run(command(tmp_path / "src", f"meta://{bucket}/", "--executor", "ray",
+                                    "--workers", "2", "-c", "4"),
+                            driver_env(ray_cluster, seaweed_proxy))
+    assert code == 0, err
+    found = report["limited_by"]
+    held = len(seaweed_proxy.exchanges("PutObject", fault="stall", key="obj-*"))
+    assert held >= len(files), seaweed_proxy.summary()
+    assert found["verdict"] == "target" and found["processes"] == 3, found
+    assert found["target_s"] >= 0.9 * 0.2 * held, (found, held)
+    assert read_bucket(seaweed, bucket) == files

@@ -150,6 +150,32 @@ def test_a_1gib_checkpoint_resynced_with_workers_is_read_by_them(seaweed, bucket
     delta_resync_reads_a_fraction(1024 * MiB, seaweed, bucket_factory, tmp_path)
 
 
+def test_a_dry_run_with_workers_leaves_the_delta_previews_hashing_read_to_them(
+        seaweed, bucket_factory, tmp_path):
+    """``--dry-run`` (``mcsync plan`` too) with ``--workers``: what a delta would send is
+    found by reading and hashing the changed file in ranges on the workers, as a sync's delta
+    is; the driver reads little of it, and nothing is written."""
+    bucket = bucket_factory(seaweed)
+    src = tmp_path / "src"
+    src.mkdir()
+    model = src / "model.safetensors"
+    write_safetensors(model, 256 * MiB)
+    size = model.stat().st_size
+    env, dst, manifest = seaweed.meta_env(), f"meta://{bucket}/ckpt/", tmp_path / "m.sqlite"
+    first, _, _ = synced(src, dst, env, manifest, "--workers", "2")
+    assert first["objects_copied"] == 1
+
+    change(model, 0.02, (0.3, 0.7))
+    report, driver_read, _ = synced(src, dst, env, manifest, "--workers", "2", "--dry-run")
+    assert report["dry_run"] and report["bytes_sent"] < size // 10, report
+    assert report["bytes_reused"] > size // 2, report  # the preview found the delta
+    assert report["tasks"] >= size // (64 * MiB), report
+    print(f"dry run: driver read {driver_read} bytes of a {size}-byte file; "
+          f"tasks {report['tasks']}")
+    assert driver_read < size // 4, (driver_read, size)
+    assert not same_at_target(seaweed, bucket, "ckpt/model.safetensors", model)
+
+
 def record(manifest: Path, key: str) -> tuple[bytes, bytes, str]:
     with contextlib.closing(sqlite3.connect(manifest)) as db:
         (row,) = db.execute("SELECT block_hashes, chunk_sizes, chunker FROM objects "

@@ -169,6 +169,16 @@ def test_workers_auto_and_a_local_target(source_tree, tmp_path):
         assert (dst / key).read_bytes() == data
 
 
+def test_a_dry_run_with_workers_writes_nothing_at_a_local_target(source_tree, tmp_path):
+    """A dry run has workers for its delta previews' hashing (none here: nothing to preview),
+    and does not probe its target for case as a run with workers does (a file written in it)."""
+    dst = tmp_path / "dst"
+    code, report, err = run(command(source_tree, str(dst), "--workers", "2", "--dry-run"), {})
+    assert code == 0, err
+    assert report["dry_run"] and report["objects_copied"] == len(OBJECTS), report
+    assert not dst.exists(), list(dst.rglob("*"))
+
+
 def test_workers_refusals_are_one_line_before_anything_moves(source_tree, tmp_path):
     code, _, err = run(command(source_tree, str(tmp_path / "dst"), "--workers", "0"), {})
     assert code == 2 and "--workers must be a number of processes" in err, err  # click's usage
