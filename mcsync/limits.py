@@ -10,6 +10,10 @@ import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import SyncOptions
 
 
 class ByteBudget:
@@ -128,11 +132,19 @@ class GoodputSlots(_Gate):
     memory (before, a large upload peaked far above the parts it needed, for no more
     throughput). At that limit a plateau is held.
     ``throttled()`` (the store said slow down) halves it. ``peak`` is the most ever allowed.
-    FIFO, and correct under cancellation, as ByteBudget."""
+    FIFO, and correct under cancellation, as ByteBudget.
 
-    GROW, GAIN = 1.5, 1.10
+    Told what bounds the run (``bound_by``, the run's own verdict, bottleneck.py), it grows
+    no further while that is this client's CPU or the rate limits: more in flight cannot
+    help there, and costs memory. With ``probe_after`` (``--concurrency auto``) it climbs
+    from its baseline at once rather than waiting for the rate to rise at the same limit, and
+    a plateau held that many intervals is tried again a quarter higher (kept if it pays,
+    taken back if not): a long migration's source or target changes under it."""
+
+    GROW, GAIN, PROBE = 1.5, 1.10, 1.25
 
     def __init__(self, initial: int, ceiling: int, *, floor: int = 2, interval_s: float = 0.5,
+                 probe_after: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ceiling = max(ceiling, 1)
         self.floor = min(max(floor, 1), self.ceiling)
@@ -146,6 +158,13 @@ class GoodputSlots(_Gate):
         self._waiting = False  # a request waited for a slot in this interval
         self._best_rate = 0.0
         self._best_limit = self.limit
+        self._probe_after = probe_after
+        self._plateau = 0  # intervals held at the best limit since it last changed
+        self._held = False  # the run is bound by what more in flight cannot help
+
+    def bound_by(self, verdict: str) -> None:
+        """What bounds the run now (``bottleneck.Verdict``)."""
+        self._held = verdict in ("client", "bwlimit")
 
     def _waited(self) -> None:
         self._waiting = True
@@ -172,12 +191,21 @@ class GoodputSlots(_Gate):
     def _adapt(self, rate: float) -> None:
         if not self._best_rate:  # the first interval (or the first after throttling) is the
             self._best_rate, self._best_limit = rate, self.limit  # baseline: it holds start-up
+            if self._probe_after is not None and not self._held:
+                self._set(math.ceil(self.limit * self.GROW))  # tuned: find out, from here
             return
         if rate > self._best_rate * self.GAIN:
             self._best_rate, self._best_limit = rate, self.limit
-            self._set(math.ceil(self.limit * self.GROW))
+            if not self._held:
+                self._set(math.ceil(self.limit * self.GROW))
         elif self.limit > self._best_limit:
             self._set(self._best_limit)
+        elif (self._probe_after is not None and not self._held
+              and self.limit < self.ceiling):
+            self._plateau += 1
+            if self._plateau >= self._probe_after:  # measured afresh: conditions change
+                self._best_rate, self._best_limit = rate, self.limit
+                self._set(math.ceil(self.limit * self.PROBE))
 
     def throttled(self) -> None:
         """The store asked us to slow down: half as many in flight, and measure afresh."""
@@ -185,6 +213,7 @@ class GoodputSlots(_Gate):
         self._best_rate, self._best_limit = 0.0, self.limit
 
     def _set(self, limit: int) -> None:
+        self._plateau = 0
         self.limit = min(max(limit, self.floor), self.ceiling)
         self.peak = max(self.peak, self.limit)
         self._wake()
@@ -296,11 +325,52 @@ class BufferPool:
 INITIAL_PARTS_IN_FLIGHT = 4
 
 
-class Limits:
-    """Shared by every task of a run."""
+# Objects in flight when a tuned run (--concurrency auto) starts, and the fewest it goes to:
+# a start low enough that growth is measured, not assumed; high enough that a run of small
+# objects reaches its plateau in a few seconds (x1.5 an interval).
+TUNED_OBJECTS_START, TUNED_OBJECTS_FLOOR = 16, 4
+# A tuned run measures every second (objects complete in bursts) and tries a plateau higher
+# after eight of them.
+TUNED_INTERVAL_S, TUNED_PROBE_AFTER = 1.0, 8
+# What one object done adds, besides its bytes, to the goodput the objects' limit measures:
+# its requests take time whatever its size, and a run of empty files must measure a rate too.
+OBJECT_WORK = 4096
 
-    def __init__(self, concurrency: int, memory_limit: int) -> None:
+
+class FixedSlots(_Gate):
+    """Objects in flight at a fixed limit (``--concurrency N``): GoodputSlots' interface, with
+    nothing measured."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = self.peak = max(limit, 1)
+        super().__init__()
+
+    def moved(self, nbytes: int) -> None:
+        pass
+
+    def bound_by(self, verdict: str) -> None:
+        pass
+
+    def throttled(self) -> None:
+        pass
+
+
+class Limits:
+    """Shared by every task of a run. ``tuned`` (``--concurrency auto``): the objects in
+    flight are found by measuring, from TUNED_OBJECTS_START up to ``concurrency``."""
+
+    def __init__(self, concurrency: int, memory_limit: int, *, tuned: bool = False) -> None:
         self.requests = asyncio.Semaphore(concurrency)
         self.memory = ByteBudget(memory_limit)
-        self.parts = GoodputSlots(min(INITIAL_PARTS_IN_FLIGHT, concurrency), concurrency)
+        self.parts = GoodputSlots(min(INITIAL_PARTS_IN_FLIGHT, concurrency), concurrency,
+                                  probe_after=TUNED_PROBE_AFTER if tuned else None)
+        self.objects: GoodputSlots | FixedSlots = (
+            GoodputSlots(TUNED_OBJECTS_START, concurrency, floor=TUNED_OBJECTS_FLOOR,
+                         interval_s=TUNED_INTERVAL_S, probe_after=TUNED_PROBE_AFTER)
+            if tuned else FixedSlots(concurrency))
         self.buffers = BufferPool(keep=INITIAL_PARTS_IN_FLIGHT * 2)
+        self.tuned = tuned
+
+    @classmethod
+    def for_options(cls, options: SyncOptions) -> Limits:
+        return cls(options.in_flight, options.memory_limit, tuned=options.tuned)

@@ -165,6 +165,8 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
         click.echo(summary(result), err=True)
         if result.limited_by is not None and result.limited_by.verdict != "none":
             click.echo(f"mcsync: {result.limited_by.describe()}", err=True)
+        if result.concurrency is not None:
+            click.echo(f"mcsync: {result.concurrency.describe()}", err=True)
     if result.interrupted:
         click.echo("mcsync: interrupted: state saved; run the same command again to resume",
                    err=True)

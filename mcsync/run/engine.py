@@ -34,11 +34,11 @@ from ..events import (
     RunStarted,
     StatsCollector,
 )
-from ..limits import Limits
+from ..limits import TUNED_INTERVAL_S, Limits
 from ..move.context import RunContext
 from ..move.dispatch import Dispatch
 from ..ratelimit import limits_share
-from ..report import RunTotals, SyncReport
+from ..report import RunTotals, SettledConcurrency, SyncReport
 from ..retry import RetryPolicy, retrying
 from ..scale.worker_runner import Addresses
 from ..scale.workers import Workers, refuse_in_a_starting_worker
@@ -215,7 +215,7 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
     def attempt() -> Awaitable[SyncReport]:
         # Each attempt is a run of its own: its report, limits and workers fresh.
         stats = StatsCollector(src.url, dst.url, options.dry_run)
-        ctx = RunContext(src, dst, options, Limits(options.concurrency, options.memory_limit),
+        ctx = RunContext(src, dst, options, Limits.for_options(options),
                          FanOut([stats, sink or NullSink()]).emit, stop)
         return _Run(ctx, stats, manifest, look=look, addresses=addresses,
                     chosen=chosen, retention=retention).run(listing)
@@ -318,6 +318,8 @@ class _Run:
         self.pacing.listeners.append(self._throttled)
         watchdog = asyncio.create_task(self._watchdog(main)) if main else None
         judging = asyncio.create_task(self._judge_every(BOTTLENECK_EVERY_S))
+        tuning = (asyncio.create_task(self._tune_every(TUNED_INTERVAL_S))
+                  if self.limits.tuned else None)
         keeper = self.keeper
         uploader = asyncio.create_task(keeper.refresh()) if keeper else None
         try:
@@ -350,7 +352,7 @@ class _Run:
             self.interrupted = True
         finally:
             self.pacing.listeners.remove(self._throttled)
-            await cancel_and_wait(watchdog, uploader, judging)
+            await cancel_and_wait(watchdog, uploader, judging, tuning)
             if self.workers is not None:
                 await self.workers.aclose()
             deletes.close()
@@ -381,7 +383,8 @@ class _Run:
             retried_tasks=tuple(w.retried) if w else (),
             deferred_until=self.driver.completion.young_until,
             limited_by=None if self.options.dry_run else judge(meter.timings(
-                *self.pacing.timings(), self.src.url, self.dst.url))))
+                *self.pacing.timings(), self.src.url, self.dst.url)),
+            concurrency=self._settled()))
         if keeper is not None and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
                                      ("failed" if report.objects_failed else "ok"),
@@ -405,8 +408,10 @@ class _Run:
             then.close()
 
     def _throttled(self, store: str, operation: str, limit: int) -> None:
-        """A store said slow down: fewer parts on the wire too, and the report hears of it."""
+        """A store said slow down: fewer parts (and, tuned, objects) on the wire too, and the
+        report hears of it."""
         self.limits.parts.throttled()
+        self.limits.objects.throttled()
         self.emit(RequestThrottled(store, operation, limit))
 
     async def _sweep_leftovers(self, started: float) -> None:
@@ -431,6 +436,25 @@ class _Run:
             found = judge(meter.timings(*self.pacing.timings(), self.src.url, self.dst.url))
             if found.verdict != "none":
                 self.emit(Bottleneck(found.verdict, found.describe()))
+
+    async def _tune_every(self, seconds: float) -> None:
+        """--concurrency auto: what bounds the run, judged over each last ``seconds``, told to
+        the limits that tune themselves (they grow no further where more in flight cannot
+        help)."""
+        while True:
+            meter = Meter(*self.pacing.timings())
+            await asyncio.sleep(seconds)
+            found = judge(meter.timings(*self.pacing.timings(), self.src.url, self.dst.url))
+            if found.verdict != "none":
+                self.limits.objects.bound_by(found.verdict)
+                self.limits.parts.bound_by(found.verdict)
+
+    def _settled(self) -> SettledConcurrency | None:
+        limits = self.limits
+        if not limits.tuned:
+            return None
+        return SettledConcurrency(limits.objects.limit, limits.objects.peak, limits.parts.limit,
+                                  limits.parts.peak)
 
     async def _watchdog(self, main: asyncio.Task[Any]) -> None:
         await self.stop.wait()
