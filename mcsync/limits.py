@@ -7,13 +7,19 @@ import asyncio
 import bisect
 import collections
 import contextlib
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
 
+from .gate import Gate
+from .object_slots import TUNED_OBJECTS_START, TUNED_PROBE_AFTER, FixedSlots, TunedObjects
+
 if TYPE_CHECKING:
     from .config import SyncOptions
+
+log = logging.getLogger(__name__)
 
 
 class ByteBudget:
@@ -71,54 +77,7 @@ class ByteBudget:
             self.release(got)
 
 
-class _Gate:
-    """A semaphore whose ``limit`` may change while requests wait: FIFO, and correct under
-    cancellation, as ByteBudget. ``_waited()`` is told when a request had to wait."""
-
-    limit: int
-
-    def __init__(self) -> None:
-        self.busy = 0
-        self.most_busy = 0  # the most requests ever holding the gate at once
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    def _waited(self) -> None:
-        pass
-
-    async def acquire(self) -> None:
-        if not self._waiters and self.busy < self.limit:
-            self._enter()
-            return
-        self._waited()
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()  # granted just as we were cancelled: give it back
-            else:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(fut)
-            raise
-
-    def release(self) -> None:
-        self.busy -= 1
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiters and self.busy < self.limit:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                self._enter()
-                fut.set_result(None)
-
-    def _enter(self) -> None:
-        self.busy += 1
-        self.most_busy = max(self.most_busy, self.busy)
-
-
-class GoodputSlots(_Gate):
+class GoodputSlots(Gate):
     """How many data-bearing requests are on the wire at once, found by measuring.
 
     More parts in flight help until the link, or the server, is full; past that they only
@@ -189,6 +148,14 @@ class GoodputSlots(_Gate):
         self._since, self._bytes, self._waiting = now, 0, False
 
     def _adapt(self, rate: float) -> None:
+        was = self.limit
+        self._climb(rate)
+        if self.limit != was:
+            log.debug("parts in flight: %d -> %d (%.1f MB/s; the best %.1f MB/s at %d)",
+                      was, self.limit, rate / 1e6, self._best_rate / 1e6,
+                      self._best_limit)
+
+    def _climb(self, rate: float) -> None:
         if not self._best_rate:  # the first interval (or the first after throttling) is the
             self._best_rate, self._best_limit = rate, self.limit  # baseline: it holds start-up
             if self._probe_after is not None and not self._held:
@@ -219,7 +186,7 @@ class GoodputSlots(_Gate):
         self._wake()
 
 
-class AdaptiveLimit(_Gate):
+class AdaptiveLimit(Gate):
     """Requests in flight to one endpoint, cut when it throttles and grown back as requests
     succeed (AIMD, as TCP and botocore's adaptive mode do): a SlowDown or 429 halves the
     limit — once per ``cooldown_s``, so one burst of refusals is one cut, not a collapse to the
@@ -325,49 +292,18 @@ class BufferPool:
 INITIAL_PARTS_IN_FLIGHT = 4
 
 
-# Objects in flight when a tuned run (--concurrency auto) starts, and the fewest it goes to:
-# a start low enough that growth is measured, not assumed; high enough that a run of small
-# objects reaches its plateau in a few seconds (x1.5 an interval).
-TUNED_OBJECTS_START, TUNED_OBJECTS_FLOOR = 16, 4
-# A tuned run measures every second (objects complete in bursts) and tries a plateau higher
-# after eight of them.
-TUNED_INTERVAL_S, TUNED_PROBE_AFTER = 1.0, 8
-# What one object done adds, besides its bytes, to the goodput the objects' limit measures:
-# its requests take time whatever its size, and a run of empty files must measure a rate too.
-OBJECT_WORK = 4096
-
-
-class FixedSlots(_Gate):
-    """Objects in flight at a fixed limit (``--concurrency N``): GoodputSlots' interface, with
-    nothing measured."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = self.peak = max(limit, 1)
-        super().__init__()
-
-    def moved(self, nbytes: int) -> None:
-        pass
-
-    def bound_by(self, verdict: str) -> None:
-        pass
-
-    def throttled(self) -> None:
-        pass
-
-
 class Limits:
     """Shared by every task of a run. ``tuned`` (``--concurrency auto``): the objects in
-    flight are found by measuring, from TUNED_OBJECTS_START up to ``concurrency``."""
+    flight are found by measuring (``object_slots.TunedObjects``) up to ``concurrency``, and
+    the parts on the wire probe their plateau."""
 
     def __init__(self, concurrency: int, memory_limit: int, *, tuned: bool = False) -> None:
         self.requests = asyncio.Semaphore(concurrency)
         self.memory = ByteBudget(memory_limit)
         self.parts = GoodputSlots(min(INITIAL_PARTS_IN_FLIGHT, concurrency), concurrency,
                                   probe_after=TUNED_PROBE_AFTER if tuned else None)
-        self.objects: GoodputSlots | FixedSlots = (
-            GoodputSlots(TUNED_OBJECTS_START, concurrency, floor=TUNED_OBJECTS_FLOOR,
-                         interval_s=TUNED_INTERVAL_S, probe_after=TUNED_PROBE_AFTER)
-            if tuned else FixedSlots(concurrency))
+        self.objects: TunedObjects | FixedSlots = (
+            TunedObjects(TUNED_OBJECTS_START, concurrency) if tuned else FixedSlots(concurrency))
         self.buffers = BufferPool(keep=INITIAL_PARTS_IN_FLIGHT * 2)
         self.tuned = tuned
 

@@ -20,9 +20,9 @@ from ..events import (
     ObjectFailed,
     ObjectPlanned,
 )
-from ..limits import OBJECT_WORK
 from ..move.context import RunContext
 from ..move.dispatch import Dispatch, Outcome, kind_of
+from ..object_slots import OBJECT_WORK
 from ..records import Action, ManifestEntry, Pair, split_digests
 from ..state.holdings import ManifestHoldings
 from ..state.manifest import Manifest, entry_for

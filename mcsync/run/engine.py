@@ -34,9 +34,10 @@ from ..events import (
     RunStarted,
     StatsCollector,
 )
-from ..limits import TUNED_INTERVAL_S, Limits
+from ..limits import Limits
 from ..move.context import RunContext
 from ..move.dispatch import Dispatch
+from ..object_slots import TUNED_INTERVAL_S
 from ..ratelimit import limits_share
 from ..report import RunTotals, SettledConcurrency, SyncReport
 from ..retry import RetryPolicy, retrying

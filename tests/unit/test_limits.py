@@ -235,7 +235,7 @@ def test_a_buffer_whose_borrower_failed_is_never_lent_again():
     assert pool.kept == MIB  # the one that came back; the dropped one is not kept
 
 
-def test_tuned_slots_climb_from_the_baseline_at_once_and_step_back_when_it_stops_paying():
+def test_tuned_parts_climb_from_the_baseline_at_once_and_step_back_when_it_stops_paying():
     from mcsync.limits import GoodputSlots
 
     clock = FakeClock()
@@ -245,7 +245,7 @@ def test_tuned_slots_climb_from_the_baseline_at_once_and_step_back_when_it_stops
     assert slots.peak == 36
 
 
-def test_tuned_slots_try_a_plateau_higher_after_a_while_and_keep_it_if_it_pays():
+def test_tuned_parts_try_a_plateau_higher_after_a_while_and_keep_it_if_it_pays():
     from mcsync.limits import GoodputSlots
 
     clock = FakeClock()
@@ -261,7 +261,7 @@ def test_tuned_slots_try_a_plateau_higher_after_a_while_and_keep_it_if_it_pays()
     assert limits_after(slots, clock, (129,)) == [20]
 
 
-def test_tuned_slots_grow_no_further_while_the_client_or_a_rate_limit_bounds_the_run():
+def test_tuned_parts_grow_no_further_while_the_client_or_a_rate_limit_bounds_the_run():
     from mcsync.limits import GoodputSlots
 
     clock = FakeClock()
@@ -273,27 +273,3 @@ def test_tuned_slots_grow_no_further_while_the_client_or_a_rate_limit_bounds_the
     assert limits_after(slots, clock, (200, 200, 200)) == [16] * 3
     slots.bound_by("target")  # waiting on the target again: more in flight may help
     assert limits_after(slots, clock, (250,)) == [24]
-
-
-def test_fixed_slots_hold_their_limit_whatever_is_measured():
-    from mcsync.limits import FixedSlots
-
-    slots = FixedSlots(7)
-    for rate in (1, 10**9):
-        slots.moved(rate)
-    slots.bound_by("target")
-    slots.throttled()
-    assert (slots.limit, slots.peak) == (7, 7)
-
-
-def test_limits_tune_the_objects_in_flight_only_when_told_to():
-    from mcsync.config import AUTO_CONCURRENCY_CEILING, SyncOptions
-    from mcsync.limits import TUNED_OBJECTS_START, FixedSlots, GoodputSlots, Limits
-
-    fixed = Limits.for_options(SyncOptions(concurrency=64))
-    assert isinstance(fixed.objects, FixedSlots) and fixed.objects.limit == 64
-    assert not fixed.tuned and fixed.parts.ceiling == 64
-    tuned = Limits.for_options(SyncOptions(concurrency="auto"))
-    assert isinstance(tuned.objects, GoodputSlots) and tuned.tuned
-    assert tuned.objects.limit == TUNED_OBJECTS_START
-    assert tuned.objects.ceiling == tuned.parts.ceiling == AUTO_CONCURRENCY_CEILING
