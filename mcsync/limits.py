@@ -7,19 +7,16 @@ import asyncio
 import bisect
 import collections
 import contextlib
-import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
 
-from .gate import Gate
+from .gate import Gate, MeteredGate
 from .object_slots import TUNED_OBJECTS_START, TUNED_PROBE_AFTER, FixedSlots, TunedObjects
 
 if TYPE_CHECKING:
     from .config import SyncOptions
-
-log = logging.getLogger(__name__)
 
 
 class ByteBudget:
@@ -77,7 +74,7 @@ class ByteBudget:
             self.release(got)
 
 
-class GoodputSlots(Gate):
+class GoodputSlots(MeteredGate):
     """How many data-bearing requests are on the wire at once, found by measuring.
 
     More parts in flight help until the link, or the server, is full; past that they only
@@ -105,28 +102,11 @@ class GoodputSlots(Gate):
     def __init__(self, initial: int, ceiling: int, *, floor: int = 2, interval_s: float = 0.5,
                  probe_after: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.ceiling = max(ceiling, 1)
-        self.floor = min(max(floor, 1), self.ceiling)
-        self.limit = min(max(initial, self.floor), self.ceiling)
-        self.peak = self.limit
-        super().__init__()
-        self._clock = clock
-        self._interval = interval_s
-        self._since = clock()
-        self._bytes = 0
-        self._waiting = False  # a request waited for a slot in this interval
+        super().__init__(initial, ceiling, floor=floor, interval_s=interval_s, clock=clock)
         self._best_rate = 0.0
         self._best_limit = self.limit
         self._probe_after = probe_after
         self._plateau = 0  # intervals held at the best limit since it last changed
-        self._held = False  # the run is bound by what more in flight cannot help
-
-    def bound_by(self, verdict: str) -> None:
-        """What bounds the run now (``bottleneck.Verdict``)."""
-        self._held = verdict in ("client", "bwlimit")
-
-    def _waited(self) -> None:
-        self._waiting = True
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -136,26 +116,7 @@ class GoodputSlots(Gate):
         finally:
             self.release()
 
-    def moved(self, nbytes: int) -> None:
-        """``nbytes`` were acknowledged: the measure the limit climbs by."""
-        self._bytes += nbytes
-        now = self._clock()
-        elapsed = now - self._since
-        if elapsed < self._interval:
-            return
-        if self._waiting:
-            self._adapt(self._bytes / elapsed)
-        self._since, self._bytes, self._waiting = now, 0, False
-
     def _adapt(self, rate: float) -> None:
-        was = self.limit
-        self._climb(rate)
-        if self.limit != was:
-            log.debug("parts in flight: %d -> %d (%.1f MB/s; the best %.1f MB/s at %d)",
-                      was, self.limit, rate / 1e6, self._best_rate / 1e6,
-                      self._best_limit)
-
-    def _climb(self, rate: float) -> None:
         if not self._best_rate:  # the first interval (or the first after throttling) is the
             self._best_rate, self._best_limit = rate, self.limit  # baseline: it holds start-up
             if self._probe_after is not None and not self._held:
@@ -181,9 +142,7 @@ class GoodputSlots(Gate):
 
     def _set(self, limit: int) -> None:
         self._plateau = 0
-        self.limit = min(max(limit, self.floor), self.ceiling)
-        self.peak = max(self.peak, self.limit)
-        self._wake()
+        super()._set(limit)
 
 
 class AdaptiveLimit(Gate):

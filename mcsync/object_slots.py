@@ -3,14 +3,11 @@ measuring as the run goes."""
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable
 
-from .gate import Gate
-
-log = logging.getLogger(__name__)
+from .gate import Gate, MeteredGate
 
 # Objects in flight when a tuned run (--concurrency auto) starts, and the fewest it goes to:
 # low enough that more is measured, not assumed; high enough that doubling reaches the
@@ -42,7 +39,7 @@ class FixedSlots(Gate):
         pass
 
 
-class TunedObjects(Gate):
+class TunedObjects(MeteredGate):
     """Objects in flight under ``--concurrency auto``, found by measuring.
 
     Unlike parts (``limits.GoodputSlots``, grown only where growth pays, since each part in
@@ -64,41 +61,10 @@ class TunedObjects(Gate):
     def __init__(self, initial: int, ceiling: int, *, floor: int = TUNED_OBJECTS_FLOOR,
                  interval_s: float = TUNED_INTERVAL_S, probe_after: int = TUNED_PROBE_AFTER,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.ceiling = max(ceiling, 1)
-        self.floor = min(max(floor, 1), self.ceiling)
-        self.limit = self.peak = min(max(initial, self.floor), self.ceiling)
-        super().__init__()
-        self._clock = clock
-        self._interval = interval_s
+        super().__init__(initial, ceiling, floor=floor, interval_s=interval_s, clock=clock)
         self._probe_after = probe_after
-        self._since = clock()
-        self._bytes = 0
-        self._waiting = False  # an object waited for a slot in this interval
         self._below: tuple[int, float] | None = None  # the step below: its limit and rate
         self._resting = 0  # intervals left before the next climb is tried
-        self._held = False  # bound by what more in flight cannot help
-
-    def _waited(self) -> None:
-        self._waiting = True
-
-    def bound_by(self, verdict: str) -> None:
-        """What bounds the run now (``bottleneck.Verdict``)."""
-        self._held = verdict in ("client", "bwlimit")
-
-    def moved(self, nbytes: int) -> None:
-        """An object of ``nbytes`` is done (OBJECT_WORK included by the caller)."""
-        self._bytes += nbytes
-        now = self._clock()
-        elapsed = now - self._since
-        if elapsed < self._interval:
-            return
-        if self._waiting:
-            was = self.limit
-            self._adapt(self._bytes / elapsed)
-            if self.limit != was:
-                log.debug("objects in flight: %d -> %d (%.1f MB/s)", was, self.limit,
-                          self._bytes / elapsed / 1e6)
-        self._since, self._bytes, self._waiting = now, 0, False
 
     def _adapt(self, rate: float) -> None:
         below = self._below
@@ -120,8 +86,3 @@ class TunedObjects(Gate):
         self._below = None
         self._set(self.limit // 2)
         self._resting = self._probe_after
-
-    def _set(self, limit: int) -> None:
-        self.limit = min(max(limit, self.floor), self.ceiling)
-        self.peak = max(self.peak, self.limit)
-        self._wake()
