@@ -20,9 +20,14 @@ from .retry import RetryPolicy
 from .types import Capabilities, GiB, KiB, MiB
 
 __all__ = ["WORKERS_AUTO", "GiB", "KiB", "MiB", "StoreOptions", "SyncOptions", "available_cores",
-           "format_size", "parse_duration", "parse_size", "parse_workers", "workers_for"]
+           "format_size", "parse_concurrency", "parse_duration", "parse_size", "parse_workers",
+           "workers_for"]
 
 DEFAULT_CONCURRENCY = 128
+# --concurrency auto: objects in flight are tuned from what the run measures (limits.Limits),
+# never past this; connection pools are sized to it. Twice the default: a distant target's
+# round trips want more small objects in flight than a near one.
+AUTO_CONCURRENCY_CEILING = 256
 DEFAULT_PART_CONCURRENCY = 8
 DEFAULT_MEMORY_LIMIT = 1 * GiB
 MIN_PART_SIZE = 8 * MiB  # S3's floor is 5 MiB; 8 MiB keeps request overhead negligible
@@ -58,7 +63,9 @@ class StoreOptions:
 class SyncOptions:
     """Everything that shapes one sync. The CLI and the library build the same record."""
 
-    concurrency: int = DEFAULT_CONCURRENCY
+    # Objects (and requests) in flight at once; "auto": tuned during the run from its own
+    # measurements, up to AUTO_CONCURRENCY_CEILING (see ``in_flight``).
+    concurrency: int | Literal["auto"] = DEFAULT_CONCURRENCY
     # Parts of one object in flight at once. Many objects still move in parallel up to
     # ``concurrency``; measured against SeaweedFS on 2 cores, 8 parts of one 512 MiB object
     # upload in 3.9 s and 128 in 4.9 s (more parts only contend for the server's disk/CPU).
@@ -143,8 +150,11 @@ class SyncOptions:
             if not 0 <= self.shard[0] < self.shard[1]:
                 raise UsageError(f"--shard {self.shard[0]}/{self.shard[1]}: the index goes "
                                  "from 0 to count - 1 (as JOB_COMPLETION_INDEX)")
-        if self.concurrency < 1:
-            raise UsageError(f"--concurrency must be at least 1, got {self.concurrency}")
+        if self.concurrency != "auto" and not (
+                isinstance(self.concurrency, int) and not isinstance(self.concurrency, bool)
+                and self.concurrency >= 1):
+            raise UsageError(f"--concurrency must be at least 1 (or auto), got "
+                             f"{self.concurrency!r}")
         if self.part_concurrency < 1:
             raise UsageError(
                 f"--part-concurrency must be at least 1, got {self.part_concurrency}")
@@ -205,15 +215,26 @@ class SyncOptions:
                                  "decides alone what the target keeps, over all its "
                                  "checkpoints")
 
+    @property
+    def tuned(self) -> bool:
+        """Whether what is in flight is tuned during the run (``--concurrency auto``)."""
+        return self.concurrency == "auto"
+
+    @property
+    def in_flight(self) -> int:
+        """The most objects and requests in flight at once: ``--concurrency``, or auto's
+        ceiling."""
+        return AUTO_CONCURRENCY_CEILING if self.concurrency == "auto" else self.concurrency
+
     def store_options(self, side: Literal["source", "target"]) -> StoreOptions:
         """What the store of one side, opened from its address, is told."""
         given = self.source if side == "source" else self.target
         if given is None:
             return StoreOptions(endpoint_url=self.endpoint_url, profile=self.profile,
                                 client_cert=self.client_cert, client_key=self.client_key,
-                                max_connections=self.concurrency)
+                                max_connections=self.in_flight)
         if given.max_connections is None:
-            return dataclasses.replace(given, max_connections=self.concurrency)
+            return dataclasses.replace(given, max_connections=self.in_flight)
         return given
 
     def part_size_for(self, size: int, caps: Capabilities = S3_LIMITS) -> int:
@@ -266,6 +287,16 @@ def workers_for(workers: int | str, executor: str) -> int:
     if isinstance(workers, str):
         return parse_workers(workers)
     return workers
+
+
+def parse_concurrency(text: str) -> int | Literal["auto"]:
+    """``--concurrency``: objects and requests in flight (1 or more), or ``auto``."""
+    s = text.strip().lower()
+    if s == "auto":
+        return "auto"
+    if not s.isdigit() or int(s) < 1:
+        raise UsageError(f"--concurrency must be a number (1 or more) or auto, got {text!r}")
+    return int(s)
 
 
 def parse_workers(text: str) -> int:

@@ -10,6 +10,13 @@ import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING
+
+from .gate import Gate, MeteredGate
+from .object_slots import TUNED_OBJECTS_START, TUNED_PROBE_AFTER, FixedSlots, TunedObjects
+
+if TYPE_CHECKING:
+    from .config import SyncOptions
 
 
 class ByteBudget:
@@ -67,54 +74,7 @@ class ByteBudget:
             self.release(got)
 
 
-class _Gate:
-    """A semaphore whose ``limit`` may change while requests wait: FIFO, and correct under
-    cancellation, as ByteBudget. ``_waited()`` is told when a request had to wait."""
-
-    limit: int
-
-    def __init__(self) -> None:
-        self.busy = 0
-        self.most_busy = 0  # the most requests ever holding the gate at once
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    def _waited(self) -> None:
-        pass
-
-    async def acquire(self) -> None:
-        if not self._waiters and self.busy < self.limit:
-            self._enter()
-            return
-        self._waited()
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()  # granted just as we were cancelled: give it back
-            else:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(fut)
-            raise
-
-    def release(self) -> None:
-        self.busy -= 1
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiters and self.busy < self.limit:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                self._enter()
-                fut.set_result(None)
-
-    def _enter(self) -> None:
-        self.busy += 1
-        self.most_busy = max(self.most_busy, self.busy)
-
-
-class GoodputSlots(_Gate):
+class GoodputSlots(MeteredGate):
     """How many data-bearing requests are on the wire at once, found by measuring.
 
     More parts in flight help until the link, or the server, is full; past that they only
@@ -128,27 +88,25 @@ class GoodputSlots(_Gate):
     memory (before, a large upload peaked far above the parts it needed, for no more
     throughput). At that limit a plateau is held.
     ``throttled()`` (the store said slow down) halves it. ``peak`` is the most ever allowed.
-    FIFO, and correct under cancellation, as ByteBudget."""
+    FIFO, and correct under cancellation, as ByteBudget.
 
-    GROW, GAIN = 1.5, 1.10
+    Told what bounds the run (``bound_by``, the run's own verdict, bottleneck.py), it grows
+    no further while that is this client's CPU or the rate limits: more in flight cannot
+    help there, and costs memory. With ``probe_after`` (``--concurrency auto``) it climbs
+    from its baseline at once rather than waiting for the rate to rise at the same limit, and
+    a plateau held that many intervals is tried again a quarter higher (kept if it pays,
+    taken back if not): a long migration's source or target changes under it."""
+
+    GROW, GAIN, PROBE = 1.5, 1.10, 1.25
 
     def __init__(self, initial: int, ceiling: int, *, floor: int = 2, interval_s: float = 0.5,
+                 probe_after: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.ceiling = max(ceiling, 1)
-        self.floor = min(max(floor, 1), self.ceiling)
-        self.limit = min(max(initial, self.floor), self.ceiling)
-        self.peak = self.limit
-        super().__init__()
-        self._clock = clock
-        self._interval = interval_s
-        self._since = clock()
-        self._bytes = 0
-        self._waiting = False  # a request waited for a slot in this interval
+        super().__init__(initial, ceiling, floor=floor, interval_s=interval_s, clock=clock)
         self._best_rate = 0.0
         self._best_limit = self.limit
-
-    def _waited(self) -> None:
-        self._waiting = True
+        self._probe_after = probe_after
+        self._plateau = 0  # intervals held at the best limit since it last changed
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -158,26 +116,24 @@ class GoodputSlots(_Gate):
         finally:
             self.release()
 
-    def moved(self, nbytes: int) -> None:
-        """``nbytes`` were acknowledged: the measure the limit climbs by."""
-        self._bytes += nbytes
-        now = self._clock()
-        elapsed = now - self._since
-        if elapsed < self._interval:
-            return
-        if self._waiting:
-            self._adapt(self._bytes / elapsed)
-        self._since, self._bytes, self._waiting = now, 0, False
-
     def _adapt(self, rate: float) -> None:
         if not self._best_rate:  # the first interval (or the first after throttling) is the
             self._best_rate, self._best_limit = rate, self.limit  # baseline: it holds start-up
+            if self._probe_after is not None and not self._held:
+                self._set(math.ceil(self.limit * self.GROW))  # tuned: find out, from here
             return
         if rate > self._best_rate * self.GAIN:
             self._best_rate, self._best_limit = rate, self.limit
-            self._set(math.ceil(self.limit * self.GROW))
+            if not self._held:
+                self._set(math.ceil(self.limit * self.GROW))
         elif self.limit > self._best_limit:
             self._set(self._best_limit)
+        elif (self._probe_after is not None and not self._held
+              and self.limit < self.ceiling):
+            self._plateau += 1
+            if self._plateau >= self._probe_after:  # measured afresh: conditions change
+                self._best_rate, self._best_limit = rate, self.limit
+                self._set(math.ceil(self.limit * self.PROBE))
 
     def throttled(self) -> None:
         """The store asked us to slow down: half as many in flight, and measure afresh."""
@@ -185,12 +141,11 @@ class GoodputSlots(_Gate):
         self._best_rate, self._best_limit = 0.0, self.limit
 
     def _set(self, limit: int) -> None:
-        self.limit = min(max(limit, self.floor), self.ceiling)
-        self.peak = max(self.peak, self.limit)
-        self._wake()
+        self._plateau = 0
+        super()._set(limit)
 
 
-class AdaptiveLimit(_Gate):
+class AdaptiveLimit(Gate):
     """Requests in flight to one endpoint, cut when it throttles and grown back as requests
     succeed (AIMD, as TCP and botocore's adaptive mode do): a SlowDown or 429 halves the
     limit — once per ``cooldown_s``, so one burst of refusals is one cut, not a collapse to the
@@ -297,10 +252,20 @@ INITIAL_PARTS_IN_FLIGHT = 4
 
 
 class Limits:
-    """Shared by every task of a run."""
+    """Shared by every task of a run. ``tuned`` (``--concurrency auto``): the objects in
+    flight are found by measuring (``object_slots.TunedObjects``) up to ``concurrency``, and
+    the parts on the wire probe their plateau."""
 
-    def __init__(self, concurrency: int, memory_limit: int) -> None:
+    def __init__(self, concurrency: int, memory_limit: int, *, tuned: bool = False) -> None:
         self.requests = asyncio.Semaphore(concurrency)
         self.memory = ByteBudget(memory_limit)
-        self.parts = GoodputSlots(min(INITIAL_PARTS_IN_FLIGHT, concurrency), concurrency)
+        self.parts = GoodputSlots(min(INITIAL_PARTS_IN_FLIGHT, concurrency), concurrency,
+                                  probe_after=TUNED_PROBE_AFTER if tuned else None)
+        self.objects: TunedObjects | FixedSlots = (
+            TunedObjects(TUNED_OBJECTS_START, concurrency) if tuned else FixedSlots(concurrency))
         self.buffers = BufferPool(keep=INITIAL_PARTS_IN_FLIGHT * 2)
+        self.tuned = tuned
+
+    @classmethod
+    def for_options(cls, options: SyncOptions) -> Limits:
+        return cls(options.in_flight, options.memory_limit, tuned=options.tuned)

@@ -66,6 +66,25 @@ class ObjectFailure:
 
 
 @dataclass(frozen=True, slots=True)
+class SettledConcurrency:
+    """``--concurrency auto``: what a run's tuning settled on (the limits at its end) and the
+    most each was allowed (``limits.GoodputSlots``)."""
+
+    objects: int  # objects in flight at once
+    objects_peak: int
+    parts: int  # data-bearing requests (parts, large objects) on the wire at once
+    parts_peak: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"objects": self.objects, "objects_peak": self.objects_peak,
+                "parts": self.parts, "parts_peak": self.parts_peak}
+
+    def describe(self) -> str:
+        return (f"--concurrency auto settled on {self.objects} objects and {self.parts} parts "
+                f"in flight (at most {self.objects_peak} and {self.parts_peak})")
+
+
+@dataclass(frozen=True, slots=True)
 class RunTotals:
     """What a run knows of itself at its end, beyond its events: handed to the report's
     builder (``events.StatsCollector.finish``), the one place a report is filled in."""
@@ -87,6 +106,7 @@ class RunTotals:
     retried_tasks: tuple[str, ...] = ()
     limited_by: LimitedBy | None = None
     deferred_until: float | None = None
+    concurrency: SettledConcurrency | None = None
 
 
 @dataclass
@@ -145,6 +165,8 @@ class SyncReport:
     # What bounded the throughput, judged from what the run measured (bottleneck.py); None
     # for a dry run
     limited_by: LimitedBy | None = None
+    # --concurrency auto: what the tuning settled on; None for a fixed --concurrency
+    concurrency: SettledConcurrency | None = None
     failures: list[ObjectFailure] = field(default_factory=list)  # the first MAX_LISTED_FAILURES
     deferred: list[tuple[str, str]] = field(default_factory=list)  # (key, why), the first 1000
     objects: list[ObjectResult] = field(default_factory=list)  # the first MAX_LISTED_OBJECTS
@@ -197,6 +219,7 @@ class SyncReport:
         d["failures"] = [f.to_dict() for f in self.failures]
         d["deferred"] = [{"key": k, "reason": why} for k, why in self.deferred]
         d["limited_by"] = self.limited_by.to_dict() if self.limited_by is not None else None
+        d["concurrency"] = self.concurrency.to_dict() if self.concurrency is not None else None
         d["bytes_transferred"] = self.bytes_transferred
         d["throughput_bps"] = round(self.throughput_bps, 1)
         ratio = self.sent_per_changed

@@ -15,12 +15,14 @@ import click
 from .. import run_blocking, tune_process
 from .._version import __version__
 from ..config import (
+    AUTO_CONCURRENCY_CEILING,
     CHUNKERS,
     DEFAULT_CONCURRENCY,
     DEFAULT_PART_CONCURRENCY,
     DELTA_SCOPES,
     SyncOptions,
     format_size,
+    parse_concurrency,
     parse_duration,
     parse_size,
     parse_workers,
@@ -91,6 +93,7 @@ SIZE = _Parsed("size", parse_size, int)
 DURATION = _Parsed("duration", parse_duration, float)
 RATE = _Parsed("rate", _rate)
 ADDR = _Parsed("host:port", _addr, tuple)
+CONCURRENCY = _Parsed("concurrency", parse_concurrency, int)
 WORKERS = _Parsed("workers", lambda text: "auto" if text.strip().lower() == "auto"
                   else parse_workers(text), int)  # auto: resolved with --executor
 
@@ -113,9 +116,11 @@ def _client_cert(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _sync_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
-        click.option("--concurrency", "-c", type=click.IntRange(min=1),
+        click.option("--concurrency", "-c", type=CONCURRENCY, metavar="N|auto",
                      default=DEFAULT_CONCURRENCY, show_default=True,
-                     help="Requests in flight."),
+                     help="Objects and requests in flight. auto: tuned during the run from "
+                          f"what it measures (up to {AUTO_CONCURRENCY_CEILING}); the report "
+                          "says what it settled on."),
         click.option("--part-concurrency", type=click.IntRange(min=1),
                      default=DEFAULT_PART_CONCURRENCY, show_default=True,
                      help="Parts of one large object in flight at once."),
@@ -333,7 +338,7 @@ def verify(dst: str, manifests: tuple[str, ...], endpoint_url: str | None, profi
                     raise UsageError(f"{store.url}: no manifest found for this target "
                                      "(sync to it first, or give --manifest)")
                 checked, problems = 0, []
-                limits = Limits(options.concurrency, options.memory_limit)
+                limits = Limits.for_options(options)
                 for path in paths:
                     pair = pair_of(path)
                     if pair is None:

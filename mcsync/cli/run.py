@@ -53,7 +53,9 @@ Exit codes:
        by SIGTERM/SIGINT ends with 0)
   1    some objects failed (listed; the rest were committed)
   2    usage or configuration error (bad URL, missing bucket, bad credentials,
-       unwritable target); nothing moved. Also: --workers that cannot start
+       unwritable target, --keep-last with no checkpoint under SRC); nothing
+       moved. Also: --workers that cannot start, 3 in a row (what moved before
+       is recorded; the same command resumes)
   3    another run holds the lock (or the manifest)
   4    --latest-checkpoint found no complete checkpoint under SRC; nothing
        moved
@@ -165,6 +167,8 @@ def run_command(src: str, dst: str, options: SyncOptions, out: Output, seams: Se
         click.echo(summary(result), err=True)
         if result.limited_by is not None and result.limited_by.verdict != "none":
             click.echo(f"mcsync: {result.limited_by.describe()}", err=True)
+        if result.concurrency is not None:
+            click.echo(f"mcsync: {result.concurrency.describe()}", err=True)
     if result.interrupted:
         click.echo("mcsync: interrupted: state saved; run the same command again to resume",
                    err=True)

@@ -22,6 +22,7 @@ from ..events import (
 )
 from ..move.context import RunContext
 from ..move.dispatch import Dispatch, Outcome, kind_of
+from ..object_slots import OBJECT_WORK
 from ..records import Action, ManifestEntry, Pair, split_digests
 from ..state.holdings import ManifestHoldings
 from ..state.manifest import Manifest, entry_for
@@ -62,8 +63,9 @@ class Driver:
         self.holdings = holdings
         self.completion = completion
         self.workers = workers
-        # Objects in motion at once; their parts share the requests limit beneath.
-        self.objects = asyncio.Semaphore(self.options.concurrency)
+        # Objects in motion at once (tuned with --concurrency auto); their parts share the
+        # requests limit beneath.
+        self.objects = ctx.limits.objects
         self.interrupted = False
         # Objects of this run that failed, each told by this driver (every ObjectFailed before
         # the markers and deletes is): a failure holds the markers and deletes back.
@@ -280,7 +282,9 @@ class Driver:
 
     async def _execute(self, action: Action) -> None:
         try:
-            self.commit(await self.dispatch.run(action))
+            outcome = await self.dispatch.run(action)
+            self.commit(outcome)
+            self.objects.moved(action.size + OBJECT_WORK)
         finally:
             self.objects.release()
 

@@ -38,9 +38,10 @@ from ..events import (
 from ..limits import Limits
 from ..move.context import RunContext
 from ..move.dispatch import Dispatch
+from ..object_slots import TUNED_INTERVAL_S
 from ..observe.clocks import Meter
 from ..ratelimit import limits_share
-from ..report import RunTotals, SyncReport
+from ..report import RunTotals, SettledConcurrency, SyncReport
 from ..retry import RetryPolicy, retrying
 from ..scale.worker_runner import Addresses
 from ..scale.workers import Workers, refuse_in_a_starting_worker
@@ -216,7 +217,7 @@ async def _run_with_manifest(src: ReadStore, dst: Store, options: SyncOptions,
     def attempt() -> Awaitable[SyncReport]:
         # Each attempt is a run of its own: its report, limits and workers fresh.
         stats = StatsCollector(src.url, dst.url, options.dry_run)
-        ctx = RunContext(src, dst, options, Limits(options.concurrency, options.memory_limit),
+        ctx = RunContext(src, dst, options, Limits.for_options(options),
                          FanOut([stats, sink or NullSink()]).emit, stop)
         return _Run(ctx, stats, manifest, look=look, addresses=addresses,
                     chosen=chosen, retention=retention).run(listing)
@@ -320,6 +321,8 @@ class _Run:
         self.pacing.listeners.append(self._throttled)
         watchdog = asyncio.create_task(self._watchdog(main)) if main else None
         judging = asyncio.create_task(self._judge_every(BOTTLENECK_EVERY_S))
+        tuning = (asyncio.create_task(self._tune_every(TUNED_INTERVAL_S))
+                  if self.limits.tuned else None)
         keeper = self.keeper
         uploader = asyncio.create_task(keeper.refresh()) if keeper else None
         try:
@@ -352,7 +355,7 @@ class _Run:
             self.interrupted = True
         finally:
             self.pacing.listeners.remove(self._throttled)
-            await cancel_and_wait(watchdog, uploader, judging)
+            await cancel_and_wait(watchdog, uploader, judging, tuning)
             if self.workers is not None:
                 await self.workers.aclose()
             deletes.close()
@@ -382,7 +385,8 @@ class _Run:
             tasks=w.tasks if w else 0, tasks_retried=w.tasks_retried if w else 0,
             retried_tasks=tuple(w.retried) if w else (),
             deferred_until=self.driver.completion.young_until,
-            limited_by=None if self.options.dry_run else judge(self._timings(meter))))
+            limited_by=None if self.options.dry_run else judge(self._timings(meter)),
+            concurrency=self._settled()))
         if keeper is not None and self.manifest is not None:
             self.manifest.finish_run(run_id, "interrupted" if report.interrupted else
                                      ("failed" if report.objects_failed else "ok"),
@@ -406,8 +410,10 @@ class _Run:
             then.close()
 
     def _throttled(self, store: str, operation: str, limit: int) -> None:
-        """A store said slow down: fewer parts on the wire too, and the report hears of it."""
+        """A store said slow down: fewer parts (and, tuned, objects) on the wire too, and the
+        report hears of it."""
         self.limits.parts.throttled()
+        self.limits.objects.throttled()
         self.emit(RequestThrottled(store, operation, limit))
 
     async def _sweep_leftovers(self, started: float) -> None:
@@ -443,6 +449,26 @@ class _Run:
             return t
         spent = w.spent if since is None else w.spent.since(since)
         return with_workers(t, spent, w.size, socket.gethostname(), cpu=since is None)
+
+    async def _tune_every(self, seconds: float) -> None:
+        """--concurrency auto: what bounds the run, judged over each last ``seconds``, told to
+        the limits that tune themselves (they grow no further where more in flight cannot
+        help)."""
+        while True:
+            meter = Meter(*self.pacing.timings())
+            workers = self.workers.spent if self.workers is not None else WorkersSpent()
+            await asyncio.sleep(seconds)
+            found = judge(self._timings(meter, since=workers))
+            if found.verdict != "none":
+                self.limits.objects.bound_by(found.verdict)
+                self.limits.parts.bound_by(found.verdict)
+
+    def _settled(self) -> SettledConcurrency | None:
+        limits = self.limits
+        if not limits.tuned:
+            return None
+        return SettledConcurrency(limits.objects.limit, limits.objects.peak, limits.parts.limit,
+                                  limits.parts.peak)
 
     async def _watchdog(self, main: asyncio.Task[Any]) -> None:
         await self.stop.wait()

@@ -64,7 +64,7 @@ def worker_options(options: SyncOptions, n: int) -> SyncOptions:
     itself), and ``--tpslimit`` / ``--bwlimit`` (each rate of a timetable) split N ways too
     (the driver paces itself at a share as well: ``ratelimit.limits_share``)."""
     return dataclasses.replace(
-        limits_share(options, n), workers=0, concurrency=max(1, -(-options.concurrency // n)),
+        limits_share(options, n), workers=0, concurrency=max(1, -(-options.in_flight // n)),
         memory_limit=max(options.memory_limit // n, 5 * MiB))
 
 
@@ -135,7 +135,7 @@ class TaskRunner:
                         self.pacing)
         self.stores = [src, dst]
         assert isinstance(dst, Store)
-        limits = Limits(self.options.concurrency, self.options.memory_limit)
+        limits = Limits.for_options(self.options)
         self.parts = WorkerParts(src, dst, limits)
         self.hashes = WorkerHashes(src, limits)
         ctx = RunContext(src, dst, self.options, limits, self._emit, asyncio.Event())

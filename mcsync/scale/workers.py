@@ -157,7 +157,7 @@ class Workers:
         self.stop = stop
         # A task holds enough objects to keep its worker's requests busy.
         self.share = worker_options(options, pool.size)  # for the tasks' deadlines
-        self.task_objects = max(TASK_OBJECTS, self.share.concurrency)
+        self.task_objects = max(TASK_OBJECTS, self.share.in_flight)
         # Actions handed to workers and not yet come back, at most: the driver waits for room.
         self.room = asyncio.Semaphore(pool.size * TASKS_AHEAD * self.task_objects)
         self._batcher: Batcher[Action, Outcome] = Batcher(

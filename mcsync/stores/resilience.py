@@ -84,7 +84,7 @@ class Pacing:
 
         tps = TokenBucket(options.tps_limit) if options.tps_limit else None
         bandwidth = Bandwidth(Timetable.parse(options.bw_limit)) if options.bw_limit else None
-        return cls(concurrency=options.concurrency, tps=tps, bandwidth=bandwidth)
+        return cls(concurrency=options.in_flight, tps=tps, bandwidth=bandwidth)
 
     def limit_for(self, url: str) -> AdaptiveLimit:
         """The requests-in-flight limit of the endpoint (one per store)."""

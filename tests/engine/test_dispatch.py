@@ -46,7 +46,7 @@ def _dispatch(src: Any, dst: Any, journal: Journal, events: list[Event],
               open_uploads: dict[str, OpenUpload] | None = None,
               stop: asyncio.Event | None = None) -> Dispatch:
     options = SyncOptions(part_size=PART, part_concurrency=1)
-    ctx = RunContext(src, dst, options, Limits(options.concurrency, options.memory_limit),
+    ctx = RunContext(src, dst, options, Limits.for_options(options),
                      events.append, stop or asyncio.Event())
     return Dispatch(ctx, journal=journal, known=None, open_uploads=dict(open_uploads or {}))
 

@@ -51,6 +51,23 @@ def test_workers_auto_is_the_cores_this_process_may_run_on():
             parse_workers(bad)
 
 
+def test_concurrency_is_a_number_or_auto_whose_ceiling_sizes_the_pools():
+    from mcsync.config import AUTO_CONCURRENCY_CEILING, parse_concurrency
+
+    assert parse_concurrency(" AUTO ") == "auto" and parse_concurrency("12") == 12
+    for bad in ("0", "-2", "fast", "", "1.5"):
+        with pytest.raises(UsageError, match="--concurrency"):
+            parse_concurrency(bad)
+    auto = SyncOptions(concurrency="auto")
+    assert auto.tuned and auto.in_flight == AUTO_CONCURRENCY_CEILING
+    assert auto.store_options("target").max_connections == AUTO_CONCURRENCY_CEILING
+    fixed = SyncOptions(concurrency=12)
+    assert not fixed.tuned and fixed.in_flight == 12
+    for bad_value in (0, "fast", 2.5, True):
+        with pytest.raises(UsageError, match="--concurrency"):
+            SyncOptions(concurrency=bad_value)  # type: ignore[arg-type]
+
+
 def test_workers_take_the_limits_as_the_runs_total():
     assert SyncOptions(workers=4).workers == 4
     for limit in ({"tps_limit": 100.0}, {"bw_limit": "50MiB"}):

@@ -233,3 +233,43 @@ def test_a_buffer_whose_borrower_failed_is_never_lent_again():
     with pool.lent(MIB) as after:
         assert after is not first
     assert pool.kept == MIB  # the one that came back; the dropped one is not kept
+
+
+def test_tuned_parts_climb_from_the_baseline_at_once_and_step_back_when_it_stops_paying():
+    from mcsync.limits import GoodputSlots
+
+    clock = FakeClock()
+    slots = GoodputSlots(16, 256, floor=4, interval_s=1.0, probe_after=8, clock=clock)
+    # the baseline at 16 is tried 1.5x higher at once; 24 paid (+50%), 36 did not (+7%)
+    assert limits_after(slots, clock, (100, 150, 160)) == [24, 36, 24]
+    assert slots.peak == 36
+
+
+def test_tuned_parts_try_a_plateau_higher_after_a_while_and_keep_it_if_it_pays():
+    from mcsync.limits import GoodputSlots
+
+    clock = FakeClock()
+    slots = GoodputSlots(16, 256, floor=4, interval_s=1.0, probe_after=8, clock=clock)
+    assert limits_after(slots, clock, (100, 104)) == [24, 16]  # 24 gave nothing: held at 16
+    # seven intervals held, the eighth tries 20; the target got faster meanwhile: 20 pays,
+    # so it climbs on (x1.5)
+    assert limits_after(slots, clock, [100] * 7) == [16] * 7
+    assert limits_after(slots, clock, (101, 130)) == [20, 30]
+    assert limits_after(slots, clock, (131,)) == [20]  # 30 gave no more than 20: back
+    # a plateau's probe that does not pay is taken back too
+    assert limits_after(slots, clock, [130] * 8) == [20] * 7 + [25]
+    assert limits_after(slots, clock, (129,)) == [20]
+
+
+def test_tuned_parts_grow_no_further_while_the_client_or_a_rate_limit_bounds_the_run():
+    from mcsync.limits import GoodputSlots
+
+    clock = FakeClock()
+    slots = GoodputSlots(16, 256, floor=4, interval_s=1.0, probe_after=2, clock=clock)
+    slots.bound_by("client")
+    # no climb from the baseline, none on a rising rate, no probe on a plateau
+    assert limits_after(slots, clock, (100, 150, 150, 150, 150)) == [16] * 5
+    slots.bound_by("bwlimit")
+    assert limits_after(slots, clock, (200, 200, 200)) == [16] * 3
+    slots.bound_by("target")  # waiting on the target again: more in flight may help
+    assert limits_after(slots, clock, (250,)) == [24]
