@@ -46,14 +46,14 @@ async def _keys(fanout: Fanout, prefix: str) -> list[str]:
         return [c["Key"] async for c in listing]
 
 
-def _store_keys(ep: S3Endpoint, bucket: str) -> list[str]:
-    """The keys of ``S3Store.list`` of the whole bucket."""
+def _store_keys(ep: S3Endpoint, bucket: str) -> tuple[list[str], bool]:
+    """The keys of ``S3Store.list`` of the whole bucket, and whether botocore was started."""
 
-    async def go() -> list[str]:
+    async def go() -> tuple[list[str], bool]:
         store = _store(ep, bucket, "")
         try:
             async with contextlib.aclosing(store.list()) as listing:
-                return [o.key async for o in listing]
+                return [o.key async for o in listing], store._clients._botocore is not None
         finally:
             await store.aclose()
 
@@ -138,16 +138,18 @@ def test_read_ahead_holds_a_bounded_count_of_pages(tree: tuple[S3Endpoint, str])
 
 def test_a_store_listing_asks_for_several_prefixes_at_once(moto: S3Endpoint) -> None:
     """Through the fault proxy holding every answer 50 ms: a sequential listing's requests
-    arrive at least 50 ms apart; the fan-out's come closer. Every key once, in order."""
+    arrive at least 50 ms apart; the fan-out's come closer. Every key once, in order, and
+    botocore never started (the levels go by the CRT)."""
     bucket = new_bucket(moto)
     client = moto.client()
     keys = [f"d{j:02d}/k{i:03d}" for j in range(6) for i in range(250)]
     for key in keys:
         client.put_object(Bucket=bucket, Key=key, Body=b"")
     with FaultProxy(moto, [Rule(Stall(0.05), op="ListObjectsV2")]).running() as proxy:
-        got = _store_keys(proxy.endpoint, bucket)
+        got, botocore = _store_keys(proxy.endpoint, bucket)
         lists = sorted(e.t for e in proxy.exchanges("ListObjectsV2"))
     assert got == keys
+    assert not botocore, "the levels are the CRT's to list, to an endpoint given"
     gaps = [b - a for a, b in itertools.pairwise(lists)]
     assert min(gaps) < 0.04, f"listing requests one after another: {gaps}"
     # A first page (d00/ to d03/), the level after it, the rest of d03/ (nothing), d04/, d05/
@@ -161,7 +163,7 @@ def test_a_listing_of_one_page_asks_once(moto: S3Endpoint) -> None:
     for key in ("a/1", "b/2", "c"):
         client.put_object(Bucket=bucket, Key=key, Body=b"")
     with FaultProxy(moto).running() as proxy:
-        assert _store_keys(proxy.endpoint, bucket) == ["a/1", "b/2", "c"]
+        assert _store_keys(proxy.endpoint, bucket) == (["a/1", "b/2", "c"], False)
         assert len(proxy.exchanges("ListObjectsV2")) == 1
 
 
