@@ -4,13 +4,13 @@
   client CPU per request (the CRT's GETs and PUTs were slower). It refuses keys it cannot
   spell ("a//b", "x/../y"): those requests, and a listing from the page that holds one, go by
   botocore.
-- the AWS CRT sends CopyObject and the multipart upload requests to an explicit endpoint with
-  keys (``crt_client``): a run that uploads, copies or composes a delta never starts botocore.
+- the AWS CRT sends CopyObject, the multipart upload requests and a listing's levels delimited
+  by "/" (``level_pages``) to an explicit endpoint with keys (``crt_client``): a run that
+  uploads, copies, composes a delta or fans a listing out never starts botocore.
   A body that must be SHA-256-signed (plain HTTP across a network) stays with botocore: the
   CRT's S3 signer sends UNSIGNED-PAYLOAD.
 - botocore sends the rest: what needs AWS's endpoint rules (no endpoint given), anonymous
-  access, listings of open uploads, the directory-by-directory listing, and what obstore
-  cannot spell.
+  access, listings of open uploads, and what obstore cannot spell.
 
 With a client certificate (mutual TLS over https) obstore, which cannot present one, sends
 nothing: its requests (listings, GET, HEAD, whole PUT, DELETE, and the check's) go by botocore,
