@@ -86,8 +86,9 @@ class S3Store:
         client_key: str | None = None,
     ) -> None:
         """``ca_bundle``: a PEM file of the CAs an https endpoint's certificate may chain
-        to (a private CA), trusted by every client. ``crt``: CopyObject and the multipart
-        upload requests to an explicit endpoint go through the CRT (``s3_crt``); False:
+        to (a private CA), trusted by every client. ``crt``: CopyObject, the multipart
+        upload requests and a listing's delimited levels to an explicit endpoint go through
+        the CRT (``s3_crt``); False:
         through botocore, as they do without an endpoint or keys. ``client_cert`` and
         ``client_key``: PEM files of a certificate and its key that every request over
         https presents (mutual TLS; the key may be in the certificate's file), checked

@@ -31,9 +31,10 @@ TREE = [
 ]
 
 
-def _store(ep: S3Endpoint, bucket: str, prefix: str) -> S3Store:
+def _store(ep: S3Endpoint, bucket: str, prefix: str, *, crt: bool = True) -> S3Store:
     return S3Store(scheme="s3", bucket=bucket, prefix=prefix, endpoint_url=ep.url,
-                   region=ep.region, credentials=S3Credentials(ep.access_key, ep.secret_key))
+                   region=ep.region, credentials=S3Credentials(ep.access_key, ep.secret_key),
+                   crt=crt)
 
 
 def _fanout(clients: S3Clients, page: int, **kw: Any) -> Fanout:
@@ -75,15 +76,17 @@ def tree(moto: S3Endpoint) -> tuple[S3Endpoint, str]:
     return moto, bucket
 
 
-@pytest.mark.parametrize("page", [1, 4, 25, 1000])
+@pytest.mark.parametrize(("page", "crt"), [(1, True), (4, True), (25, True), (1000, True),
+                                          (4, False)], ids=["1", "4", "25", "1000", "4-botocore"])
 @pytest.mark.parametrize("in_flight", [1, 3, 8])
 @pytest.mark.parametrize("root", ["", "r/", "r/a/", "r/huge/", "r/empty/", "r/nothing/"])
 def test_fanned_out_listing_is_the_flat_listing(tree: tuple[S3Endpoint, str], root: str,
-                                                page: int, in_flight: int) -> None:
+                                                page: int, crt: bool, in_flight: int) -> None:
+    """Each level's names by the CRT, or by botocore (a store without the CRT)."""
     ep, bucket = tree
 
     async def go() -> tuple[list[str], list[str]]:
-        store = _store(ep, bucket, root)
+        store = _store(ep, bucket, root, crt=crt)
         try:
             clients = store._clients
             return (await _keys(_fanout(clients, page, in_flight=in_flight), root),
