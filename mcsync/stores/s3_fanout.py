@@ -11,8 +11,9 @@ each prefix replaced by its own flat listing, are the flat listing. The prefixes
 ahead of the one being handed on, each in its own task through a queue of a few pages.
 
 A listing that fits one page costs what it did (the first page is the flat listing's own); a
-longer one costs one or two delimited requests more, and botocore's client (obstore's delimited
-listing is one answer however large: a level of a million files would be held whole).
+longer one costs a delimited request a level walked, and one for the rest of the prefix the
+first page ended in. The levels come a page at a time (the caller's CRT or botocore: obstore's
+delimited listing is one answer however large, a level of a million files held whole).
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ class Fanout:
     async def list(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
         """Every object under ``prefix`` (a full key prefix) in byte order, as ``Contents``."""
         # A page's worth of the flat listing first: a listing that ends within it costs what it
-        # did, and asks botocore nothing. (Counted in keys, not chunks: a short chunk need not
-        # be the last.)
+        # did, and asks for no level. (Counted in keys, not chunks: a short chunk need not be
+        # the last.)
         last = ""
         listed = 0
         async with contextlib.aclosing(self.flat_pages(prefix, "")) as flat:
@@ -98,12 +99,6 @@ class Fanout:
                 return
             async for c in self._fan(_entries(names, pages, after, inside), after, inside):
                 yield c
-
-    async def _flat(self, prefix: str, after: str) -> AsyncIterator[dict[str, Any]]:
-        async with contextlib.aclosing(self.flat_pages(prefix, after)) as flat:
-            async for page in flat:
-                for c in page:
-                    yield c
 
     async def _fan(self, entries: AsyncGenerator[dict[str, Any] | str], after: str,
                    inside: str | None) -> AsyncIterator[dict[str, Any]]:
