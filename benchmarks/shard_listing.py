@@ -10,6 +10,10 @@ target costs no request. Each run is a child process measured as the other bench
 
     .venv/bin/python benchmarks/shard_listing.py                  # 100k keys, 1 and 8 shards
     .venv/bin/python benchmarks/shard_listing.py --keys 100000 --shards 1,8 --repeat 3
+    .venv/bin/python benchmarks/shard_listing.py --rtt-ms 50   # every answer held 50 ms
+
+"listing s" is the span the proxy saw the listing requests over: the first's arrival to the
+last's, plus the held answer (``--rtt-ms``) of the last.
 
 Everything listens on 127.0.0.1.
 """
@@ -30,7 +34,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # testbed/: not insta
 from bench_measure import run_measured
 from scale import env_for, mcsync_exe
 
-from testbed.faultproxy import FaultProxy
+from testbed.faultproxy import FaultProxy, Rule, Stall
 from testbed.servers import S3Endpoint
 from testbed.synthetic import synthetic_server
 
@@ -40,21 +44,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--shards", default="1,8", help="shard counts, comma-separated")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rtt-ms", type=float, default=0.0,
+                        help="hold every answer back so long at the proxy (a remote S3)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="mcsync-shard-listing-"))
     logs, empty = work / "logs", work / "empty"
     logs.mkdir()
-    print("| keys | shards | shard | requests | wall s, median (range) | CPU s, median |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| keys | RTT ms | shards | shard | requests | listing s, median (range) "
+          "| wall s, median (range) | CPU s, median |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rtt = [Rule(Stall(args.rtt_ms / 1000), name="rtt")] if args.rtt_ms else []
     try:
         with synthetic_server(args.keys, log_path=logs / "syn.log") as syn, FaultProxy(
-                S3Endpoint(syn.url, syn.access_key, syn.secret_key)).running() as proxy:
+                S3Endpoint(syn.url, syn.access_key, syn.secret_key), rtt).running() as proxy:
             env = env_for({**syn.meta_env(), "MCSYNC_META_ENDPOINT_URL": proxy.url},
                           work / "state")
             for count in (int(n) for n in args.shards.split(",")):
                 for index in range(count):
                     shard = ["--shard", f"{index}/{count}"] if count > 1 else []
-                    walls, cpus, requests = [], [], []
+                    walls, cpus, requests, spans = [], [], [], []
                     for n in range(args.repeat):
                         shutil.rmtree(empty, ignore_errors=True)
                         seen = len(proxy.exchanges())
@@ -67,14 +75,19 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"shard {index}/{count}: exit {r.returncode}, see {logs}",
                                   file=sys.stderr)
                             return 1
-                        ops = Counter(e.op for e in proxy.exchanges()[seen:])
+                        new = proxy.exchanges()[seen:]
+                        ops = Counter(e.op for e in new)
+                        lists = [e.t for e in new if e.op == "ListObjectsV2"]
+                        spans.append(max(lists) - min(lists) + args.rtt_ms / 1000)
                         walls.append(r.wall_s)
                         cpus.append(r.cpu_s)
                         requests.append(sum(ops.values()))
                         print(f"  {index}/{count} #{n + 1}: {r.wall_s:.2f} s, {dict(ops)}",
                               file=sys.stderr)
-                    print(f"| {args.keys} | {count} | {index} | {statistics.median(requests):.0f}"
-                          f" ({min(requests)}-{max(requests)}) | "
+                    print(f"| {args.keys} | {args.rtt_ms:g} | {count} | {index} | "
+                          f"{statistics.median(requests):.0f} ({min(requests)}-{max(requests)})"
+                          f" | {statistics.median(spans):.2f} ({min(spans):.2f}-{max(spans):.2f})"
+                          " | "
                           f"{statistics.median(walls):.2f} ({min(walls):.2f}-{max(walls):.2f})"
                           f" | {statistics.median(cpus):.2f} |", flush=True)
     finally:

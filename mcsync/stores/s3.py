@@ -44,6 +44,7 @@ from .base import CheckMode, ReadStore
 from .obstore_body import fill, pieces, whole
 from .s3_body import S3CopySource, botocore_body, unquote_etag
 from .s3_clients import ClientCert
+from .s3_fanout import Fanout
 from .s3_keys import S3Credentials
 from .s3_listing import tree_walk
 from .s3_store_clients import S3Clients
@@ -85,8 +86,9 @@ class S3Store:
         client_key: str | None = None,
     ) -> None:
         """``ca_bundle``: a PEM file of the CAs an https endpoint's certificate may chain
-        to (a private CA), trusted by every client. ``crt``: CopyObject and the multipart
-        upload requests to an explicit endpoint go through the CRT (``s3_crt``); False:
+        to (a private CA), trusted by every client. ``crt``: CopyObject, the multipart
+        upload requests and a listing's delimited levels to an explicit endpoint go through
+        the CRT (``s3_crt``); False:
         through botocore, as they do without an endpoint or keys. ``client_cert`` and
         ``client_key``: PEM files of a certificate and its key that every request over
         https presents (mutual TLS; the key may be in the certificate's file), checked
@@ -196,12 +198,17 @@ class S3Store:
         S3 lists a flat, recursive listing in that order; some S3-compatibles (SeaweedFS among
         them) walk their directory tree instead and put ``a/b`` before ``a-b``. Such an endpoint
         is listed directory by directory (``s3_listing.tree_walk``), ordered by construction.
-        Which one an endpoint needs is found out by ``check`` and, failing that, by the first
-        out-of-order key (the engine then starts again)."""
+        Otherwise the flat listing is fanned out over the prefixes (``s3_fanout``): several
+        prefixes' pages requested at once, in the same order. Which one an endpoint needs is
+        found out by ``check`` and, failing that, by the first out-of-order key (the engine
+        then starts again)."""
         if self._tree_listing:
             walk = tree_walk(self._clients.level_pages, self.prefix)
         else:
-            walk = self._clients.list_flat(self.prefix)
+            clients = self._clients
+            walk = Fanout(lambda prefix, after: clients.list_pages(prefix, after=after),
+                          lambda prefix, after: clients.level_pages(prefix, after=after)
+                          ).list(self.prefix)
         cut = len(self.prefix)
         last = ""
         async for c in walk:

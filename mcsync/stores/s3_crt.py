@@ -1,6 +1,6 @@
 """S3 requests through the AWS Common Runtime (``awscrt``'s S3 client), to an explicit endpoint:
-CopyObject and the multipart upload API (create, UploadPart, UploadPartCopy, ListParts,
-complete, abort).
+CopyObject, the multipart upload API (create, UploadPart, UploadPartCopy, ListParts,
+complete, abort) and a listing delimited by "/" (a page at a time, which obstore cannot).
 
 What these requests cost the client is the start of what sends them and its CPU per request:
 the CRT is C, quick to import and light per request, where aiobotocore imports aiohttp and
@@ -20,8 +20,9 @@ import contextlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote_plus, urlsplit
 
 from ..errors import Permanent, Transient
 from ..retry import RetryPolicy
@@ -65,8 +66,12 @@ class Endpoint:
         return cls(parts.netloc, parts.scheme == "https", settings.path_style,
                    parts.path.rstrip("/"))
 
-    def target(self, bucket: str, key: str) -> tuple[str, str]:
-        """(Host header, path) of ``key`` in ``bucket``: keys encoded as botocore does."""
+    def target(self, bucket: str, key: str | None) -> tuple[str, str]:
+        """(Host header, path) of ``key`` in ``bucket`` (None: the bucket itself): keys
+        encoded as botocore does."""
+        if key is None:
+            return ((self.host, f"{self.base}/{bucket}") if self.path_style
+                    else (f"{bucket}.{self.host}", f"{self.base}/"))
         if self.path_style:
             return self.host, f"{self.base}/{bucket}/{quote(key, safe='/~')}"
         return f"{bucket}.{self.host}", f"{self.base}/{quote(key, safe='/~')}"
@@ -157,10 +162,12 @@ class CrtClient:
             self._signed_with = (creds, provider)
         return self._signed_with[1]
 
-    async def request(self, method: str, bucket: str, key: str, what: str, *, operation: str,
+    async def request(self, method: str, bucket: str, key: str | None, what: str, *,
+                      operation: str,
                       query: str = "", headers: Sequence[tuple[str, str]] = (),
                       body: Buffer | None = None) -> Response:
-        """One request for ``key`` of ``bucket`` (``query`` without its "?"); the 2xx answer.
+        """One request for ``key`` of ``bucket`` (None: of the bucket; ``query`` without its
+        "?"); the 2xx answer.
         An S3 error answer raises ``S3Answered``, the CRT's own errors mcsync's (``what``
         names the object). Returns only once the CRT is done with ``body``, even when
         cancelled."""
@@ -287,10 +294,62 @@ class CrtClient:
         await self.request("DELETE", bucket, key, what, operation="AbortMultipartUpload",
                            query=f"uploadId={_q(upload_id)}")
 
+    async def list_level(self, bucket: str, prefix: str, *, after: str, token: str,
+                         page: int, what: str) -> dict[str, Any]:
+        """One ListObjectsV2 page under ``prefix`` delimited by "/", from the first name after
+        ``after`` or from the continuation ``token``, as botocore's: ``Contents`` (Key, Size,
+        ETag, LastModified), ``CommonPrefixes``, ``IsTruncated``,
+        ``NextContinuationToken``."""
+        asked = [("list-type", "2"), ("delimiter", "/"), ("encoding-type", "url"),
+                 ("max-keys", str(page)), ("prefix", prefix)]
+        asked.append(("continuation-token", token) if token else ("start-after", after))
+        query = "&".join(f"{name}={_q(value)}" for name, value in asked if value)
+        r = await self.request("GET", bucket, None, what, operation="ListObjectsV2",
+                               query=query)
+        if b"<Error>" in r.body:
+            raise S3Answered(crt_answer(r.status, r.body))
+        return listing_page(r.body, what)
+
     def close(self) -> None:
         """Let the client go: the CRT shuts it down on its own threads."""
         self._client = None
         self._signed_with = None
+
+
+def listing_page(body: bytes, what: str) -> dict[str, Any]:
+    """A ListObjectsV2 answer as botocore parses it (keys URL-decoded where the answer says
+    they are encoded, as botocore does)."""
+    import xml.etree.ElementTree as ET  # paid by the runs that need it, not every run
+
+    try:
+        root = ET.fromstring(body)
+    except ET.ParseError:
+        raise Transient(f"{what}: a listing answered no XML") from None
+
+    def text(element: ET.Element, name: str) -> str:
+        for child in element:
+            if child.tag.rpartition("}")[2] == name:
+                return child.text or ""
+        return ""
+
+    contents: list[dict[str, Any]] = []
+    prefixes: list[str] = []
+    for element in root:
+        tag = element.tag.rpartition("}")[2]
+        if tag == "Contents":
+            contents.append({"Key": text(element, "Key"), "Size": int(text(element, "Size")),
+                             "ETag": text(element, "ETag"),
+                             "LastModified": datetime.fromisoformat(
+                                 text(element, "LastModified"))})
+        elif tag == "CommonPrefixes":
+            prefixes.append(text(element, "Prefix"))
+    if text(root, "EncodingType") == "url":
+        for c in contents:
+            c["Key"] = unquote_plus(c["Key"])
+        prefixes = [unquote_plus(p) for p in prefixes]
+    return {"Contents": contents, "CommonPrefixes": [{"Prefix": p} for p in prefixes],
+            "IsTruncated": text(root, "IsTruncated") == "true",
+            "NextContinuationToken": text(root, "NextContinuationToken")}
 
 
 def _mtls_options(pair: ClientCert) -> Any:

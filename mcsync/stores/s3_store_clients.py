@@ -4,13 +4,13 @@
   client CPU per request (the CRT's GETs and PUTs were slower). It refuses keys it cannot
   spell ("a//b", "x/../y"): those requests, and a listing from the page that holds one, go by
   botocore.
-- the AWS CRT sends CopyObject and the multipart upload requests to an explicit endpoint with
-  keys (``crt_client``): a run that uploads, copies or composes a delta never starts botocore.
+- the AWS CRT sends CopyObject, the multipart upload requests and a listing's levels delimited
+  by "/" (``level_pages``) to an explicit endpoint with keys (``crt_client``): a run that
+  uploads, copies, composes a delta or fans a listing out never starts botocore.
   A body that must be SHA-256-signed (plain HTTP across a network) stays with botocore: the
   CRT's S3 signer sends UNSIGNED-PAYLOAD.
 - botocore sends the rest: what needs AWS's endpoint rules (no endpoint given), anonymous
-  access, listings of open uploads, the directory-by-directory listing, and what obstore
-  cannot spell.
+  access, listings of open uploads, and what obstore cannot spell.
 
 With a client certificate (mutual TLS over https) obstore, which cannot present one, sends
 nothing: its requests (listings, GET, HEAD, whole PUT, DELETE, and the check's) go by botocore,
@@ -35,7 +35,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import obstore
@@ -269,48 +269,79 @@ class S3Clients:
 
     async def list_flat(self, prefix: str, *, after: str = "",
                         check: bool = False) -> AsyncGenerator[dict[str, Any]]:
+        """Every object under ``prefix`` from the first key after ``after``, one at a time
+        (``list_pages``)."""
+        async with contextlib.aclosing(self.list_pages(prefix, after=after, check=check)) as it:
+            async for page in it:
+                for c in page:
+                    yield c
+
+    async def list_pages(self, prefix: str, *, after: str = "", check: bool = False,
+                         page: int = 1000) -> AsyncGenerator[list[dict[str, Any]]]:
         """Every object under ``prefix`` (a full key prefix) from the first key after
-        ``after`` (a full key; "": from the start), as ``list_objects_v2``'s ``Contents``.
-        Pages come through obstore (the check's client with ``check``), which parses them in
-        Rust; obstore refuses a whole page that holds a key it cannot represent: the listing
-        then goes on through botocore after the last key already yielded, so no key is lost or
-        repeated. With a client certificate, botocore lists from the start (the check's client
-        with ``check``)."""
+        ``after`` (a full key; "": from the start), as ``list_objects_v2``'s ``Contents``, a
+        page at a time. Pages come through obstore (the check's client with ``check``), which
+        parses them in Rust; obstore refuses a whole page that holds a key it cannot
+        represent: the listing then goes on through botocore after the last key already
+        yielded, so no key is lost or repeated. A prefix obstore cannot spell ("a//", "./")
+        goes by botocore; with a client certificate, botocore lists from the start (the
+        check's client with ``check``). ``page``: keys a page (fewer: tests)."""
         last = after
-        if self.botocore_only:
+        # obstore's prefix is a path prefix: "run" lists run/..., as our "run/" does; "a//"
+        # would become "a" and list a/... too
+        by_path = prefix == "" or (prefix.endswith("/") and "//" not in prefix)
+        if self.botocore_only or not by_path:
             botocore = await (self.probe() if check else self.botocore())
         else:
             client = await (self.probe() if check else self.obstore())
         with self.translating(self.url):
-            if not self.botocore_only:
+            if not self.botocore_only and by_path:
                 try:
-                    # obstore's prefix is a path prefix: "run" lists run/..., as our "run/" does
                     stream = obstore.list(client, prefix.rstrip("/") or None,
-                                          offset=after or None, chunk_size=1000)
+                                          offset=after or None, chunk_size=page)
                     async for chunk in stream:
-                        for meta in chunk:
-                            last = meta["path"]
-                            yield {"Key": last, "Size": meta["size"], "ETag": meta["e_tag"],
-                                   "LastModified": meta["last_modified"]}
+                        got: list[dict[str, Any]] = [
+                            {"Key": meta["path"], "Size": meta["size"], "ETag": meta["e_tag"],
+                             "LastModified": meta["last_modified"]} for meta in chunk]
+                        if got:
+                            last = got[-1]["Key"]
+                            yield got
                     return
-                except obstore_exc.InvalidPathError:
+                except _UNSPELLABLE:
                     log.debug("%s: a key obstore cannot represent; listing on with the S3 API",
                               self.url)
                 botocore = await self.botocore()
             paginator = botocore.get_paginator("list_objects_v2")
-            async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix,
-                                                 StartAfter=last or prefix):
-                for c in page.get("Contents", ()):
-                    yield c
+            async for found in paginator.paginate(Bucket=self.bucket, Prefix=prefix,
+                                                  StartAfter=last or prefix,
+                                                  PaginationConfig={"PageSize": page}):
+                if found.get("Contents"):
+                    yield found["Contents"]
 
-    async def level_pages(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
-        """The pages of one level under ``prefix``, listed with the delimiter "/" (botocore's:
-        obstore's listing with a delimiter hands out no pages)."""
+    async def level_pages(self, prefix: str, *, after: str = "",
+                          page: int = 1000) -> AsyncGenerator[dict[str, Any]]:
+        """The pages of one level under ``prefix``, listed with the delimiter "/" from the
+        first name after ``after``: the CRT's where it has one (importing botocore and making
+        its client costs a listing more CPU than the level's pages), else botocore's (obstore's
+        listing with a delimiter hands out no pages)."""
+        crt = await self.crt_client()
+        if crt is not None:
+            token = ""
+            while True:
+                with self.translating(self.url):
+                    found = await crt.list_level(self.bucket, prefix, after=after, token=token,
+                                                 page=page, what=self.url)
+                yield found
+                token = found["NextContinuationToken"]
+                if not (found["IsTruncated"] and token):
+                    return
         paginator = (await self.botocore()).get_paginator("list_objects_v2")
+        start = {"StartAfter": after} if after else {}
         with self.translating(self.url):
-            async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix,
-                                                 Delimiter="/"):
-                yield page
+            async for found in paginator.paginate(Bucket=self.bucket, Prefix=prefix,
+                                                  Delimiter="/", **start,
+                                                  PaginationConfig={"PageSize": page}):
+                yield found
 
     async def crt_client(self, *, body: bool = False) -> CrtClient | None:
         """The CRT's client for this store's requests (with a ``body``: requests that send
