@@ -295,12 +295,12 @@ class CrtClient:
                            query=f"uploadId={_q(upload_id)}")
 
     async def list_level(self, bucket: str, prefix: str, *, after: str, token: str,
-                         page: int, what: str) -> dict[str, Any]:
-        """One ListObjectsV2 page under ``prefix`` delimited by "/", from the first name after
-        ``after`` or from the continuation ``token``, as botocore's: ``Contents`` (Key, Size,
-        ETag, LastModified), ``CommonPrefixes``, ``IsTruncated``,
-        ``NextContinuationToken``."""
-        asked = [("list-type", "2"), ("delimiter", "/"), ("encoding-type", "url"),
+                         page: int, what: str, delimiter: str = "/") -> dict[str, Any]:
+        """One ListObjectsV2 page under ``prefix`` delimited by ``delimiter`` ("": not
+        delimited), from the first name after ``after`` or from the continuation ``token``,
+        as botocore's: ``Contents`` (Key, Size, ETag, LastModified), ``CommonPrefixes``,
+        ``IsTruncated``, ``NextContinuationToken``."""
+        asked = [("list-type", "2"), ("delimiter", delimiter), ("encoding-type", "url"),
                  ("max-keys", str(page)), ("prefix", prefix)]
         asked.append(("continuation-token", token) if token else ("start-after", after))
         query = "&".join(f"{name}={_q(value)}" for name, value in asked if value)

@@ -285,7 +285,12 @@ class S3Clients:
         represent: the listing then goes on through botocore after the last key already
         yielded, so no key is lost or repeated. A prefix obstore cannot spell ("a//", "./")
         goes by botocore; with a client certificate, botocore lists from the start (the
-        check's client with ``check``). ``page``: keys a page (fewer: tests)."""
+        check's client with ``check``). ``page``: keys a page (fewer: tests).
+
+        object_store drops a key's trailing "/" (a console's "folder", ``b/``, lists as
+        ``b``), and an empty object is all such a key can be told by: from the first page
+        that holds an empty object on, the listing goes on through the S3 API (the CRT where
+        the store has one), whose keys are the keys."""
         last = after
         # obstore's prefix is a path prefix: "run" lists run/..., as our "run/" does; "a//"
         # would become "a" and list a/... too
@@ -300,16 +305,26 @@ class S3Clients:
                     stream = obstore.list(client, prefix.rstrip("/") or None,
                                           offset=after or None, chunk_size=page)
                     async for chunk in stream:
+                        if any(meta["size"] == 0 for meta in chunk):
+                            log.debug("%s: an empty object, maybe a key ending in '/': "
+                                      "listing on with the S3 API", self.url)
+                            break
                         got: list[dict[str, Any]] = [
                             {"Key": meta["path"], "Size": meta["size"], "ETag": meta["e_tag"],
                              "LastModified": meta["last_modified"]} for meta in chunk]
                         if got:
                             last = got[-1]["Key"]
                             yield got
-                    return
+                    else:
+                        return
                 except _UNSPELLABLE:
                     log.debug("%s: a key obstore cannot represent; listing on with the S3 API",
                               self.url)
+                crt = await self.crt_client()
+                if crt is not None:
+                    async for found in self._crt_pages(crt, prefix, last or prefix, page):
+                        yield found
+                    return
                 botocore = await self.botocore()
             paginator = botocore.get_paginator("list_objects_v2")
             async for found in paginator.paginate(Bucket=self.bucket, Prefix=prefix,
@@ -317,6 +332,19 @@ class S3Clients:
                                                   PaginationConfig={"PageSize": page}):
                 if found.get("Contents"):
                     yield found["Contents"]
+
+    async def _crt_pages(self, crt: CrtClient, prefix: str, after: str,
+                         page: int) -> AsyncGenerator[list[dict[str, Any]]]:
+        token = ""
+        while True:
+            with self.translating(self.url):
+                found = await crt.list_level(self.bucket, prefix, after=after, token=token,
+                                             page=page, what=self.url, delimiter="")
+            if found.get("Contents"):
+                yield found["Contents"]
+            token = found["NextContinuationToken"]
+            if not (found["IsTruncated"] and token):
+                return
 
     async def level_pages(self, prefix: str, *, after: str = "",
                           page: int = 1000) -> AsyncGenerator[dict[str, Any]]:
