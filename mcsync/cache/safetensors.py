@@ -5,7 +5,7 @@ The file is opened as any cache entry (``Cache.open``): a miss starts the fill, 
 the entry's parts by parallel range GETs, front to back, into the cache's file, and the
 reader reads each byte as soon as it has landed there. The header comes first (its 8-byte
 length, then the JSON, which may span several parts), then each tensor in file order, read
-into a buffer of its own, not zeroed first (``readinto``: no copy through a smaller buffer).
+into a buffer of its own (``readinto``: no copy of a large tensor through a smaller buffer).
 So a restore after preemption needs no download-then-load pass, resumes a fill a killed load
 left (only the parts not yet on disk are fetched), and a second load reads local disk.
 
@@ -59,9 +59,7 @@ def iter_safetensors(open_: Callable[[str], BinaryIO], url: str, framework: Fram
             raise IntegrityError(f"{url}: not a safetensors file: {exc}") from None
         for t in layout.tensors:
             dtype, shape = _kind(url, t.name, meta[t.name], t.end - t.start)
-            # Not zeroed (bytearray's memset faults every page in with the GIL held, which
-            # stalls the fill's threads); preadv faults them in with the GIL released.
-            buf = np.empty(t.end - t.start, dtype=np.uint8)
+            buf = bytearray(t.end - t.start)
             raw.seek(t.start)
             _read_into(raw, buf, url)
             yield t.name, _tensor(buf, dtype, shape, framework, url, t.name)
@@ -96,7 +94,7 @@ def _kind(url: str, name: str, info: Any, nbytes: int) -> tuple[str, tuple[int, 
     return dtype, tuple(shape)
 
 
-def _tensor(buf: np.ndarray[Any, Any], dtype: str, shape: tuple[int, ...], framework: Framework,
+def _tensor(buf: bytearray, dtype: str, shape: tuple[int, ...], framework: Framework,
             url: str, name: str) -> Any:
     if framework == "pt":
         import torch  # an optional dependency: only for framework="pt"
@@ -105,13 +103,13 @@ def _tensor(buf: np.ndarray[Any, Any], dtype: str, shape: tuple[int, ...], frame
         if kind is None:  # uint16-64 and float8 came in later torch releases
             raise UsageError(f"{url}: tensor {name[:200]!r} is {dtype}, which this torch "
                              f"({torch.__version__}) has no type for")
-        if not buf.size:
+        if not buf:
             return torch.empty(shape, dtype=kind)
         return torch.frombuffer(buf, dtype=kind).reshape(shape)
     if dtype not in NUMPY:
         raise UsageError(f"{url}: tensor {name[:200]!r} is {dtype}, which numpy has no type "
                          "for: load it with framework='pt'")
-    return buf.view(np.dtype(NUMPY[dtype])).reshape(shape)
+    return np.frombuffer(buf, dtype=np.dtype(NUMPY[dtype])).reshape(shape)
 
 
 def _read(raw: Any, n: int, url: str) -> bytearray:
@@ -120,8 +118,8 @@ def _read(raw: Any, n: int, url: str) -> bytearray:
     return buf
 
 
-def _read_into(raw: Any, buf: Any, url: str) -> None:
-    view = memoryview(buf).cast("B")
+def _read_into(raw: Any, buf: bytearray, url: str) -> None:
+    view = memoryview(buf)
     got = 0
     while got < len(buf):
         n = raw.readinto(view[got:])
