@@ -47,6 +47,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # testbed/: not insta
 
 import bench_netns
 from bench_args import (
+    CLOUD_PATHS,
     DELTA_SETS,
     FRESH_PATHS,
     LINK_PATHS,
@@ -71,6 +72,7 @@ from bench_report import render, summarize
 from bench_setup import Setup
 from bench_tools import (
     TOOLS,
+    AzLoc,
     Context,
     GcsLoc,
     LocalLoc,
@@ -111,6 +113,7 @@ class Bench(Setup):
         self.args = args
         self.workdir = workdir
         self.gcs: Any = None  # testbed.gcs.GCSServer, once started (gs-to-meta)
+        self.azurite: Any = None  # testbed.azurite.AzuriteEndpoint (az-to-meta)
         self.mutations: dict[str, tuple[Path, Mutation]] = {}  # name -> (mutated file, what)
         self.servers: dict[str, object] = {}
         self.link: bench_netns.Link | None = None  # B's capped link (--link-mbit), if it is up
@@ -179,9 +182,11 @@ class Bench(Setup):
               else "B" if self.args.link_mbit and path in LINK_PATHS else "A")
         if path in ("upload", "resync-noop"):
             return LocalLoc(ds.root), S3Loc(to, bucket)
+        if path in CLOUD_PATHS and label == S3_REF:
+            return src_s3, S3Loc("B", bucket)
+        if path == "az-to-meta":
+            return AzLoc(self.azurite.url, SOURCE_BUCKET, f"{ds.name}/"), S3Loc("B", bucket)
         if path == "gs-to-meta":
-            if label == S3_REF:
-                return src_s3, S3Loc("B", bucket)
             ca = str(self.gcs.ca) if self.gcs and self.gcs.ca else None
             src = GcsLoc(self.gcs.url if self.gcs else "", SOURCE_BUCKET, f"{ds.name}/", ca)
             return src, S3Loc("B", bucket)
@@ -431,7 +436,7 @@ class Bench(Setup):
     def _entrants(self, path: str) -> list[tuple[Tool, str]]:
         """(tool, label) for each row of a path's table; gs-to-meta adds mcsync's s3 → meta."""
         out = [(t, t.name) for t in self.tools]
-        if path == "gs-to-meta":
+        if path in CLOUD_PATHS:
             out += [(t, S3_REF) for t in self.tools if t.name == "mcsync"]
         return out
 
@@ -476,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                 bench.seed(sets)
             if "gs-to-meta" in args.only:
                 bench.seed_gcs(sets)
+            if "az-to-meta" in args.only:
+                bench.seed_azure(sets)
             if {"delta-s3", "delta-local"} & set(args.only) and "checkpoint" in sets:
                 bench.prepare_mutations(sets["checkpoint"])
             if "delta-newstep" in args.only and set(NEWSTEP_SETS) & set(sets):
