@@ -11,7 +11,8 @@ nothing changed; every set but checkpoint), delta-s3 / delta-local (the checkpoi
 bench_mutate: local → meta A / local → local), delta-newstep (local ckpt/ → meta A ckpt/: the
 first sync writes step-1/ of the mixed set, the timed one adds step-2/, ~3% of its tensor bytes
 new, which mcsync composes from step-1's objects); gs-to-meta (fake-gcs-server over https → B:
-mcsync to meta://, gsutil and gcloud storage to s3://, beside mcsync's s3 A → meta B).
+mcsync to meta://, rclone, gsutil and gcloud storage to s3://) and az-to-meta (Azurite → B:
+mcsync and rclone), each beside mcsync's s3 A → meta B.
 Data sets: checkpoint (one safetensors file), shards (64 x 32 MiB), small (10,000 x 16 KiB),
 midsize (32 x 64 MiB), mixed (a training checkpoint directory of ~2 GiB: safetensors shards,
 index, configs, tokenizer, trainer and optimizer states); --quick shrinks them to 256 MiB,
