@@ -12,7 +12,8 @@ from bench_tools import ASKED_FOR, TOOLS
 REPO = Path(__file__).resolve().parent.parent
 FRESH_PATHS = ("upload", "download", "server-copy", "cross")
 PATHS = (
-    *FRESH_PATHS, "resync-noop", "gs-to-meta", "delta-s3", "delta-local", "delta-newstep",
+    *FRESH_PATHS, "resync-noop", "gs-to-meta", "az-to-meta", "delta-s3", "delta-local",
+    "delta-newstep",
 )  # fmt: skip
 # A first sync of the same source and target (untimed), then the timed re-sync.
 RESYNC_PATHS = ("resync-noop", "delta-s3", "delta-local", "delta-newstep")
@@ -23,15 +24,16 @@ DELTA_SETS = ("checkpoint",)  # delta-s3 and delta-local run on these, once per 
 NEWSTEP_SETS = ("mixed",)
 NEWSTEP_FRACTION = 0.03
 NEWSTEP = "new-step"  # its mutation: the table is mixed+new-step
-S3_SOURCE_PATHS = ("download", "server-copy", "cross", "gs-to-meta")  # need bench-src on A
-SERVER_B_PATHS = ("cross", "gs-to-meta")
+CLOUD_PATHS = ("gs-to-meta", "az-to-meta")  # from a GCS / Azure server to B
+S3_SOURCE_PATHS = ("download", "server-copy", "cross", *CLOUD_PATHS)  # need bench-src on A
+SERVER_B_PATHS = ("cross", *CLOUD_PATHS)
 # With --link-mbit these write to B (behind the capped link) instead of A: with cross, the paths
 # of a migration across clouds.
 LINK_PATHS = ("upload", "resync-noop", "delta-s3", "delta-newstep")
 # With --rtt-ms these write to R: B seen through a proxy that holds every answer back. The
 # proxy is Python in the harness's process, so only paths bound by requests, not bytes, use it.
 RTT_PATHS = ("resync-noop", "delta-s3", "delta-newstep")
-S3_REF = "mcsync s3→meta"  # gs-to-meta's reference row: mcsync, s3 A → meta B (as in cross)
+S3_REF = "mcsync s3→meta"  # the cloud paths' reference row: mcsync, s3 A → meta B (as cross)
 SOURCE_BUCKET = "bench-src"
 PROBE_KEY = ".bench-probe"
 TARGET_PREFIX = "t-"  # every timed run's target bucket: t-<path>-<set>-<tool>-<rep>-<nonce>

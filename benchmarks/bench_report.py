@@ -220,9 +220,9 @@ def render(rows: list[dict], repeat: int) -> str:
         table = [header]
         notes = []
         for row in group:
-            label = (
-                "mcsync gs→meta" if path == GCS_PATH and row["tool"] == "mcsync" else row["tool"]
-            )
+            label = (f"mcsync {path.split('-')[0]}→meta"
+                     if path in (GCS_PATH, "az-to-meta") and row["tool"] == "mcsync"
+                     else row["tool"])
             name = label + ("" if row["peer"] else " *")
             if row["status"] == "n/a":
                 table.append((name, f"n/a ({row['reason']})"))

@@ -104,6 +104,17 @@ class Setup:
             self._start_delayed_b(stack)
         if "gs-to-meta" in self.args.only:
             self._start_gcs(stack)
+        if "az-to-meta" in self.args.only:
+            from testbed.azurite import azurite, azurite_binary
+
+            if azurite_binary() is None:  # skipped with a note, as a tool not installed
+                log("skipping az-to-meta: azurite-blob not found (npm install in the repository)")
+                self.args.only = [p for p in self.args.only if p != "az-to-meta"]
+                return
+            d = self.workdir / "azurite"
+            shutil.rmtree(d, ignore_errors=True)  # starts empty, as the GCS server does
+            self.azurite = stack.enter_context(azurite(d))
+            log(f"Azurite: {self.azurite.url}, data in {d}")
 
     def _start_gcs(self, stack: contextlib.ExitStack) -> None:
         """fake-gcs-server over https, the one GCS server every tool can read (gsutil reaches
@@ -191,6 +202,16 @@ class Setup:
                 gcs.upload(
                     self.gcs, SOURCE_BUCKET, f"{name}/{rel}", (ds.root / rel).read_bytes()
                 )
+            log(f"  {ds.count:,} objects in {time.monotonic() - t0:.1f} s")
+
+    def seed_azure(self, sets: dict[str, Dataset]) -> None:
+        """Upload each data set to Azurite under bench-src/<set>/ (not timed)."""
+        self.azurite.create_container(SOURCE_BUCKET)
+        for name, ds in sets.items():
+            t0 = time.monotonic()
+            log(f"seeding az://{SOURCE_BUCKET}/{name}/ on Azurite (not timed)")
+            for rel in sorted(ds.files):
+                self.azurite.upload(SOURCE_BUCKET, f"{name}/{rel}", (ds.root / rel).read_bytes())
             log(f"  {ds.count:,} objects in {time.monotonic() - t0:.1f} s")
 
     def seed(self, sets: dict[str, Dataset]) -> None:

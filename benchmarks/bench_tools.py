@@ -6,10 +6,12 @@ would plausibly pick (see benchmarks/METHOD.md, *How each tool is run*, for the 
 - mcsync: defaults (128 requests in flight), ``--quiet --json``.
 - s5cmd: defaults (256 workers, 5 parts of 50 MiB in flight per file), ``sync``.
 - rclone: ``--transfers 32 --checkers 32 --s3-upload-concurrency 8 --s3-chunk-size 16M
-  --multi-thread-streams 8``, remotes configured through RCLONE_CONFIG_* variables.
+  --multi-thread-streams 8``, remotes configured through RCLONE_CONFIG_* variables (gs-to-meta:
+  its gcs backend, the endpoint overridden, ``--ca-cert``; az-to-meta: azureblob, a SAS URL).
 - aws: ``aws s3 sync`` with ``max_concurrent_requests = 64`` and 16 MiB parts in AWS_CONFIG_FILE.
 - gsutil (gs-to-meta only): ``gsutil -m rsync -r``, its GCS and S3 endpoints in a BOTO_CONFIG file.
 - gcloud (gs-to-meta only): ``gcloud storage rsync -r``, its endpoints in CLOUDSDK_* variables.
+- gsutil and gcloud live in ``bench_tools_cloud``, with rclone's gcs and azureblob remotes.
 - floor (only when asked for): ``benchmarks/floor.py``, a yardstick, not a peer.
 """
 
@@ -56,7 +58,20 @@ class GcsLoc:
         return f"gs://{self.bucket}/{self.prefix}"
 
 
-Loc = LocalLoc | S3Loc | GcsLoc
+@dataclass(frozen=True)
+class AzLoc:
+    """A container/prefix on the local Azurite (its one development account)."""
+
+    url: str  # http://127.0.0.1:PORT/devstoreaccount1
+    container: str
+    prefix: str = ""  # "" or ending in "/"
+
+    def __str__(self) -> str:
+        return f"az://{self.container}/{self.prefix}"
+
+
+Loc = LocalLoc | S3Loc | GcsLoc | AzLoc
+CLOUD = (GcsLoc, AzLoc)  # sources only the cloud tools (and mcsync, rclone) read
 
 
 @dataclass
@@ -122,8 +137,8 @@ class Tool:
 
     def unsupported(self, src: Loc, dst: Loc) -> str | None:
         """None when the tool can do src → dst, else a short reason (shown as n/a)."""
-        if isinstance(src, GcsLoc) or isinstance(dst, GcsLoc):
-            return "no gs:// here"  # the S3 peers do not read gs://
+        if isinstance(src, CLOUD) or isinstance(dst, CLOUD):
+            return "no gs:// or az:// here"  # the S3 peers read neither
         return None
 
     def invocation(self, src: Loc, dst: Loc, ctx: Context) -> Invocation:
@@ -135,8 +150,8 @@ class Tool:
 
 def _single_endpoint(src: Loc, dst: Loc) -> str | None:
     """Why s5cmd and aws cannot do src → dst: they need exactly one S3 endpoint per run."""
-    if isinstance(src, GcsLoc) or isinstance(dst, GcsLoc):
-        return "no gs:// here"
+    if isinstance(src, CLOUD) or isinstance(dst, CLOUD):
+        return "no gs:// or az:// here"
     if isinstance(src, S3Loc) and isinstance(dst, S3Loc) and src.server != dst.server:
         return "one endpoint per run"
     if isinstance(src, LocalLoc) and isinstance(dst, LocalLoc):
@@ -173,14 +188,14 @@ class McsyncTool(Tool):
         return where
 
     def unsupported(self, src: Loc, dst: Loc) -> str | None:
-        return "gs:// is a source only" if isinstance(dst, GcsLoc) else None
+        return "gs:// and az:// are sources only" if isinstance(dst, CLOUD) else None
 
     @staticmethod
     def _url(loc: Loc, role: str) -> str:
         if isinstance(loc, LocalLoc):
             return str(loc.path)
-        if isinstance(loc, GcsLoc):
-            return f"gs://{loc.bucket}/{loc.prefix}"
+        if isinstance(loc, GcsLoc | AzLoc):
+            return str(loc)
         # Sources are read as s3:// (AWS_* env), targets written as meta:// (MCSYNC_META_* env).
         scheme = "s3" if role == "src" else "meta"
         return f"{scheme}://{loc.bucket}/{loc.prefix}"
@@ -193,6 +208,10 @@ class McsyncTool(Tool):
             env["STORAGE_EMULATOR_HOST"] = src.url  # no credentials, as Google's clients do
             if src.ca:
                 env["CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE"] = src.ca
+        if isinstance(src, AzLoc):
+            from bench_tools_cloud import azurite_env
+
+            env.update(azurite_env(src))
         if isinstance(dst, S3Loc):
             env.update(ctx.servers[dst.server].meta_env())
         # Keep mcsync's local state (manifest, locks) inside the benchmark's work dir: one
@@ -287,10 +306,21 @@ class RcloneTool(Tool):
     def version(self) -> str:
         return _first_line([self.exe, "version"]) if self.exe else "not installed"
 
+    def unsupported(self, src: Loc, dst: Loc) -> str | None:
+        if isinstance(dst, CLOUD):
+            return "gs:// and az:// are sources only here"
+        if isinstance(src, GcsLoc) and not src.ca:
+            return "needs GCS over https (fake-gcs-server)"
+        return None
+
     @staticmethod
     def _path(loc: Loc) -> str:
         if isinstance(loc, LocalLoc):
             return str(loc.path)
+        if isinstance(loc, GcsLoc):
+            return f"G:{loc.bucket}/{loc.prefix}".rstrip("/")
+        if isinstance(loc, AzLoc):
+            return f"Z:{loc.container}/{loc.prefix}".rstrip("/")
         return f"{loc.server}:{loc.bucket}/{loc.prefix}".rstrip("/")
 
     def invocation(self, src: Loc, dst: Loc, ctx: Context) -> Invocation:
@@ -298,6 +328,12 @@ class RcloneTool(Tool):
         if not conf.exists():
             conf.write_text("")  # remotes come from the environment; silence "config not found"
         env = {"RCLONE_CONFIG": str(conf)}
+        extra: list[str] = []
+        if isinstance(src, CLOUD):
+            from bench_tools_cloud import rclone_remote
+
+            env_src, extra = rclone_remote(src)
+            env.update(env_src)
         for loc in (src, dst):
             if isinstance(loc, S3Loc):
                 ep = ctx.servers[loc.server]
@@ -314,7 +350,7 @@ class RcloneTool(Tool):
         # Debian's rclone 1.60 fails with the AWS_CA_BUNDLE this machine sets.
         argv = [
             "env", "-u", "AWS_CA_BUNDLE", self.exe, "sync", self._path(src), self._path(dst),
-            *self.FLAGS,
+            *self.FLAGS, *extra,
         ]  # fmt: skip
         return Invocation(argv, env)
 
@@ -362,119 +398,6 @@ s3 =
         return Invocation(argv, env)
 
 
-def _gs_to_s3(src: Loc, dst: Loc) -> str | None:
-    """Why gsutil and gcloud storage are not run on src → dst: only gs-to-meta, over https."""
-    if not (isinstance(src, GcsLoc) and isinstance(dst, S3Loc)):
-        return "gs-to-meta only"
-    if not src.url.startswith("https:") or not src.ca:
-        return "needs GCS over https (fake-gcs-server)"
-    return None
-
-
-def _host_port(url: str) -> tuple[str, int]:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    return parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
-
-
-class GsutilTool(Tool):
-    """``gsutil -m rsync -r gs://… s3://…``. gsutil reaches a GCS emulator only over https (its
-    JSON API host and port in the boto config) and signs S3 with SigV2, which SeaweedFS takes.
-    The Cloud SDK's ``gsutil`` wrapper passes CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE on as its CA,
-    so CLOUDSDK_* is scrubbed and the CA goes in the boto config alone."""
-
-    name = "gsutil"
-    binary = "gsutil"
-    install_hint = "pip install gsutil, or the Google Cloud SDK"
-    CONFIG = """\
-[Credentials]
-gs_json_host = {gs_host}
-gs_json_port = {gs_port}
-gs_host = {gs_host}
-gs_port = {gs_port}
-aws_access_key_id = {access_key}
-aws_secret_access_key = {secret_key}
-s3_host = {s3_host}
-s3_port = {s3_port}
-
-[s3]
-calling_format = boto.s3.connection.OrdinaryCallingFormat
-
-[Boto]
-is_secure = {s3_secure}
-https_validate_certificates = True
-ca_certificates_file = {ca}
-
-[GSUtil]
-prefer_api = json
-default_project_id = mcsync
-parallel_composite_upload_threshold = 0
-"""
-
-    def version(self) -> str:
-        return _first_line([self.exe, "version"]) if self.exe else "not installed"
-
-    def unsupported(self, src: Loc, dst: Loc) -> str | None:
-        return _gs_to_s3(src, dst)
-
-    def invocation(self, src: Loc, dst: Loc, ctx: Context) -> Invocation:
-        assert isinstance(src, GcsLoc) and isinstance(dst, S3Loc)
-        ep = ctx.servers[dst.server]
-        gs_host, gs_port = _host_port(src.url)
-        s3_host, s3_port = _host_port(ep.url)  # type: ignore[attr-defined]
-        conf = ctx.confdir / "boto.cfg"
-        conf.write_text(self.CONFIG.format(
-            gs_host=gs_host, gs_port=gs_port, s3_host=s3_host, s3_port=s3_port,
-            s3_secure=ep.url.startswith("https:"),  # type: ignore[attr-defined]
-            access_key=ep.access_key, secret_key=ep.secret_key,  # type: ignore[attr-defined]
-            ca=src.ca))
-        gcloud_dir = ctx.confdir / "gcloud"  # no account of the user's: anonymous reads
-        gcloud_dir.mkdir(exist_ok=True)
-        env = {"BOTO_CONFIG": str(conf), "CLOUDSDK_CONFIG": str(gcloud_dir)}
-        argv = [self.exe, "-m", "-q", "rsync", "-r", f"gs://{src.bucket}/{src.prefix}",
-                f"s3://{dst.bucket}/{dst.prefix}"]
-        return Invocation(argv, env)
-
-
-class GcloudStorageTool(Tool):
-    """``gcloud storage rsync -r gs://… s3://…``, anonymous (CLOUDSDK_AUTH_DISABLE_CREDENTIALS),
-    the GCS endpoint and CA as CLOUDSDK_* properties, S3 through boto3 with AWS_* keys. Run
-    without REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE: gcloud's requests prefers either to
-    core/custom_ca_certs_file."""
-
-    name = "gcloud"
-    binary = "gcloud"
-    install_hint = "the Google Cloud SDK"
-
-    def version(self) -> str:
-        return _first_line([self.exe, "version"]) if self.exe else "not installed"
-
-    def unsupported(self, src: Loc, dst: Loc) -> str | None:
-        return _gs_to_s3(src, dst)
-
-    def invocation(self, src: Loc, dst: Loc, ctx: Context) -> Invocation:
-        assert isinstance(src, GcsLoc) and isinstance(dst, S3Loc) and src.ca
-        ep = ctx.servers[dst.server]
-        gcloud_dir = ctx.confdir / "gcloud"
-        gcloud_dir.mkdir(exist_ok=True)
-        env = {
-            "CLOUDSDK_CONFIG": str(gcloud_dir),
-            "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
-            "CLOUDSDK_AUTH_DISABLE_CREDENTIALS": "true",
-            "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE": src.ca,
-            "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": f"{src.url}/storage/v1/",
-            "CLOUDSDK_STORAGE_S3_ENDPOINT_URL": ep.url,  # type: ignore[attr-defined]
-            "AWS_ACCESS_KEY_ID": ep.access_key,  # type: ignore[attr-defined]
-            "AWS_SECRET_ACCESS_KEY": ep.secret_key,  # type: ignore[attr-defined]
-            "AWS_DEFAULT_REGION": ep.region,  # type: ignore[attr-defined]
-        }
-        argv = ["env", "-u", "REQUESTS_CA_BUNDLE", "-u", "CURL_CA_BUNDLE", self.exe, "storage",
-                "rsync", "-r",
-                f"gs://{src.bucket}/{src.prefix}", f"s3://{dst.bucket}/{dst.prefix}"]
-        return Invocation(argv, env)
-
-
 class FloorTool(Tool):
     """``benchmarks/floor.py``: the least a Python program on mcsync's libraries does on a path
     (list, move every object at once, nothing else). A yardstick, never a peer: its row shows
@@ -490,8 +413,8 @@ class FloorTool(Tool):
         return f"benchmarks/floor.py ({_first_line([self.exe, '--version']) if self.exe else '?'})"
 
     def unsupported(self, src: Loc, dst: Loc) -> str | None:
-        if isinstance(src, GcsLoc) or isinstance(dst, GcsLoc):
-            return "no gs:// here"
+        if isinstance(src, CLOUD) or isinstance(dst, CLOUD):
+            return "no gs:// or az:// here"
         if isinstance(src, LocalLoc) and isinstance(dst, LocalLoc):
             return "no local → local"
         return None
@@ -517,13 +440,15 @@ class FloorTool(Tool):
         return Invocation([*head, "cross", *self._s3(src, ctx), *self._s3(dst, ctx)], env)
 
 
+import bench_tools_cloud  # noqa: E402  (its tools subclass Tool, defined above)
+
 TOOLS: dict[str, type[Tool]] = {
     "mcsync": McsyncTool,
     "s5cmd": S5cmdTool,
     "rclone": RcloneTool,
     "aws": AwsTool,
-    "gsutil": GsutilTool,
-    "gcloud": GcloudStorageTool,
+    "gsutil": bench_tools_cloud.GsutilTool,
+    "gcloud": bench_tools_cloud.GcloudStorageTool,
     "floor": FloorTool,
 }
 ASKED_FOR = ("floor",)  # run only when --tools names them

@@ -11,7 +11,8 @@ nothing changed; every set but checkpoint), delta-s3 / delta-local (the checkpoi
 bench_mutate: local → meta A / local → local), delta-newstep (local ckpt/ → meta A ckpt/: the
 first sync writes step-1/ of the mixed set, the timed one adds step-2/, ~3% of its tensor bytes
 new, which mcsync composes from step-1's objects); gs-to-meta (fake-gcs-server over https → B:
-mcsync to meta://, gsutil and gcloud storage to s3://, beside mcsync's s3 A → meta B).
+mcsync to meta://, rclone, gsutil and gcloud storage to s3://) and az-to-meta (Azurite → B:
+mcsync and rclone), each beside mcsync's s3 A → meta B.
 Data sets: checkpoint (one safetensors file), shards (64 x 32 MiB), small (10,000 x 16 KiB),
 midsize (32 x 64 MiB), mixed (a training checkpoint directory of ~2 GiB: safetensors shards,
 index, configs, tokenizer, trainer and optimizer states); --quick shrinks them to 256 MiB,
@@ -47,6 +48,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # testbed/: not insta
 
 import bench_netns
 from bench_args import (
+    CLOUD_PATHS,
     DELTA_SETS,
     FRESH_PATHS,
     LINK_PATHS,
@@ -71,6 +73,7 @@ from bench_report import render, summarize
 from bench_setup import Setup
 from bench_tools import (
     TOOLS,
+    AzLoc,
     Context,
     GcsLoc,
     LocalLoc,
@@ -111,6 +114,7 @@ class Bench(Setup):
         self.args = args
         self.workdir = workdir
         self.gcs: Any = None  # testbed.gcs.GCSServer, once started (gs-to-meta)
+        self.azurite: Any = None  # testbed.azurite.AzuriteEndpoint (az-to-meta)
         self.mutations: dict[str, tuple[Path, Mutation]] = {}  # name -> (mutated file, what)
         self.servers: dict[str, object] = {}
         self.link: bench_netns.Link | None = None  # B's capped link (--link-mbit), if it is up
@@ -179,9 +183,11 @@ class Bench(Setup):
               else "B" if self.args.link_mbit and path in LINK_PATHS else "A")
         if path in ("upload", "resync-noop"):
             return LocalLoc(ds.root), S3Loc(to, bucket)
+        if path in CLOUD_PATHS and label == S3_REF:
+            return src_s3, S3Loc("B", bucket)
+        if path == "az-to-meta":
+            return AzLoc(self.azurite.url, SOURCE_BUCKET, f"{ds.name}/"), S3Loc("B", bucket)
         if path == "gs-to-meta":
-            if label == S3_REF:
-                return src_s3, S3Loc("B", bucket)
             ca = str(self.gcs.ca) if self.gcs and self.gcs.ca else None
             src = GcsLoc(self.gcs.url if self.gcs else "", SOURCE_BUCKET, f"{ds.name}/", ca)
             return src, S3Loc("B", bucket)
@@ -431,7 +437,7 @@ class Bench(Setup):
     def _entrants(self, path: str) -> list[tuple[Tool, str]]:
         """(tool, label) for each row of a path's table; gs-to-meta adds mcsync's s3 → meta."""
         out = [(t, t.name) for t in self.tools]
-        if path == "gs-to-meta":
+        if path in CLOUD_PATHS:
             out += [(t, S3_REF) for t in self.tools if t.name == "mcsync"]
         return out
 
@@ -476,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                 bench.seed(sets)
             if "gs-to-meta" in args.only:
                 bench.seed_gcs(sets)
+            if "az-to-meta" in args.only:
+                bench.seed_azure(sets)
             if {"delta-s3", "delta-local"} & set(args.only) and "checkpoint" in sets:
                 bench.prepare_mutations(sets["checkpoint"])
             if "delta-newstep" in args.only and set(NEWSTEP_SETS) & set(sets):

@@ -30,10 +30,8 @@ reads): a PEM bundle trusted alone, in place of the system's roots, as both of t
 either, OpenSSL's defaults apply (``SSL_CERT_FILE`` / ``SSL_CERT_DIR``). A certificate that does
 not verify is refused at once (not retried), with the variable to set.
 
-Two things gcloud-aio-auth does that a command-line tool must not, and how they are stopped:
-a credentials file that is not valid JSON is silently skipped (and the metadata server tried
-instead), so the file is checked here first and a bad one is one clear ConfigError; and its
-token fetch retries any exception five times up to 60 s apart, so it is tried once
+gcloud-aio-auth would skip a credentials file that is not JSON and retry its token fetch for a
+minute: the file is checked first (``gcs_credentials``) and the fetch tried once
 (``RetryPolicy.gcloud_aio_auth``) inside a request whose loop retries by type.
 
 Object identity, as ``ObjectInfo``:
@@ -70,12 +68,10 @@ import contextlib
 import json
 import logging
 import os
-import ssl
 import types
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
@@ -100,20 +96,21 @@ from ..errors import (
 from ..retry import RetryPolicy, retrying
 from ..types import REMOTE, ByteRange, ObjectInfo
 from .base import Buffer
+from .gcs_credentials import (
+    CA_BUNDLE_VARIABLES,
+    ca_bundle_from_env,
+    find_credentials,
+    tls_context,
+)
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 GCS_API_ROOT = "https://storage.googleapis.com"
 READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 LIST_PAGE_SIZE = 1000  # GCS's maximum page
 _LIST_FIELDS = "items(name,size,md5Hash,crc32c,generation,updated),nextPageToken"
 _OBJECT_FIELDS = "name,size,md5Hash,crc32c,generation,updated"
-_CREDENTIAL_TYPES = {"service_account", "authorized_user", "external_account",
-                     "impersonated_service_account"}
-_REQUIRED_FIELDS = {"service_account": ("client_email", "private_key"),
-                    "authorized_user": ("client_id", "client_secret", "refresh_token")}
-# Where a private CA bundle is read from, first found wins (see the module docstring).
-CA_BUNDLE_VARIABLES = ("CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE", "REQUESTS_CA_BUNDLE")
 
 
 class GCSStore:
@@ -152,7 +149,7 @@ class GCSStore:
         self._max_connections = max_connections
         self._retry = retry or RetryPolicy()
         self._page_size = page_size or LIST_PAGE_SIZE  # read here: tests make pages small
-        self._ca_bundle = ca_bundle if ca_bundle is not None else _ca_bundle_from_env()
+        self._ca_bundle = ca_bundle if ca_bundle is not None else ca_bundle_from_env()
         self._objects = f"{self._api_root}/storage/v1/b/{quote(bucket, safe='')}/o"
         self._lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
@@ -165,7 +162,7 @@ class GCSStore:
         if self._session is None:
             async with self._lock:
                 if self._session is None:
-                    tls = self._tls_context()
+                    tls = tls_context(self._ca_bundle, self._api_root, self.url)
                     if not self._anonymous:
                         self._token = self._make_token()
                     self._session = aiohttp.ClientSession(
@@ -179,24 +176,10 @@ class GCSStore:
                     )
         return self._session
 
-    def _tls_context(self) -> ssl.SSLContext | None:
-        """The CA bundle's context for an https endpoint (None: OpenSSL's defaults); an
-        unreadable bundle is a ConfigError naming it, before any request."""
-        path = self._ca_bundle
-        if not path or not self._api_root.startswith("https:"):
-            return None
-        try:
-            return ssl.create_default_context(cafile=path)
-        except ssl.SSLError:
-            raise ConfigError(f"{self.url}: CA bundle {path}: no PEM certificate in it") from None
-        except OSError as exc:  # missing, unreadable, a directory
-            raise ConfigError(f"{self.url}: CA bundle {path}: "
-                              f"{exc.strerror or type(exc).__name__}") from None
-
     def _make_token(self) -> Any:
         from gcloud.aio.auth.token import BaseToken, Token
 
-        path, self._credential_source = _find_credentials(self._credentials_file)
+        path, self._credential_source = find_credentials(self._credentials_file)
         try:
             token = Token(service_file=path, scopes=[READ_ONLY_SCOPE])
         except Exception as exc:  # a file that passed our checks and still did not load
@@ -225,16 +208,29 @@ class GCSStore:
         headers: Mapping[str, str] | None = None, attempts: int | None = None,
         bucket_level: bool = False,
     ) -> tuple[int, Mapping[str, str], bytes]:
-        """One GET, retried by type (Transient) under the run's RetryPolicy. ``bucket_level``:
-        the URL is the bucket's (a listing), so a 404 means the bucket is missing."""
+        """One GET, its body read whole, retried by type (Transient) under the run's
+        RetryPolicy. ``bucket_level``: the URL is the bucket's (a listing), so a 404 means the
+        bucket is missing."""
+        return await self._request(url, params, _whole_body, what=what, headers=headers,
+                                   attempts=attempts, bucket_level=bucket_level)
+
+    async def _request(
+        self, url: str, params: Mapping[str, str],
+        read: Callable[[aiohttp.ClientResponse], Awaitable[T]], *, what: str,
+        headers: Mapping[str, str] | None = None, attempts: int | None = None,
+        bucket_level: bool = False,
+    ) -> tuple[int, Mapping[str, str], T]:
+        """``_send`` with the body of an answer under 400 read by ``read`` (again from its
+        start if the request is retried)."""
         return await retrying(
-            lambda: self._once(url, params, headers, what, bucket_level=bucket_level),
+            lambda: self._once(url, params, headers, what, read, bucket_level=bucket_level),
             self._retry, attempts=attempts if attempts is not None else self._retry.sdk_attempts)
 
     async def _once(
         self, url: str, params: Mapping[str, str], headers: Mapping[str, str] | None,
-        what: str, *, bucket_level: bool,
-    ) -> tuple[int, Mapping[str, str], bytes]:
+        what: str, read: Callable[[aiohttp.ClientResponse], Awaitable[T]], *,
+        bucket_level: bool,
+    ) -> tuple[int, Mapping[str, str], T]:
         http = await self._http()
         sent = dict(headers or {})
         sent.update(await self._auth(what))
@@ -242,10 +238,10 @@ class GCSStore:
         target = URL(f"{url}?{urlencode(params, quote_via=quote, safe='')}", encoded=True)
         try:
             async with http.get(target, headers=sent, allow_redirects=False) as resp:
-                body = await resp.read()
                 if resp.status >= 400:
-                    raise self._status_error(resp.status, body, what, bucket_level=bucket_level)
-                return resp.status, resp.headers, body
+                    raise self._status_error(resp.status, await resp.read(), what,
+                                             bucket_level=bucket_level)
+                return resp.status, resp.headers, await read(resp)
         except MCSyncError:
             raise
         except aiohttp.ClientConnectorCertificateError as exc:  # no retry can change it
@@ -355,19 +351,10 @@ class GCSStore:
         what = f"{self.url}{key}"
         if rng is not None and rng.length == 0:
             return b""
-        params = {"alt": "media"}
-        generation = expect.version if expect is not None else None
-        if generation:
-            params["ifGenerationMatch"] = generation
-        headers = {"Accept-Encoding": "gzip"}
-        if rng is not None:
-            headers["Range"] = f"bytes={rng.start}-{rng.end - 1}"
+        params, headers, generation = _media(rng, expect)
         status, got, data = await self._send(self._object_url(key), params, what=what,
                                              headers=headers)
-        served = got.get("x-goog-generation")
-        if generation and served and served != generation:
-            raise PreconditionFailed(f"{what}: changed since it was listed (generation "
-                                     f"{generation} planned, {served} served)")
+        _check_generation(got, generation, what)
         if rng is not None:
             if status == 200 and len(data) >= rng.end:  # the server sent the whole object
                 data = data[rng.start:rng.end]
@@ -380,61 +367,73 @@ class GCSStore:
                 verify(expected, await crc32c_async(data), what)
         return data
 
+    async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
+                        expect: ObjectInfo | None = None) -> memoryview:
+        """Bytes ``rng`` of ``key`` (pinned as ``get``) into ``buf``, each piece copied in as
+        it comes off the connection: ``get``'s ``resp.read()`` joins the pieces into a new
+        ``bytes`` of the part's size, fresh pages for every part, where the run's buffers are
+        reused (as ``S3Store.read_into``). The part's CRC32C is checked by the caller."""
+        what = f"{self.url}{key}"
+        view = memoryview(buf)
+        if rng.length == 0:
+            return view[:0]
+
+        async def into(resp: aiohttp.ClientResponse) -> int:
+            skip = rng.start if resp.status == 200 else 0  # Range ignored: the whole object
+            at = 0
+            async for piece in resp.content.iter_any():
+                got = memoryview(piece)
+                if skip:
+                    cut = min(skip, len(got))
+                    got, skip = got[cut:], skip - cut
+                if len(got) > rng.length - at:
+                    if resp.status != 200:
+                        raise Transient(f"{what}: long read (more than {rng.length} bytes)")
+                    got = got[:rng.length - at]
+                view[at:at + len(got)] = got
+                at += len(got)
+                if at == rng.length and resp.status == 200:
+                    break
+            return at
+
+        params, headers, generation = _media(rng, expect)
+        _, got, n = await self._request(self._object_url(key), params, into, what=what,
+                                        headers=headers)
+        _check_generation(got, generation, what)
+        if n != rng.length:
+            raise Transient(f"{what}: short read ({n} of {rng.length} bytes)")
+        return view[:n]
+
     def _object_url(self, key: str) -> str:
         return f"{self._objects}/{quote(self.prefix + key, safe='')}"
-
-
-# -- credentials ----------------------------------------------------------------------------------
-
-
-def _find_credentials(explicit: str | None) -> tuple[str | None, str]:
-    """The credentials file Application Default Credentials would use, checked, and a
-    description of the source for messages; ``(None, ...)`` means the metadata server."""
-    path = explicit or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") or None
-    if path:
-        where = path if explicit else f"GOOGLE_APPLICATION_CREDENTIALS={path}"
-        _check_credentials_file(Path(path), where)
-        return path, where
-    config = os.environ.get("CLOUDSDK_CONFIG") or str(Path("~/.config/gcloud").expanduser())
-    well_known = Path(config, "application_default_credentials.json")
-    if well_known.is_file():
-        where = f"gcloud application-default credentials ({well_known})"
-        _check_credentials_file(well_known, where)
-        return str(well_known), where
-    return None, "the metadata server (no GOOGLE_APPLICATION_CREDENTIALS, no gcloud login)"
-
-
-def _check_credentials_file(path: Path, where: str) -> None:
-    # Messages name the file, never what is in it.
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ConfigError(f"{where}: cannot read the credentials file: {reason}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        raise ConfigError(f"{where}: not a JSON credentials file") from None
-    kind = data.get("type") if isinstance(data, dict) else None
-    if kind not in _CREDENTIAL_TYPES:
-        raise ConfigError(f"{where}: not a Google credentials file (type {kind!r}; expected "
-                          f"one of {', '.join(sorted(_CREDENTIAL_TYPES))})")
-    missing = [f for f in _REQUIRED_FIELDS.get(kind, ()) if not data.get(f)]
-    if missing:
-        raise ConfigError(f"{where}: {kind} credentials without {', '.join(missing)}")
 
 
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def _ca_bundle_from_env() -> str | None:
-    for name in CA_BUNDLE_VARIABLES:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
+async def _whole_body(resp: aiohttp.ClientResponse) -> bytes:
+    return await resp.read()
+
+
+def _media(rng: ByteRange | None, expect: ObjectInfo | None) -> tuple[dict[str, str],
+                                                                     dict[str, str], str | None]:
+    """The query and headers of a read of ``rng`` pinned to ``expect``'s generation, and that
+    generation."""
+    params = {"alt": "media"}
+    generation = expect.version if expect is not None else None
+    if generation:
+        params["ifGenerationMatch"] = generation
+    headers = {"Accept-Encoding": "gzip"}
+    if rng is not None:
+        headers["Range"] = f"bytes={rng.start}-{rng.end - 1}"
+    return params, headers, generation
+
+
+def _check_generation(got: Mapping[str, str], generation: str | None, what: str) -> None:
+    served = got.get("x-goog-generation")
+    if generation and served and served != generation:
+        raise PreconditionFailed(f"{what}: changed since it was listed (generation "
+                                 f"{generation} planned, {served} served)")
 
 
 def _info(key: str, item: Mapping[str, Any]) -> ObjectInfo:

@@ -245,7 +245,10 @@ class GCSBackend(Backend):
     """A GCS server: the emulator (``gcs``, http), or fake-gcs-server (``gcs-fake-server``,
     https with its CA given as the store's bundle). A source only, read whole or by range.
     Listings go in pages of ``GCS_PAGE_SIZE`` objects, so a server that pages (fake-gcs-server)
-    is read across several pages in every listing case."""
+    is read across several pages in every listing case. Parts are read into the run's
+    buffers (``ReadsInto``)."""
+
+    abilities = frozenset({ReadsInto})
 
     def __init__(self, name: str, server: GCSServer, bucket: str) -> None:
         super().__init__()

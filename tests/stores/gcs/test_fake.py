@@ -149,6 +149,8 @@ def test_generation_served_is_checked_and_412_is_precondition_failed(fake_gcs):
         fake_gcs.put("k", b"abcdefghij")  # a new generation
         with pytest.raises(PreconditionFailed):
             await s.get("k", ByteRange(2, 5), expect=info)
+        with pytest.raises(PreconditionFailed):  # a part read into a buffer, as well
+            await s.read_into("k", ByteRange(2, 5), bytearray(8), expect=info)
 
     run(go, store(fake_gcs))
 
@@ -159,9 +161,11 @@ def test_range_ignored_by_the_server_is_cut_out(fake_gcs):
 
     async def go(s: GCSStore):
         info = await s.head("k")
-        return bytes(await s.get("k", ByteRange(3, 7), expect=info))
+        buf = bytearray(b"x" * 6)
+        into = bytes(await s.read_into("k", ByteRange(3, 7), buf, expect=info))
+        return bytes(await s.get("k", ByteRange(3, 7), expect=info)), into, bytes(buf)
 
-    assert run(go, store(fake_gcs)) == b"3456"
+    assert run(go, store(fake_gcs)) == (b"3456", b"3456", b"3456xx")
 
 
 def test_crc_mismatch_on_a_whole_read(fake_gcs):

@@ -150,12 +150,12 @@ def _overwrite_while_copying(monkeypatch, url: str, bucket: str, name: str, *, e
     """Make a writer replace ``name`` in the middle of each copy of it: just before the first
     part past its start is read (the part of the first try, or of every try). Returns the
     contents written and the PreconditionFailed errors the pinned reads raised."""
-    real_get = GCSStore.get
+    real_get, real_read_into = GCSStore.get, GCSStore.read_into
     written: list[bytes] = []
     refused: list[PreconditionFailed] = []
     tries: set[str | None] = set()
 
-    async def get(self, key, rng=None, *, expect=None):
+    async def replace_before(key, rng, expect, read):
         version = expect.version if expect is not None else None
         if (key == name.rsplit("/", 1)[-1] and rng is not None and rng.start > 0
                 and version not in tries and (every_try or not tries)):
@@ -165,12 +165,21 @@ def _overwrite_while_copying(monkeypatch, url: str, bucket: str, name: str, *, e
             # sending this very loop a part that only the loop can read.
             await asyncio.to_thread(upload, url, bucket, name, written[-1])
         try:
-            return await real_get(self, key, rng, expect=expect)
+            return await read()
         except PreconditionFailed as exc:
             refused.append(exc)
             raise
 
+    async def get(self, key, rng=None, *, expect=None):
+        return await replace_before(key, rng, expect,
+                                    lambda: real_get(self, key, rng, expect=expect))
+
+    async def read_into(self, key, rng, buf, *, expect=None):  # parts are read into buffers
+        return await replace_before(key, rng, expect,
+                                    lambda: real_read_into(self, key, rng, buf, expect=expect))
+
     monkeypatch.setattr(GCSStore, "get", get)
+    monkeypatch.setattr(GCSStore, "read_into", read_into)
     return written, refused
 
 
