@@ -90,6 +90,9 @@ class Pair:
     src: ObjectInfo | None
     dst: ObjectInfo | None
     known: ManifestEntry | None = None
+    # A killed run's upload of this key is in the journal: whether it completed is the
+    # journal's to say (``Uploads.recognise``), not the target's size and time.
+    journalled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

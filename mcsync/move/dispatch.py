@@ -107,6 +107,10 @@ class Dispatch:
             return ObjectFailed.of(pair.key, "copy", src.size, exc,
                                    f"comparing content: {describe(exc)}")
 
+    def journalled(self, key: str) -> bool:
+        """Whether a killed run's upload of ``key`` is in the journal, not yet taken up."""
+        return self._transfer.uploads.journalled(key)
+
     def is_whole(self, action: Action) -> bool:
         """One request, never journalled: what a worker process may take."""
         return self._transfer.is_whole(action)

@@ -125,6 +125,9 @@ class Uploads:
             self._taken_up[key] = upload
         return prior
 
+    def journalled(self, key: str) -> bool:
+        return key in self.open_uploads
+
     def still_open(self, key: str) -> bool:
         return key in self._taken_up
 

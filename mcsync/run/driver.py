@@ -102,7 +102,8 @@ class Driver:
             # target whose manifest was kept is known to be empty before its first object.
             if self.holdings is not None:
                 self.holdings.target_empty = target.empty
-            yield Pair(key, s, d, get(key) if s is not None else None)
+            yield Pair(key, s, d, get(key) if s is not None else None,
+                       journalled=s is not None and self.dispatch.journalled(key))
 
     async def _manifest_pairs(self, src_list: AsyncIterator[Any],
                               entries: AsyncIterator[ManifestEntry]) -> AsyncIterator[Pair]:

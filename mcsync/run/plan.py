@@ -57,6 +57,10 @@ def plan(pair: Pair, options: SyncOptions, *, server_side: bool,
         return Action(copy, pair.key, src, None, "new" if target_listed else "not in manifest")
     if src.size != dst.size:
         return Action(copy, pair.key, src, dst, "size differs")
+    if pair.journalled:
+        # A killed run may have completed it and died before recording it: the transfer
+        # recognises that upload's result (and keeps its chunk digests) or sends it again.
+        return Action(copy, pair.key, src, dst, "a killed run's upload: its journal decides")
     if src.etag and dst.etag and src.etag == dst.etag:
         return Action("skip", pair.key, src, dst, "same etag")
     if src.mtime is not None and dst.mtime is not None and dst.mtime + MODIFY_WINDOW_S > src.mtime:

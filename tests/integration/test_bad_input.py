@@ -161,14 +161,15 @@ def test_a_size_that_is_no_size_is_a_usage_error(tmp_path, option, value):
 
 def test_concurrency_zero_is_a_usage_error(tmp_path):
     write_tree(tmp_path / "src", {"a": b"a"})
-    for option in ("--concurrency", "--part-concurrency"):
+    for option, says in (("--concurrency", "must be a number (1 or more) or auto, got '0'"),
+                         ("--part-concurrency", "0 is not in the range x>=1")):
         result = run_cli("sync", str(tmp_path / "src"), str(tmp_path / "dst"), option, "0", env={})
         assert result.exit_code == 2, result.output
         (line,) = [x for x in result.output.splitlines() if x.startswith("Error:")]
-        assert "0 is not in the range x>=1" in line and option in line
+        assert says in line and option in line
     assert not (tmp_path / "dst").exists()
     # the library says the same, in its own words
-    with pytest.raises(UsageError, match=r"^--concurrency must be at least 1, got 0$"):
+    with pytest.raises(UsageError, match=r"^--concurrency must be at least 1 \(or auto\), got 0$"):
         mcsync.sync(str(tmp_path / "src"), str(tmp_path / "dst"), concurrency=0)
     assert not (tmp_path / "dst").exists()
 

@@ -45,6 +45,16 @@ def test_same_size_newer_target_skips_older_target_copies():
     assert kind(Pair("a", o("a", mtime=6), o("a", mtime=5))) == "copy"
 
 
+def test_a_journalled_upload_is_the_journals_to_decide_not_size_and_time():
+    # A killed run's upload of "a": the target's object of the same size, newer, may be that
+    # upload's result; the transfer recognises it from the journal (or sends it again).
+    newer = Pair("a", o("a", etag="x", mtime=5), o("a", etag="x", mtime=9), journalled=True)
+    action = plan(newer, OPTS, server_side=False)
+    assert action is not None and action.kind == "copy" and "journal" in action.reason
+    assert kind(Pair("a", o("a", 10), o("a", 11), journalled=True)) == "copy"
+    assert kind(Pair("a", o("a"), None, journalled=True)) == "copy"
+
+
 def test_mtimes_within_the_stores_precision_count_as_equal():
     # uploaded within the second the file was written: S3 truncates LastModified
     assert kind(Pair("a", o("a", mtime=5.7), o("a", mtime=5.0))) == "skip"
