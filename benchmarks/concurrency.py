@@ -9,7 +9,8 @@ checked (every key, every size, a sample of bodies byte for byte) and then dropp
 
 Each run (``bench_measure.run_measured``): wall, client CPU, peak RSS, and from the ``--json``
 report what it settled on (``concurrency``) and what limited it (``limited_by``). Medians and
-ranges per (set, setting), and each setting's median wall over the best fixed setting's.
+ranges per (set, setting), each setting's median wall over the best fixed setting's, and
+auto's wall over each fixed setting's in the same round (the median over rounds).
 
     .venv/bin/python benchmarks/concurrency.py                     # ~8 min
     .venv/bin/python benchmarks/concurrency.py --repeat 5 --rtt-ms 20 --json conc.json
@@ -160,9 +161,18 @@ def rotated(items: list[str], n: int) -> Iterator[str]:
     yield from items[k:] + items[:k]
 
 
+def paired(runs: list[Run], setting: str) -> float:
+    """auto's wall over ``setting``'s in the same round, the median over rounds: the load of
+    a shared machine drifts between rounds more than within one."""
+    ratios = [a.wall_s / b.wall_s for a in runs if a.setting == "auto"
+              for b in runs if b.setting == setting and b.round == a.round]
+    return statistics.median(ratios) if ratios else float("nan")
+
+
 def table(runs: list[Run]) -> str:
-    lines = ["| set | --concurrency | wall s, median (range) | ÷ best fixed | CPU s | RSS MiB "
-             "| settled on | limited by | ok |", "|---|---|---:|---:|---:|---:|---|---|---|"]
+    lines = ["| set | --concurrency | wall s, median (range) | ÷ best fixed | auto ÷ this, "
+             "paired | CPU s | RSS MiB | settled on | limited by | ok |",
+             "|---|---|---:|---:|---:|---:|---:|---|---|---|"]
     for name in dict.fromkeys(r.set for r in runs):
         mine = [r for r in runs if r.set == name]
         walls = {s: statistics.median(r.wall_s for r in mine if r.setting == s)
@@ -174,8 +184,9 @@ def table(runs: list[Run]) -> str:
             lo, hi = min(r.wall_s for r in rs), max(r.wall_s for r in rs)
             settled = rs[-1].settled if s == "auto" else ""
             verdicts = "/".join(sorted({r.verdict for r in rs}))
+            pair = "" if s == "auto" else f"{paired(mine, s):.2f}"
             lines.append(f"| {name} | {s} | {wall:.2f} ({lo:.2f}-{hi:.2f}) | {wall / best:.2f} "
-                         f"| {statistics.median(r.cpu_s for r in rs):.2f} "
+                         f"| {pair} | {statistics.median(r.cpu_s for r in rs):.2f} "
                          f"| {statistics.median(r.rss_mib for r in rs):.0f} | {settled} "
                          f"| {verdicts} | {sum(r.ok for r in rs)}/{len(rs)} |")
     return "\n".join(lines)
