@@ -52,6 +52,7 @@ import contextlib
 import inspect
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -203,6 +204,21 @@ def gcs_bucket(gcs: str) -> str:
     name = f"gcs-{uuid.uuid4().hex[:12]}"
     create_bucket(gcs, name)
     return name
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    """A fresh directory on tmpfs (/dev/shm), removed after the test: file work there costs
+    no disk, so a run between two trees in it is bound by this client."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        pytest.skip("no writable /dev/shm (tmpfs) on this machine")
+    work = shm / f"mcsync-test-{uuid.uuid4().hex[:12]}"
+    work.mkdir()
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture

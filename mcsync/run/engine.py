@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ..bottleneck import RunTimings, WorkersSpent, judge, with_workers
+from ..bottleneck import LimitedBy, RunTimings, WorkersSpent, judge, with_workers
 from ..checkpoints.frameworks import Completion
 from ..checkpoints.latest import Chosen, choose, only_chosen
 from ..config import SyncOptions
@@ -320,8 +320,8 @@ class _Run:
         main = asyncio.current_task()
         self.pacing.listeners.append(self._throttled)
         watchdog = asyncio.create_task(self._watchdog(main)) if main else None
-        judging = asyncio.create_task(self._judge_every(BOTTLENECK_EVERY_S))
-        tuning = (asyncio.create_task(self._tune_every(TUNED_INTERVAL_S))
+        judging = asyncio.create_task(self._judge_every(BOTTLENECK_EVERY_S, self._shown))
+        tuning = (asyncio.create_task(self._judge_every(TUNED_INTERVAL_S, self._told))
                   if self.limits.tuned else None)
         keeper = self.keeper
         uploader = asyncio.create_task(keeper.refresh()) if keeper else None
@@ -429,16 +429,26 @@ class _Run:
             log.info("removed %d temporary files a killed run left in %s", len(swept),
                      self.dst.url)
 
-    async def _judge_every(self, seconds: float) -> None:
-        """What bounded the run over each last ``seconds``, for the progress display (on
-        the loop's thread: the meter reads that thread's clock)."""
+    async def _judge_every(self, seconds: float, found: Callable[[LimitedBy], None]) -> None:
+        """What bounded the run over each last ``seconds``, handed to ``found`` when something
+        did (on the loop's thread: the meter reads that thread's clock)."""
         while True:
             meter = Meter(*self.pacing.timings())
             workers = self.workers.spent if self.workers is not None else WorkersSpent()
             await asyncio.sleep(seconds)
-            found = judge(self._timings(meter, since=workers))
-            if found.verdict != "none":
-                self.emit(Bottleneck(found.verdict, found.describe()))
+            verdict = judge(self._timings(meter, since=workers))
+            if verdict.verdict != "none":
+                found(verdict)
+
+    def _shown(self, found: LimitedBy) -> None:
+        """For the progress display."""
+        self.emit(Bottleneck(found.verdict, found.describe()))
+
+    def _told(self, found: LimitedBy) -> None:
+        """--concurrency auto: the limits that tune themselves grow no further where more
+        in flight cannot help."""
+        self.limits.objects.bound_by(found.verdict)
+        self.limits.parts.bound_by(found.verdict)
 
     def _timings(self, meter: Meter, since: WorkersSpent | None = None) -> RunTimings:
         """What the run measured since ``meter`` started, with what its workers spent; over a
@@ -449,19 +459,6 @@ class _Run:
             return t
         spent = w.spent if since is None else w.spent.since(since)
         return with_workers(t, spent, w.size, socket.gethostname(), cpu=since is None)
-
-    async def _tune_every(self, seconds: float) -> None:
-        """--concurrency auto: what bounds the run, judged over each last ``seconds``, told to
-        the limits that tune themselves (they grow no further where more in flight cannot
-        help)."""
-        while True:
-            meter = Meter(*self.pacing.timings())
-            workers = self.workers.spent if self.workers is not None else WorkersSpent()
-            await asyncio.sleep(seconds)
-            found = judge(self._timings(meter, since=workers))
-            if found.verdict != "none":
-                self.limits.objects.bound_by(found.verdict)
-                self.limits.parts.bound_by(found.verdict)
 
     def _settled(self) -> SettledConcurrency | None:
         limits = self.limits

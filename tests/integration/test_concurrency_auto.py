@@ -6,11 +6,7 @@ tuning settled on, the most it allowed) is asserted, never a time."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
-
-import pytest
 
 from mcsync.limits import TUNED_OBJECTS_START
 from testbed.faultproxy import FaultProxy, Rule, Stall
@@ -43,24 +39,17 @@ def test_a_target_slow_to_answer_gets_more_objects_in_flight(
     assert read_bucket(seaweed, bucket) == files
 
 
-def test_a_client_bound_run_grows_no_further(tmp_path: Path) -> None:
+def test_a_client_bound_run_grows_no_further(shm_dir: Path) -> None:
     # Many tiny files between two tmpfs trees: this process's CPU is the limit, and more
     # objects in flight cannot help. The tuning may climb once before the run's first verdict
     # (a second in), never after it.
-    shm = Path("/dev/shm")
-    if not (shm.is_dir() and os.access(shm, os.W_OK)):
-        pytest.skip("no writable /dev/shm (tmpfs) on this machine")
     files = {f"d{i % 20:02d}/f{i:05d}": payload(256, i) for i in range(4000)}
-    work = shm / f"mcsync-auto-client-{os.getpid()}"
-    try:
-        write_tree(work / "src", files)
-        doc, _ = sync_json(str(work / "src"), str(work / "dst"), "-c", "auto", env={})
-        assert doc["limited_by"]["verdict"] == "client", doc["limited_by"]
-        settled = doc["concurrency"]
-        assert settled["objects_peak"] <= 2 * TUNED_OBJECTS_START, settled
-        assert read_tree(work / "dst") == files
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    write_tree(shm_dir / "src", files)
+    doc, _ = sync_json(str(shm_dir / "src"), str(shm_dir / "dst"), "-c", "auto", env={})
+    assert doc["limited_by"]["verdict"] == "client", doc["limited_by"]
+    settled = doc["concurrency"]
+    assert settled["objects_peak"] <= 2 * TUNED_OBJECTS_START, settled
+    assert read_tree(shm_dir / "dst") == files
 
 
 def test_a_fixed_concurrency_reports_no_tuning(tmp_path: Path) -> None:
