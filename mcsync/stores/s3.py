@@ -293,6 +293,12 @@ class S3Store:
         """Bytes ``rng`` of ``key`` into ``buf`` (pinned as ``get``), a piece at a time: a
         part read whole is a new buffer of obstore's, fresh pages each, where the run's
         buffers are reused (figures: benchmarks/README.md)."""
+        wire = await self._clients.wire()
+        if wire is not None:
+            what = self._what(key)
+            with self._clients.translating(what):
+                return await wire.read_into(self.bucket, self.full_key(key), what, rng, buf,
+                                            expect.etag if expect is not None else None)
         body = await self.open_range(key, rng, expect=expect)
         return await asyncio.to_thread(fill, body, buf)
 
