@@ -15,6 +15,7 @@ from urllib.parse import quote, unquote_plus, urlsplit
 
 from ..errors import Transient
 from ..types import Buffer
+from .s3_body import BodyChecksums
 from .s3_clients import ClientSettings
 from .s3_errors import S3Answered, crt_answer
 
@@ -124,6 +125,15 @@ class S3Requests:
         if not etag:
             raise Transient(f"{what}: UploadPart {number} answered no ETag")
         return etag
+
+    async def put_object(self, bucket: str, key: str, data: Buffer, checksums: BodyChecksums,
+                         what: str) -> str | None:
+        """PutObject of ``data`` with a checksum the target verifies; its ETag."""
+        async def send(header: str, value: str) -> Response:
+            return await self.request("PUT", bucket, key, what, operation="PutObject",
+                                      headers=[(header, value)], body=data)
+
+        return (await checksums.send("put_object", data, send)).headers.get("etag")
 
     async def copy_part(self, bucket: str, key: str, upload_id: str, number: int,
                         source_bucket: str, source_key: str, source_etag: str | None,

@@ -61,6 +61,9 @@ from .s3_transport import BotocoreTransport, CrtTransport, MultipartTransport, U
 from .s3_wire import WireClient
 
 log = logging.getLogger(__name__)
+# A smaller body goes by obstore: a request of its costs less in Rust than a thread's hop and
+# http.client's Python; a larger one's copies cost more (figures: benchmarks/README.md).
+WIRE_FROM = 1 << 20
 T = TypeVar("T")
 
 # What obstore raises for a key it cannot spell (a path it would normalise): botocore then.
@@ -392,10 +395,11 @@ class S3Clients:
             self._crt_sends_bodies = not settings.sign_payload
         return self._crt if self._crt_sends_bodies or not body else None
 
-    async def wire(self) -> WireClient | None:
-        """mcsync's own connections, for the relay's bodies (a part's GET into a buffer, an
-        UploadPart from one), where the CRT would send bodies: None elsewhere."""
-        if await self.crt_client(body=True) is None:
+    async def wire(self, size: int | None = None) -> WireClient | None:
+        """mcsync's own connections, for the relay's bodies (a GET into a buffer, a PUT or an
+        UploadPart from one) of ``size`` bytes or more than ``WIRE_FROM`` (None: any), where
+        the CRT would send bodies: None elsewhere."""
+        if (size is not None and size < WIRE_FROM) or await self.crt_client(body=True) is None:
             return None
         if self._wire is None:
             assert self._keys is not None  # crt_client resolved them

@@ -14,8 +14,8 @@ where ``ClientSettings.sign_payload`` is False, as the CRT's own S3 client is; e
 carries the checksum header its caller gives, which the target verifies). Answers are reduced
 to ``s3_errors.Answer`` and translated by the one table; a failed connection is mcsync's error
 here. No retries: those are the store's one retry layer's (a reused connection the server had
-closed is the exception: the request is sent once more on a new one, as Go's and urllib3's
-clients do, since nothing of it was answered).
+closed is the exception: a request that failed there before any answer is sent once more on a
+new connection, as Go's client does; the wire sends only GETs and PUTs, which may be repeated).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from .._version import __version__
 from ..errors import Permanent, Transient, Unreachable
 from ..types import Buffer, ByteRange
 from .s3_clients import ClientSettings
@@ -40,6 +41,7 @@ from .s3_keys import Keys
 from .s3_requests import ANSWER_TIMEOUT_S, SLOWEST_SEND_BYTES_S, Endpoint, Response, S3Requests
 
 CONNECT_TIMEOUT_S = 10.0
+USER_AGENT = ("User-Agent", f"mcsync/{__version__} wire")
 # How long a cancelled request may take to let go of the caller's buffer (its socket is shut
 # down at once; this bounds the thread's way out).
 RELEASE_TIMEOUT_S = 10.0
@@ -53,6 +55,7 @@ class _Call:
 
     conn: http.client.HTTPConnection | None = None
     cancelled: bool = False
+    answered: bool = False  # a status line came back: not to be sent again
 
     def abort(self) -> None:
         self.cancelled = True
@@ -92,7 +95,7 @@ class WireClient(S3Requests):
         host, path = self._endpoint.target(bucket, key)
         target = f"{path}?{query}" if query else path
         length = memoryview(body).nbytes if body is not None else 0
-        sent = await self._signed(method, target, [("Host", host),
+        sent = await self._signed(method, target, [("Host", host), USER_AGENT,
                                                    ("Content-Length", str(length)), *headers])
         got = await self._run(what, method, target, sent, body, None)
         if got.status >= 300:
@@ -105,7 +108,7 @@ class WireClient(S3Requests):
         ``if_match``, if given); the view of them. Transient if the body is not exactly the
         range."""
         host, path = self._endpoint.target(bucket, key)
-        asked = [("Host", host), ("Range", f"bytes={rng.start}-{rng.end - 1}")]
+        asked = [("Host", host), USER_AGENT, ("Range", f"bytes={rng.start}-{rng.end - 1}")]
         if if_match:
             asked.append(("If-Match", f'"{if_match}"'))
         sent = await self._signed("GET", path, asked)
@@ -167,7 +170,7 @@ class WireClient(S3Requests):
             try:
                 return self._send(call, method, target, headers, body, into)
             except _STALE:
-                if not reused or call.cancelled:
+                if not reused or call.cancelled or call.answered:
                     raise
                 self._drop(call)
                 self._take(call, fresh=True)
@@ -204,6 +207,7 @@ class WireClient(S3Requests):
             sock.sendall(view)
             sock.settimeout(ANSWER_TIMEOUT_S)
         resp = conn.getresponse()
+        call.answered = True
         answered = {name.lower(): value for name, value in resp.getheaders()}
         read = 0
         if into is not None and resp.status < 300:

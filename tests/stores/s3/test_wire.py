@@ -1,0 +1,180 @@
+"""The relay's bodies over mcsync's own connections (``stores/s3_wire.py``), against SeaweedFS
+behind the fault proxy: which requests go by them, what a damaged, short, refused or stalled
+exchange becomes, a cancelled read letting go of the caller's buffer, and a connection the
+server dropped while idle."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from mcsync.errors import IntegrityError, NotFound, PreconditionFailed, Transient, Unreachable
+from mcsync.stores.s3 import S3Store
+from mcsync.stores.s3_keys import S3Credentials
+from mcsync.stores.s3_store_clients import WIRE_FROM
+from mcsync.stores.s3_wire import WireClient
+from mcsync.types import ByteRange, ObjectInfo
+from testbed.faultproxy import Corrupt, FaultProxy, Reset, Rule, ShortBody, Stall
+from testbed.servers import S3Endpoint
+
+from ...integration.helpers import new_bucket, payload, put_objects, read_bucket, sync_stores
+
+MiB = 1 << 20
+WIRE = "mcsync/"  # the wire's User-Agent starts so (with the version, then " wire")
+
+
+@pytest.fixture
+def proxy(seaweed: S3Endpoint) -> Iterator[FaultProxy]:
+    with FaultProxy(seaweed, seed=3).running() as p:
+        yield p
+
+
+def _store(ep: S3Endpoint, bucket: str, prefix: str = "p/") -> S3Store:
+    return S3Store(scheme="s3", bucket=bucket, prefix=prefix, endpoint_url=ep.url,
+                   region=ep.region, credentials=S3Credentials(ep.access_key, ep.secret_key))
+
+
+def _by_wire(proxy: FaultProxy, op: str) -> tuple[int, int]:
+    """(by the wire, by any other client) of the requests ``op`` the proxy saw."""
+    seen = proxy.exchanges(op)
+    wire = sum(1 for e in seen if e.headers.get("user-agent", "").endswith(" wire"))
+    return wire, len(seen) - wire
+
+
+def test_a_relay_sends_its_bodies_by_the_wire_byte_for_byte(
+        seaweed: S3Endpoint, proxy: FaultProxy) -> None:
+    objects = {"big.bin": payload(21 * MiB + 5, 1), "mid.bin": payload(3 * MiB, 2),
+               "tiny.json": payload(900, 3)}
+    src, dst = new_bucket(seaweed, "src"), new_bucket(seaweed, "dst")
+    put_objects(seaweed, src, objects, prefix="p/")
+    # Two addresses, so the stores are two endpoints (one would copy server-side).
+    with FaultProxy(seaweed).running() as target:
+        report = sync_stores(_store(proxy.endpoint, src), _store(target.endpoint, dst))
+        assert report.exit_code == 0, report.failures
+        assert read_bucket(seaweed, dst, prefix="p/") == objects
+        # big.bin: 3 parts read and sent by the wire; mid.bin read and PUT whole by it;
+        # tiny.json, under WIRE_FROM, by obstore.
+        assert WIRE_FROM > 900
+        assert _by_wire(proxy, "GetObject") == (4, 1)
+        assert _by_wire(target, "UploadPart") == (3, 0)
+        assert _by_wire(target, "PutObject")[0] == 1
+        sent = [e for e in target.exchanges("PutObject") + target.exchanges("UploadPart")
+                if e.headers.get("user-agent", "").endswith(" wire")]
+    assert len(sent) == 4
+    assert all("x-amz-checksum-crc32c" in e.headers for e in sent)
+
+
+def test_a_body_damaged_on_the_way_is_refused_and_nothing_is_stored(
+        seaweed: S3Endpoint, proxy: FaultProxy) -> None:
+    bucket = new_bucket(seaweed, "dmg")
+    proxy.add(Rule(Corrupt(), op="PutObject", count=1))
+    store = _store(proxy.endpoint, bucket)
+
+    async def go() -> None:
+        try:
+            with pytest.raises(IntegrityError, match="dmg.bin"):
+                await store.put("dmg.bin", payload(2 * MiB, 4))
+        finally:
+            await store.aclose()
+
+    asyncio.run(go())
+    assert read_bucket(seaweed, bucket) == {}
+
+
+def _read(ep: S3Endpoint, bucket: str, key: str, rng: ByteRange,
+          expect: ObjectInfo | None = None) -> bytes:
+    async def go() -> bytes:
+        store = _store(ep, bucket)
+        try:
+            return bytes(await store.read_into(key, rng, bytearray(rng.length), expect=expect))
+        finally:
+            await store.aclose()
+
+    return asyncio.run(go())
+
+
+def test_reads_and_their_failures(seaweed: S3Endpoint, proxy: FaultProxy) -> None:
+    data = payload(4 * MiB + 3, 5)
+    bucket = new_bucket(seaweed, "rd")
+    put_objects(seaweed, bucket, {"x.bin": data}, prefix="p/")
+    ep = proxy.endpoint
+    whole = ByteRange(0, len(data))
+    assert _read(ep, bucket, "x.bin", ByteRange(MiB + 1, 3 * MiB)) == data[MiB + 1:3 * MiB]
+    assert _by_wire(proxy, "GetObject") == (1, 0)
+    with pytest.raises(NotFound, match="gone.bin"):
+        _read(ep, bucket, "gone.bin", whole)
+    etag = seaweed.client().head_object(Bucket=bucket, Key="p/x.bin")["ETag"].strip('"')
+    assert _read(ep, bucket, "x.bin", whole, ObjectInfo("x.bin", len(data), etag, None)) == data
+    with pytest.raises(PreconditionFailed, match="x.bin"):
+        _read(ep, bucket, "x.bin", whole, ObjectInfo("x.bin", len(data), "0" * 32, None))
+    proxy.add(Rule(ShortBody(0.5), op="GetObject", count=1))
+    with pytest.raises(Transient, match="x.bin"):
+        _read(ep, bucket, "x.bin", whole)
+    with pytest.raises(Unreachable, match="x.bin"):
+        _read(S3Endpoint("http://127.0.0.1:9", ep.access_key, ep.secret_key), bucket, "x.bin",
+              whole)
+
+
+def test_a_cancelled_read_lets_go_of_the_buffer_at_once(
+        seaweed: S3Endpoint, proxy: FaultProxy) -> None:
+    data = payload(2 * MiB, 6)
+    bucket = new_bucket(seaweed, "cx")
+    put_objects(seaweed, bucket, {"s.bin": data}, prefix="p/")
+    proxy.add(Rule(Stall(30), op="GetObject", count=1))
+    store = _store(proxy.endpoint, bucket)
+
+    async def go() -> tuple[float, bytes]:
+        try:
+            buf = bytearray(len(data))
+            task = asyncio.create_task(store.read_into("s.bin", ByteRange(0, len(data)), buf))
+            await asyncio.sleep(0.5)
+            started = time.monotonic()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            took = time.monotonic() - started
+            before = bytes(buf)
+            await asyncio.sleep(0.3)
+            assert bytes(buf) == before, "the buffer was written after the read returned"
+            # the connection it held is not handed out again: the next read is whole
+            again = await store.read_into("s.bin", ByteRange(0, len(data)), bytearray(len(data)))
+            return took, bytes(again)
+        finally:
+            await store.aclose()
+
+    took, again = asyncio.run(go())
+    assert took < 3, f"the cancelled read took {took:.1f} s to let go"
+    assert again == data
+
+
+def test_a_connection_dropped_while_idle_is_replaced_without_a_failure(
+        seaweed: S3Endpoint, proxy: FaultProxy) -> None:
+    data = payload(2 * MiB, 7)
+    bucket = new_bucket(seaweed, "idle")
+    put_objects(seaweed, bucket, {"a.bin": data}, prefix="p/")
+    store = _store(proxy.endpoint, bucket)
+    rng = ByteRange(0, len(data))
+
+    async def go() -> list[bytes]:
+        try:
+            first = bytes(await store.read_into("a.bin", rng, bytearray(len(data))))
+            wire = await store._clients.wire()
+            assert isinstance(wire, WireClient)
+            # The next request on the kept connection is reset before it reaches the server,
+            # as a connection the server closed while idle fails.
+            proxy.add(Rule(Reset("before"), op="GetObject", count=1))
+            second = bytes(await store.read_into("a.bin", rng, bytearray(len(data))))
+            return [first, second]
+        finally:
+            await store.aclose()
+
+    assert asyncio.run(go()) == [data, data]
+    outcomes = [e.outcome for e in proxy.exchanges("GetObject")]
+    assert outcomes == ["ok", "reset", "ok"]
+    # on a connection of its own, a reset before any answer is the retry layer's, not the wire's
+    proxy.add(Rule(Reset("before"), op="GetObject", count=1))
+    with pytest.raises(Transient):
+        _read(proxy.endpoint, bucket, "a.bin", rng)
