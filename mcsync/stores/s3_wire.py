@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
+import os
 import socket
 import ssl
 import threading
@@ -83,9 +84,16 @@ class WireClient(S3Requests):
         self._address = (parts.hostname or "", parts.port)
         self._credentials = CrtCredentials(keys)
         self._tls = _tls_context(settings) if self._endpoint.tls else None
+        self._start()
+
+    def _start(self) -> None:
+        """Threads and connections of this process's own: a forked child (a data loader's
+        worker) starts again, since the parent's threads are not in it and its connections
+        are the parent's."""
+        self._pid = os.getpid()
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
-        self._threads = ThreadPoolExecutor(max_workers=max(1, settings.max_connections),
+        self._threads = ThreadPoolExecutor(max_workers=max(1, self._settings.max_connections),
                                            thread_name_prefix="mcsync-wire")
 
     async def request(self, method: str, bucket: str, key: str | None, what: str, *,
@@ -150,6 +158,8 @@ class WireClient(S3Requests):
                    body: Buffer | None, into: memoryview | None) -> _Answer:
         """The exchange on a thread of this client's; when cancelled, its socket is shut and
         the thread waited for (the caller's buffer is free again once this returns)."""
+        if os.getpid() != self._pid:
+            self._start()  # the parent's connections are never used here
         call = _Call()
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._threads, self._exchange, call, what, method,

@@ -6,8 +6,10 @@ server dropped while idle."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -75,7 +77,7 @@ def test_a_body_damaged_on_the_way_is_refused_and_nothing_is_stored(
 
     async def go() -> None:
         try:
-            with pytest.raises(IntegrityError, match="dmg.bin"):
+            with pytest.raises(IntegrityError, match=r"dmg\.bin"):
                 await store.put("dmg.bin", payload(2 * MiB, 4))
         finally:
             await store.aclose()
@@ -104,16 +106,16 @@ def test_reads_and_their_failures(seaweed: S3Endpoint, proxy: FaultProxy) -> Non
     whole = ByteRange(0, len(data))
     assert _read(ep, bucket, "x.bin", ByteRange(MiB + 1, 3 * MiB)) == data[MiB + 1:3 * MiB]
     assert _by_wire(proxy, "GetObject") == (1, 0)
-    with pytest.raises(NotFound, match="gone.bin"):
+    with pytest.raises(NotFound, match=r"gone\.bin"):
         _read(ep, bucket, "gone.bin", whole)
     etag = seaweed.client().head_object(Bucket=bucket, Key="p/x.bin")["ETag"].strip('"')
     assert _read(ep, bucket, "x.bin", whole, ObjectInfo("x.bin", len(data), etag, None)) == data
-    with pytest.raises(PreconditionFailed, match="x.bin"):
+    with pytest.raises(PreconditionFailed, match=r"x\.bin"):
         _read(ep, bucket, "x.bin", whole, ObjectInfo("x.bin", len(data), "0" * 32, None))
     proxy.add(Rule(ShortBody(0.5), op="GetObject", count=1))
-    with pytest.raises(Transient, match="x.bin"):
+    with pytest.raises(Transient, match=r"x\.bin"):
         _read(ep, bucket, "x.bin", whole)
-    with pytest.raises(Unreachable, match="x.bin"):
+    with pytest.raises(Unreachable, match=r"x\.bin"):
         _read(S3Endpoint("http://127.0.0.1:9", ep.access_key, ep.secret_key), bucket, "x.bin",
               whole)
 
@@ -178,3 +180,39 @@ def test_a_connection_dropped_while_idle_is_replaced_without_a_failure(
     proxy.add(Rule(Reset("before"), op="GetObject", count=1))
     with pytest.raises(Transient):
         _read(proxy.endpoint, bucket, "a.bin", rng)
+
+
+def _read_in_child(store: S3Store, rng: ByteRange, out: Any) -> None:
+    async def go() -> bytes:
+        return bytes(await store.read_into("f.bin", rng, bytearray(rng.length)))
+
+    out.put(asyncio.run(go()))
+
+
+def test_a_child_forked_after_the_parent_read_reads_on_connections_of_its_own(
+        seaweed: S3Endpoint) -> None:
+    data = payload(3 * MiB, 8)
+    bucket = new_bucket(seaweed, "fork")
+    put_objects(seaweed, bucket, {"f.bin": data}, prefix="p/")
+    store = _store(seaweed, bucket)
+    rng = ByteRange(0, len(data))
+    loop = asyncio.new_event_loop()
+    try:
+        assert bytes(loop.run_until_complete(
+            store.read_into("f.bin", rng, bytearray(len(data))))) == data
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        children = [ctx.Process(target=_read_in_child, args=(store, rng, out)) for _ in range(3)]
+        for child in children:
+            child.start()
+        got = [out.get(timeout=60) for _ in children]
+        for child in children:
+            child.join(timeout=30)
+        assert [child.exitcode for child in children] == [0, 0, 0]
+        assert got == [data] * 3
+        # the parent's own connection still answers after its children's exit
+        assert bytes(loop.run_until_complete(
+            store.read_into("f.bin", rng, bytearray(len(data))))) == data
+    finally:
+        loop.run_until_complete(store.aclose())
+        loop.close()
