@@ -274,8 +274,11 @@ class S3Store:
     async def get(
         self, key: str, rng: ByteRange | None = None, *, expect: ObjectInfo | None = None
     ) -> Buffer:
+        # A whole object by the wire is a range of its listed size: pinned to its ETag, so a
+        # changed object is refused (412), never cut to the old size.
         known = rng if rng is not None else (
-            ByteRange(0, expect.size) if expect is not None and expect.size >= 0 else None)
+            ByteRange(0, expect.size) if expect is not None and expect.size >= 0
+            and expect.etag else None)
         if known is not None and await self._clients.wire(known.length) is not None:
             return await self.read_into(key, known, bytearray(known.length), expect=expect)
         resp = await self._request(key, rng, expect)

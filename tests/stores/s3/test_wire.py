@@ -98,6 +98,17 @@ def _read(ep: S3Endpoint, bucket: str, key: str, rng: ByteRange,
     return asyncio.run(go())
 
 
+def _get(ep: S3Endpoint, bucket: str, expect: ObjectInfo) -> bytes:
+    async def go() -> bytes:
+        store = _store(ep, bucket)
+        try:
+            return bytes(await store.get(expect.key, expect=expect))
+        finally:
+            await store.aclose()
+
+    return asyncio.run(go())
+
+
 def test_reads_and_their_failures(seaweed: S3Endpoint, proxy: FaultProxy) -> None:
     data = payload(4 * MiB + 3, 5)
     bucket = new_bucket(seaweed, "rd")
@@ -112,6 +123,12 @@ def test_reads_and_their_failures(seaweed: S3Endpoint, proxy: FaultProxy) -> Non
     assert _read(ep, bucket, "x.bin", whole, ObjectInfo("x.bin", len(data), etag, None)) == data
     with pytest.raises(PreconditionFailed, match=r"x\.bin"):
         _read(ep, bucket, "x.bin", whole, ObjectInfo("x.bin", len(data), "0" * 32, None))
+    # a whole object read by the wire is pinned to its listed ETag: a changed one is refused,
+    # not cut to the listed size
+    assert _get(ep, bucket, ObjectInfo("x.bin", len(data), etag, None)) == data
+    with pytest.raises(PreconditionFailed, match=r"x\.bin"):
+        _get(ep, bucket, ObjectInfo("x.bin", MiB, "0" * 32, None))
+    assert _by_wire(proxy, "GetObject")[1] == 0
     proxy.add(Rule(ShortBody(0.5), op="GetObject", count=1))
     with pytest.raises(Transient, match=r"x\.bin"):
         _read(ep, bucket, "x.bin", whole)
