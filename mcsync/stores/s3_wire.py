@@ -126,6 +126,9 @@ class WireClient(S3Requests):
             raise S3Answered(crt_answer(got.status, got.body))
         if got.read != rng.length:
             raise Transient(f"{what}: read {got.read} bytes of a {rng.length}-byte range")
+        if not _the_range(got, rng):
+            raise Transient(f"{what}: asked for bytes {rng.start}-{rng.end - 1}, answered "
+                            f"{got.status} {got.headers.get('content-range', '(no range)')}")
         return view
 
     def close(self) -> None:
@@ -214,7 +217,23 @@ class WireClient(S3Requests):
         if body is not None:
             view = memoryview(body).cast("B")
             sock.settimeout(ANSWER_TIMEOUT_S + view.nbytes / SLOWEST_SEND_BYTES_S)
-            sock.sendall(view)
+            try:
+                sock.sendall(view)
+            except OSError:
+                # A server may refuse before it has the body (403, expired keys) and close:
+                # its answer, if it sent one, is the error to report.
+                sock.settimeout(1.0)
+                try:
+                    early = conn.getresponse()
+                except (OSError, http.client.HTTPException):
+                    early = None
+                if early is None:
+                    raise
+                call.answered = True
+                data = early.read()
+                self._drop(call)
+                return _Answer(early.status, {k.lower(): v for k, v in early.getheaders()},
+                               data, 0)
             sock.settimeout(ANSWER_TIMEOUT_S)
         resp = conn.getresponse()
         call.answered = True
@@ -275,6 +294,15 @@ class WireClient(S3Requests):
         conn, call.conn = call.conn, None
         if conn is not None:
             conn.close()
+
+
+def _the_range(got: _Answer, rng: ByteRange) -> bool:
+    """Is the answer the range asked for: a 206 naming it, or a 200 of a whole object that is
+    exactly the range (a server that ignores Range answers 200 with the whole object)?"""
+    if got.status == 200:
+        return rng.start == 0 and got.headers.get("content-length") == str(rng.length)
+    found = got.headers.get("content-range", "").removeprefix("bytes ").partition("/")[0]
+    return found == f"{rng.start}-{rng.end - 1}"
 
 
 def _read_into(resp: http.client.HTTPResponse, view: memoryview) -> int:

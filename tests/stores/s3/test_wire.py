@@ -13,13 +13,20 @@ from typing import Any
 
 import pytest
 
-from mcsync.errors import IntegrityError, NotFound, PreconditionFailed, Transient, Unreachable
+from mcsync.errors import (
+    AccessDenied,
+    IntegrityError,
+    NotFound,
+    PreconditionFailed,
+    Transient,
+    Unreachable,
+)
 from mcsync.stores.s3 import S3Store
 from mcsync.stores.s3_keys import S3Credentials
 from mcsync.stores.s3_store_clients import WIRE_FROM
-from mcsync.stores.s3_wire import WireClient
+from mcsync.stores.s3_wire import WireClient, _Answer, _the_range
 from mcsync.types import ByteRange, ObjectInfo
-from testbed.faultproxy import Corrupt, FaultProxy, Reset, Rule, ShortBody, Stall
+from testbed.faultproxy import EXPIRED_TOKEN, Corrupt, FaultProxy, Reset, Rule, ShortBody, Stall
 from testbed.servers import S3Endpoint
 
 from ...integration.helpers import new_bucket, payload, put_objects, read_bucket, sync_stores
@@ -233,3 +240,36 @@ def test_a_child_forked_after_the_parent_read_reads_on_connections_of_its_own(
     finally:
         loop.run_until_complete(store.aclose())
         loop.close()
+
+
+def test_a_refused_put_is_reported_as_the_refusal(seaweed: S3Endpoint,
+                                                   proxy: FaultProxy) -> None:
+    # The proxy takes the whole body before it answers; a server that answers and closes
+    # before the body is sent (the wire's "early answer") is not built here.
+    bucket = new_bucket(seaweed, "ref")
+    proxy.add(Rule(EXPIRED_TOKEN, op="PutObject", count=1))
+    store = _store(proxy.endpoint, bucket)
+
+    async def go() -> None:
+        try:
+            with pytest.raises(AccessDenied, match=r"big\.bin: credentials expired"):
+                await store.put("big.bin", payload(16 * MiB, 9))
+            await store.put("big.bin", payload(2 * MiB, 9))  # the next one is not refused
+        finally:
+            await store.aclose()
+
+    asyncio.run(go())
+    assert read_bucket(seaweed, bucket, prefix="p/") == {"big.bin": payload(2 * MiB, 9)}
+
+
+@pytest.mark.parametrize(("status", "headers", "ok"), [
+    (206, {"content-range": "bytes 5-9/100"}, True),
+    (206, {"content-range": "bytes 0-4/100"}, False),  # another range than the one asked
+    (206, {}, False),
+    (200, {"content-length": "5"}, False),  # the whole object from 0, not bytes 5-9
+])
+def test_an_answer_is_the_range_asked_for(status: int, headers: dict[str, str],
+                                          ok: bool) -> None:
+    assert _the_range(_Answer(status, headers, b"", 5), ByteRange(5, 10)) is ok
+    whole = _Answer(200, {"content-length": "10"}, b"", 10)
+    assert _the_range(whole, ByteRange(0, 10))
