@@ -15,7 +15,7 @@ RSS, and mcsync's ``limited_by`` verdict; every target is checked (keys and size
     .venv/bin/python benchmarks/relay.py --paths gs,az --rounds 3
 
 ``--baseline DIR`` adds the mcsync of another checkout (``DIR/.venv``) to the cross rounds as
-``mcsync@base``: a change measured against the code before it in the same rounds.
+``mcsync-base``: a change measured against the code before it in the same rounds.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 SIZES = {"8k": 8 * KIB, "4m": 4 * MIB, "24m": 24 * MIB, "64m": 64 * MIB, "160m": 160 * MIB,
          "512m": 512 * MIB}
 QUARTER = GIB // 2  # one nested quarter of a 2 GiB set
-BASELINE = "mcsync@base"
+BASELINE = "mcsync-base"
 
 
 def log(msg: str) -> None:
@@ -187,7 +187,7 @@ class Bench:
             self.measure("cross", set_name, tool, rnd, inv.argv, inv.env, expect, ctx)
 
     def tool(self, name: str) -> McsyncTool | RcloneTool:
-        """``mcsync``, ``rclone``, or ``mcsync@base``: the mcsync of ``--baseline``'s
+        """``mcsync``, ``rclone``, or ``mcsync-base``: the mcsync of ``--baseline``'s
         checkout, beside this one in the same rounds."""
         if name == "rclone":
             return RcloneTool()
@@ -267,7 +267,7 @@ def main() -> int:
     p.add_argument("--workdir", type=Path)
     p.add_argument("--json", type=Path)
     p.add_argument("--baseline", type=Path,
-                   help="cross: also run the mcsync of this checkout (its .venv) as mcsync@base")
+                   help="cross: also run the mcsync of this checkout (its .venv) as mcsync-base")
     args = p.parse_args()
     paths = args.paths.split(",")
     sizes = [s for s in args.sizes.split(",") if s]
