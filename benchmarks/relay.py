@@ -13,6 +13,9 @@ RSS, and mcsync's ``limited_by`` verdict; every target is checked (keys and size
 
     .venv/bin/python benchmarks/relay.py --paths cross --rounds 3 --json cross.json
     .venv/bin/python benchmarks/relay.py --paths gs,az --rounds 3
+
+``--baseline DIR`` adds the mcsync of another checkout (``DIR/.venv``) to the cross rounds as
+``mcsync-base``: a change measured against the code before it in the same rounds.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 SIZES = {"8k": 8 * KIB, "4m": 4 * MIB, "24m": 24 * MIB, "64m": 64 * MIB, "160m": 160 * MIB,
          "512m": 512 * MIB}
 QUARTER = GIB // 2  # one nested quarter of a 2 GiB set
+BASELINE = "mcsync-base"
 
 
 def log(msg: str) -> None:
@@ -138,7 +142,7 @@ class Bench:
                               f" objects; {err.read_text(errors='replace')[-300:]}")
         run = Run(path, name, tool, rnd, len(expect), sum(expect.values()), res.wall_s,
                   res.cpu_s, res.user_s, res.sys_s, res.peak_rss_kib / 1024,
-                  os.getloadavg()[0], verdict(out) if tool == "mcsync" else "", ok, note)
+                  os.getloadavg()[0], verdict(out) if tool.startswith("mcsync") else "", ok, note)
         self.drop(ctx.confdir.name)
         gib = run.bytes / GIB
         log(f"{path:5} {name:9} {tool:7} r{rnd}  {run.wall_s:7.2f} s  cpu {run.cpu_s:6.2f} s"
@@ -179,8 +183,18 @@ class Bench:
         for tool in tools:
             ctx, dst = self.ctx(f"x-{name}-{str(total).replace('.', '')}-{tool}-{rnd}")
             src = S3Loc("A", "bench-src", prefix)
-            inv = (McsyncTool() if tool == "mcsync" else RcloneTool()).invocation(src, dst, ctx)
+            inv = self.tool(tool).invocation(src, dst, ctx)
             self.measure("cross", set_name, tool, rnd, inv.argv, inv.env, expect, ctx)
+
+    def tool(self, name: str) -> McsyncTool | RcloneTool:
+        """``mcsync``, ``rclone``, or ``mcsync-base``: the mcsync of ``--baseline``'s
+        checkout, beside this one in the same rounds."""
+        if name == "rclone":
+            return RcloneTool()
+        tool = McsyncTool()
+        if name == BASELINE:
+            tool.exe = str(self.args.baseline / ".venv" / "bin" / "mcsync")
+        return tool
 
     def relay(self, path: str, rnd: int, tools: list[str], expect: dict[str, int]) -> None:
         for tool in tools:
@@ -252,6 +266,8 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--workdir", type=Path)
     p.add_argument("--json", type=Path)
+    p.add_argument("--baseline", type=Path,
+                   help="cross: also run the mcsync of this checkout (its .venv) as mcsync-base")
     args = p.parse_args()
     paths = args.paths.split(",")
     sizes = [s for s in args.sizes.split(",") if s]
@@ -261,6 +277,10 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     log(f"work dir {work}; load {os.getloadavg()}")
     McsyncTool().compile_bytecode()
+    if args.baseline:
+        base = McsyncTool()
+        base.exe = str(args.baseline / ".venv" / "bin" / "mcsync")
+        base.compile_bytecode()
     bench: Bench | None = None
     try:
         with contextlib.ExitStack() as stack:
@@ -283,7 +303,9 @@ def main() -> int:
             for rnd in range(args.rounds):
                 for path in paths:
                     if path == "cross":
-                        tools = ["mcsync", "rclone"][:: 1 if rnd % 2 == 0 else -1]
+                        tools = ["mcsync", "rclone"] + ([BASELINE] if args.baseline else [])
+                        shift = rnd % len(tools)
+                        tools = tools[shift:] + tools[:shift]
                         for name in sizes:
                             for total in totals:
                                 if total > 0.5 and name in half_only:

@@ -1,6 +1,6 @@
 """S3 requests through the AWS Common Runtime (``awscrt``'s S3 client), to an explicit endpoint:
-CopyObject, the multipart upload API (create, UploadPart, UploadPartCopy, ListParts,
-complete, abort) and a listing delimited by "/" (a page at a time, which obstore cannot).
+the operations of ``s3_requests.S3Requests`` (CopyObject, the multipart upload API, a listing
+delimited by "/"), each sent by ``CrtClient.request``.
 
 What these requests cost the client is the start of what sends them and its CPU per request:
 the CRT is C, quick to import and light per request, where aiobotocore imports aiohttp and
@@ -19,10 +19,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
-from urllib.parse import quote, unquote_plus, urlsplit
 
 from ..errors import Permanent, Transient
 from ..retry import RetryPolicy
@@ -31,13 +28,8 @@ from .s3_body import Body
 from .s3_clients import ClientCert, ClientSettings
 from .s3_errors import S3Answered, crt_answer, crt_error
 from .s3_keys import Keys, S3Credentials
+from .s3_requests import ANSWER_TIMEOUT_S, SLOWEST_SEND_BYTES_S, Endpoint, Response, S3Requests
 
-# botocore's read_timeout: a CopyObject answers when the copy is done, so this bounds a copy
-# as it does botocore's (which fails a read that waits longer, and tries again). A request with
-# a body is given longer by its size: the CRT reports no progress of a body it sends, so a
-# part on a slow link is bounded by the slowest rate worth waiting for instead.
-ANSWER_TIMEOUT_S = 120.0
-SLOWEST_SEND_BYTES_S = 256 * 1024
 CONNECT_TIMEOUT_MS = 10_000
 # How long a cancelled request may take to let go of its body (the caller's buffer, which goes
 # back to the pool once this returns).
@@ -47,78 +39,38 @@ RELEASE_TIMEOUT_S = 10.0
 # checked, so met mid-run only with a bundle that lacks a CA the system's roots hold.
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """Where the requests go: ``host`` (with its port, if one is given) for the Host header,
-    the endpoint's own path (a store behind a path of a gateway), and whether they go over
-    TLS."""
+class CrtCredentials:
+    """The store's keys as the CRT's credentials provider, remade when the keys change
+    (renewed keys included)."""
 
-    host: str
-    tls: bool
-    path_style: bool
-    base: str = ""
+    def __init__(self, keys: Keys) -> None:
+        self._keys = keys
+        self._made: tuple[S3Credentials, Any] | None = None
 
-    @classmethod
-    def of(cls, settings: ClientSettings) -> Endpoint:
-        parts = urlsplit(settings.endpoint_url or "")
-        if not parts.netloc:
-            raise ValueError("the CRT client needs an explicit endpoint")
-        return cls(parts.netloc, parts.scheme == "https", settings.path_style,
-                   parts.path.rstrip("/"))
+    async def provider(self) -> Any:
+        from awscrt import auth
 
-    def target(self, bucket: str, key: str | None) -> tuple[str, str]:
-        """(Host header, path) of ``key`` in ``bucket`` (None: the bucket itself): keys
-        encoded as botocore does."""
-        if key is None:
-            return ((self.host, f"{self.base}/{bucket}") if self.path_style
-                    else (f"{bucket}.{self.host}", f"{self.base}/"))
-        if self.path_style:
-            return self.host, f"{self.base}/{bucket}/{quote(key, safe='/~')}"
-        return f"{bucket}.{self.host}", f"{self.base}/{quote(key, safe='/~')}"
+        creds, _ = await self._keys.current()
+        if self._made is None or self._made[0] != creds:
+            made = auth.AwsCredentialsProvider.new_static(
+                creds.access_key_id or "", creds.secret_access_key or "", creds.session_token)
+            self._made = (creds, made)
+        return self._made[1]
+
+    def forget(self) -> None:
+        self._made = None
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
-    """A 2xx answer: its headers (names lower-cased) and body."""
-
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
-def xml_fields(body: bytes, *names: str) -> dict[str, list[str]]:
-    """The texts of the elements named ``names`` anywhere in an S3 XML answer (namespaces
-    dropped), each in document order; empty lists for an answer that is no XML."""
-    import xml.etree.ElementTree as ET  # paid by the runs that need it, not every run
-
-    found: dict[str, list[str]] = {name: [] for name in names}
-    try:
-        root = ET.fromstring(body)
-    except ET.ParseError:
-        return found
-    for element in root.iter():
-        name = element.tag.rpartition("}")[2]
-        if name in found:
-            found[name].append(element.text or "")
-    return found
-
-
-def first(fields: dict[str, list[str]], name: str) -> str | None:
-    values = fields.get(name)
-    return values[0] if values else None
-
-
-class CrtClient:
+class CrtClient(S3Requests):
     """S3 requests to one store's endpoint, signed with its keys. The CRT's client and its
     threads are made on the first request (importing ``awscrt`` is a cost only the runs that
     need it pay)."""
 
     def __init__(self, settings: ClientSettings, keys: Keys) -> None:
         self._settings = settings
-        self._keys = keys
+        self._credentials = CrtCredentials(keys)
         self._endpoint = Endpoint.of(settings)
         self._client: Any = None
-        self._signed_with: tuple[S3Credentials, Any] | None = None
 
     def _open(self) -> Any:
         from awscrt import io, s3
@@ -150,17 +102,6 @@ class CrtClient:
             connect_timeout_ms=CONNECT_TIMEOUT_MS,
             **kwargs,
         )
-
-    async def _provider(self) -> Any:
-        """A credentials provider holding the keys to sign with now (renewed keys included)."""
-        from awscrt import auth
-
-        creds, _ = await self._keys.current()
-        if self._signed_with is None or self._signed_with[0] != creds:
-            provider = auth.AwsCredentialsProvider.new_static(
-                creds.access_key_id or "", creds.secret_access_key or "", creds.session_token)
-            self._signed_with = (creds, provider)
-        return self._signed_with[1]
 
     async def request(self, method: str, bucket: str, key: str | None, what: str, *,
                       operation: str,
@@ -202,7 +143,7 @@ class CrtClient:
             request=http.HttpRequest(method, f"{path}?{query}" if query else path,
                                      http.HttpHeaders(sent),
                                      body_stream=Body(body) if body is not None else None),
-            credential_provider=await self._provider(), on_headers=on_headers,
+            credential_provider=await self._credentials.provider(), on_headers=on_headers,
             on_body=on_body, on_done=on_done)
         limit = ANSWER_TIMEOUT_S + length / SLOWEST_SEND_BYTES_S
         try:
@@ -219,137 +160,10 @@ class CrtClient:
             raise crt_error(getattr(error, "name", type(error).__name__), what)
         return Response(status or 0, got, b"".join(chunks))
 
-    async def copy_object(self, source_bucket: str, source_key: str, source_etag: str | None,
-                          bucket: str, key: str, what: str) -> str | None:
-        """CopyObject ``source_bucket/source_key`` (only while its ETag is ``source_etag``,
-        if given) to ``bucket/key``; the new object's ETag (None if the answer holds none,
-        as botocore's would)."""
-        r = await self.request("PUT", bucket, key, what, operation="CopyObject",
-                               headers=_copy_source(source_bucket, source_key, source_etag))
-        return first(_checked(r, "ETag"), "ETag")
-
-    async def create_upload(self, bucket: str, key: str, what: str) -> str:
-        r = await self.request("POST", bucket, key, what, operation="CreateMultipartUpload",
-                               query="uploads")
-        upload_id = first(_checked(r, "UploadId"), "UploadId")
-        if not upload_id:
-            raise Transient(f"{what}: CreateMultipartUpload answered no upload id")
-        return upload_id
-
-    async def upload_part(self, bucket: str, key: str, upload_id: str, number: int,
-                          data: Buffer, checksum: tuple[str, str], what: str) -> str:
-        """UploadPart ``number`` with ``checksum`` (header, value) of ``data``; its ETag."""
-        r = await self.request("PUT", bucket, key, what, operation="UploadPart",
-                               query=f"partNumber={number}&uploadId={_q(upload_id)}",
-                               headers=[checksum], body=data)
-        etag = r.headers.get("etag")
-        if not etag:
-            raise Transient(f"{what}: UploadPart {number} answered no ETag")
-        return etag
-
-    async def copy_part(self, bucket: str, key: str, upload_id: str, number: int,
-                        source_bucket: str, source_key: str, source_etag: str | None,
-                        first_byte: int, last_byte: int, what: str) -> str | None:
-        """UploadPartCopy of bytes ``first_byte``-``last_byte`` (inclusive) of ``source_key``
-        (only while its ETag is ``source_etag``, if given) as part ``number``; its ETag."""
-        r = await self.request("PUT", bucket, key, what, operation="UploadPartCopy",
-                               query=f"partNumber={number}&uploadId={_q(upload_id)}",
-                               headers=[*_copy_source(source_bucket, source_key, source_etag),
-                                        ("x-amz-copy-source-range",
-                                         f"bytes={first_byte}-{last_byte}")])
-        return first(_checked(r, "ETag"), "ETag")
-
-    async def list_parts(self, bucket: str, key: str, upload_id: str,
-                         what: str) -> list[tuple[int, str, int]]:
-        """(number, ETag, size) of every part the upload holds, page after page."""
-        parts: list[tuple[int, str, int]] = []
-        marker = ""
-        while True:
-            query = f"uploadId={_q(upload_id)}" + (f"&part-number-marker={marker}"
-                                                   if marker else "")
-            r = await self.request("GET", bucket, key, what, operation="ListParts", query=query)
-            fields = _checked(r, "PartNumber", "ETag", "Size", "IsTruncated",
-                              "NextPartNumberMarker")
-            numbers, etags, sizes = fields["PartNumber"], fields["ETag"], fields["Size"]
-            if not len(numbers) == len(etags) == len(sizes):
-                raise Transient(f"{what}: ListParts answered parts without number, ETag or size")
-            parts.extend((int(n), e, int(z)) for n, e, z in zip(numbers, etags, sizes,
-                                                                strict=True))
-            following = first(fields, "NextPartNumberMarker")
-            if first(fields, "IsTruncated") != "true" or not following or following == marker:
-                return parts
-            marker = following
-
-    async def complete_upload(self, bucket: str, key: str, upload_id: str,
-                              parts: Sequence[tuple[int, str]], what: str) -> str | None:
-        """CompleteMultipartUpload of ``parts`` (number, ETag as recorded); the object's ETag."""
-        xml = "".join(f"<Part><PartNumber>{n}</PartNumber><ETag>&quot;{_xml(e)}&quot;</ETag>"
-                      "</Part>" for n, e in parts)
-        body = f"<CompleteMultipartUpload>{xml}</CompleteMultipartUpload>".encode()
-        r = await self.request("POST", bucket, key, what, operation="CompleteMultipartUpload",
-                               query=f"uploadId={_q(upload_id)}", body=body)
-        return first(_checked(r, "ETag"), "ETag")
-
-    async def abort_upload(self, bucket: str, key: str, upload_id: str, what: str) -> None:
-        await self.request("DELETE", bucket, key, what, operation="AbortMultipartUpload",
-                           query=f"uploadId={_q(upload_id)}")
-
-    async def list_level(self, bucket: str, prefix: str, *, after: str, token: str,
-                         page: int, what: str, delimiter: str = "/") -> dict[str, Any]:
-        """One ListObjectsV2 page under ``prefix`` delimited by ``delimiter`` ("": not
-        delimited), from the first name after ``after`` or from the continuation ``token``,
-        as botocore's: ``Contents`` (Key, Size, ETag, LastModified), ``CommonPrefixes``,
-        ``IsTruncated``, ``NextContinuationToken``."""
-        asked = [("list-type", "2"), ("delimiter", delimiter), ("encoding-type", "url"),
-                 ("max-keys", str(page)), ("prefix", prefix)]
-        asked.append(("continuation-token", token) if token else ("start-after", after))
-        query = "&".join(f"{name}={_q(value)}" for name, value in asked if value)
-        r = await self.request("GET", bucket, None, what, operation="ListObjectsV2",
-                               query=query)
-        if b"<Error>" in r.body:
-            raise S3Answered(crt_answer(r.status, r.body))
-        return listing_page(r.body, what)
-
     def close(self) -> None:
         """Let the client go: the CRT shuts it down on its own threads."""
         self._client = None
-        self._signed_with = None
-
-
-def listing_page(body: bytes, what: str) -> dict[str, Any]:
-    """A ListObjectsV2 answer as botocore parses it (keys URL-decoded where the answer says
-    they are encoded, as botocore does)."""
-    import xml.etree.ElementTree as ET  # paid by the runs that need it, not every run
-
-    try:
-        root = ET.fromstring(body)
-    except ET.ParseError:
-        raise Transient(f"{what}: a listing answered no XML") from None
-
-    def text(element: ET.Element, name: str) -> str:
-        for child in element:
-            if child.tag.rpartition("}")[2] == name:
-                return child.text or ""
-        return ""
-
-    contents: list[dict[str, Any]] = []
-    prefixes: list[str] = []
-    for element in root:
-        tag = element.tag.rpartition("}")[2]
-        if tag == "Contents":
-            contents.append({"Key": text(element, "Key"), "Size": int(text(element, "Size")),
-                             "ETag": text(element, "ETag"),
-                             "LastModified": datetime.fromisoformat(
-                                 text(element, "LastModified"))})
-        elif tag == "CommonPrefixes":
-            prefixes.append(text(element, "Prefix"))
-    if text(root, "EncodingType") == "url":
-        for c in contents:
-            c["Key"] = unquote_plus(c["Key"])
-        prefixes = [unquote_plus(p) for p in prefixes]
-    return {"Contents": contents, "CommonPrefixes": [{"Prefix": p} for p in prefixes],
-            "IsTruncated": text(root, "IsTruncated") == "true",
-            "NextContinuationToken": text(root, "NextContinuationToken")}
+        self._credentials.forget()
 
 
 def _mtls_options(pair: ClientCert) -> Any:
@@ -381,31 +195,6 @@ async def _release(request: Any, done: asyncio.Future[Any]) -> None:
     request.cancel()
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(done), RELEASE_TIMEOUT_S)
-
-
-def _checked(r: Response, *names: str) -> dict[str, list[str]]:
-    """The fields ``names`` of a 200 answer, which may still be an error: S3 answers
-    CompleteMultipartUpload and copies with 200 before it knows how they end."""
-    if b"<Error>" in r.body:
-        raise S3Answered(crt_answer(r.status, r.body))
-    return xml_fields(r.body, *names)
-
-
-def _copy_source(bucket: str, key: str, etag: str | None) -> list[tuple[str, str]]:
-    """The headers naming a copy's source, encoded as botocore does, and guarding it with its
-    ETag when one is given (a changed source is then refused with 412, never copied)."""
-    headers = [("x-amz-copy-source", quote(f"{bucket}/{key}", safe="/~"))]
-    if etag:
-        headers.append(("x-amz-copy-source-if-match", f'"{etag}"'))
-    return headers
-
-
-def _q(value: str) -> str:
-    return quote(value, safe="")
-
-
-def _xml(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def crt_retry_config(policy: RetryPolicy) -> Any:

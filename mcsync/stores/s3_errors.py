@@ -161,10 +161,10 @@ def _untrusted(exc: BaseException, what: str) -> Permanent | None:
     found = _BAD_CERTIFICATE.search(str(exc))
     if found is None:
         return None
-    return _not_trusted(what, (found.group(1) or found.group(2)).strip())
+    return not_trusted(what, (found.group(1) or found.group(2)).strip())
 
 
-def _not_trusted(what: str, reason: str) -> Permanent:
+def not_trusted(what: str, reason: str) -> Permanent:
     return Permanent(f"{what}: the endpoint's TLS certificate is not trusted ({reason}): a "
                      "private CA goes in AWS_CA_BUNDLE (meta://: MCSYNC_META_CA_BUNDLE)")
 
@@ -183,7 +183,7 @@ def crt_error(name: str, what: str) -> MCSyncError:
     certificate is Permanent (as botocore's and obstore's are), SlowDown Throttled, no
     connection Unreachable, anything else Transient."""
     if any(word in name for word in _CRT_REFUSED_TLS):
-        return _not_trusted(what, name)
+        return not_trusted(what, name)
     if any(word in name for word in _CRT_THROTTLED):
         return Throttled(f"{what}: throttled ({name})")
     if any(word in name for word in _CRT_UNREACHABLE):

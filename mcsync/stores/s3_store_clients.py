@@ -56,9 +56,14 @@ from .s3_clients import (
 from .s3_crt import CrtClient
 from .s3_errors import checksum_header_refusal, translate
 from .s3_keys import Keys, KeySource, Renewals, S3Credentials, process_keys
+from .s3_requests import S3Requests
 from .s3_transport import BotocoreTransport, CrtTransport, MultipartTransport, UploadIds
+from .s3_wire import WireClient
 
 log = logging.getLogger(__name__)
+# A smaller body goes by obstore: a request of its costs less in Rust than a thread's hop and
+# http.client's Python; a larger one's copies cost more (figures: benchmarks/README.md).
+WIRE_FROM = 1 << 20
 T = TypeVar("T")
 
 # What obstore raises for a key it cannot spell (a path it would normalise): botocore then.
@@ -114,6 +119,7 @@ class S3Clients:
         self._obstore: Any = None
         self._preflight: Any = None  # the check's obstore client (see ``probe``)
         self._crt: CrtClient | None = None
+        self._wire: WireClient | None = None
         self._crt_sends_bodies = False  # no payload to sign (see crt_client)
         self._keys: Keys | None = None  # once resolved: what every client signs with
         self._renewals = Renewals(url, bucket)  # of the keys, after refusals
@@ -226,6 +232,8 @@ class S3Clients:
     async def aclose(self) -> None:
         if self._crt is not None:
             self._crt.close()
+        if self._wire is not None:
+            self._wire.close()
         if self._botocore_cm is not None:
             cm, self._botocore_cm, self._botocore = self._botocore_cm, None, None
             await cm.__aexit__(None, None, None)
@@ -387,9 +395,21 @@ class S3Clients:
             self._crt_sends_bodies = not settings.sign_payload
         return self._crt if self._crt_sends_bodies or not body else None
 
+    async def wire(self, size: int | None = None) -> WireClient | None:
+        """mcsync's own connections, for the relay's bodies (a GET into a buffer, a PUT or an
+        UploadPart from one) of ``size`` bytes or more than ``WIRE_FROM`` (None: any), where
+        the CRT would send bodies: None elsewhere."""
+        if (size is not None and size < WIRE_FROM) or await self.crt_client(body=True) is None:
+            return None
+        if self._wire is None:
+            assert self._keys is not None  # crt_client resolved them
+            self._wire = WireClient(self._settings(self._region or "us-east-1"), self._keys)
+        return self._wire
+
     async def sender(self, *, body: bool = False) -> MultipartTransport:
-        """The transport that sends a multipart request (with a ``body``: UploadPart)."""
-        crt = await self.crt_client(body=body)
+        """The transport that sends a multipart request (with a ``body``: UploadPart, by
+        mcsync's own connections where the CRT would send it)."""
+        crt: S3Requests | None = await (self.wire() if body else self.crt_client())
         if crt is not None:
             return CrtTransport(crt, self.body_checksums)
         return BotocoreTransport(await self.botocore(), self.body_checksums)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from ..types import Buffer, ByteRange, PartRef
 from .s3_body import BodyChecksums, S3CopySource, botocore_body, unquote_etag
-from .s3_crt import CrtClient
+from .s3_requests import S3Requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +61,10 @@ class MultipartTransport(Protocol):
 
 
 class CrtTransport:
-    """The requests through the AWS CRT's client (``s3_crt``)."""
+    """The requests through one of mcsync's own clients: the AWS CRT's (``s3_crt``), or for
+    UploadPart mcsync's connections (``s3_wire``)."""
 
-    def __init__(self, crt: CrtClient, checksums: BodyChecksums) -> None:
+    def __init__(self, crt: S3Requests, checksums: BodyChecksums) -> None:
         self._crt = crt
         self._checksums = checksums
 

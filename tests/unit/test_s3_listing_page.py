@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 import pytest
 
 from mcsync.errors import Transient
-from mcsync.stores.s3_crt import listing_page
+from mcsync.stores.s3_requests import listing_page
 
 NS = 'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
 
