@@ -19,12 +19,18 @@ and on 127.0.0.1 uncapped. Each round, entrants rotated, each from a cold start:
   boto3, said so. Apart: an fsync of the downloaded file, timed and left out of the rest
   (the cache's entry is durable when committed; s5cmd's file is not).
 
+- **floor** (``--floor``): the least any reader could do, in a child timed as mcsync's
+  (numpy imported before its clock): ONE range GET of exactly the header and the first
+  tensor with obstore (signed, no cache, no file), and when those bytes are in memory. What
+  is left between it and s5cmd's first byte is the link and the first tensor's size, which
+  mcsync cannot change; what is between it and mcsync's first tensor is mcsync's.
+
 Every loaded tensor is compared with the file's bytes after the clock stops (xxh3 of the data
 section). Medians and ranges over ``--repeat`` rounds; the load average is sampled.
 
     python benchmarks/cache_safetensors.py [--mib 512] [--tensors 64] [--repeat 3]
                                            [--link-mbit N] [--workdir DIR] [--json OUT]
-                                           [--cold-numpy]
+                                           [--cold-numpy] [--floor]
 """
 
 from __future__ import annotations
@@ -109,6 +115,37 @@ def probe(cache_dir: str, url: str, cold_numpy: bool = False) -> dict[str, Any]:
     finally:
         cache.close()
     return out
+
+
+# --- the floor: one range GET of the header and the first tensor, nothing else ------------
+
+def first_tensor_end(path: Path) -> int:
+    """Bytes from the file's start to the end of its first tensor (the header included)."""
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return 8 + length + min(t["data_offsets"][1] for t in header.values()
+                            if t["data_offsets"][0] == 0)
+
+
+def floor_probe(endpoint: str, nbytes: int) -> dict[str, Any]:
+    import numpy  # noqa: F401  (as mcsync's child has it: before the clock)
+    import obstore
+    import xxhash
+    from obstore.store import S3Store
+
+    t0 = time.perf_counter()
+    store = S3Store(BUCKET, config={
+        "aws_endpoint_url_s3": endpoint, "region": os.environ["AWS_REGION"],
+        "access_key_id": os.environ["AWS_ACCESS_KEY_ID"],
+        "secret_access_key": os.environ["AWS_SECRET_ACCESS_KEY"],
+        "virtual_hosted_style_request": False}, client_options={"allow_http": True})
+    client_s = time.perf_counter() - t0
+    data = obstore.get_range(store, KEY, start=0, length=nbytes)
+    first = time.perf_counter() - t0
+    return {"client_s": client_s, "first_s": first, "got": len(data),
+            "digest": xxhash.xxh3_128_hexdigest(memoryview(data))}
 
 
 # --- download then load --------------------------------------------------------------------
@@ -198,6 +235,9 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--probe":
         print(json.dumps(probe(sys.argv[2], sys.argv[3], "--cold-numpy" in sys.argv)))
         return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--floor-probe":
+        print(json.dumps(floor_probe(sys.argv[2], int(sys.argv[3]))))
+        return 0
     import bench_netns
     from bench_tools import _venv_or_path, base_env
 
@@ -212,6 +252,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--cold-numpy", action="store_true",
                     help="mcsync's clock includes importing numpy (the download side's does not)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also one range GET of the header and first tensor, no cache")
     args = ap.parse_args()
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="mcsync-stbench-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -219,6 +261,11 @@ def main() -> int:
     local = workdir / "model.safetensors"
     want = make_checkpoint(local, args.mib, args.tensors)
     size = local.stat().st_size
+    head_end = first_tensor_end(local)
+    with open(local, "rb") as f:
+        import xxhash
+
+        head_digest = xxhash.xxh3_128_hexdigest(f.read(head_end))
     s5cmd = _binary(_venv_or_path("s5cmd"))
     log(f"work dir {workdir}; {size / MiB:.0f} MiB checkpoint, {args.tensors} tensors; "
         f"download with {s5cmd or 'one streamed GET (no s5cmd found)'}")
@@ -249,9 +296,19 @@ def main() -> int:
         env = base_env() | {"PYTHONPATH": str(REPO)}
         for rep in range(1, args.repeat + 1):
             for name, ep in servers.items():
-                entrants = ["mcsync", "download"]
-                for who in entrants[rep % 2:] + entrants[:rep % 2]:
-                    if who == "mcsync":
+                entrants = ["mcsync", "download"] + ["floor"] * args.floor
+                turn = rep % len(entrants)
+                for who in entrants[turn:] + entrants[:turn]:
+                    if who == "floor":
+                        proc = subprocess.run(
+                            [sys.executable, str(Path(__file__).resolve()), "--floor-probe",
+                             ep.url, str(head_end)], env=env | _keys(ep),
+                            capture_output=True, text=True, check=False)
+                        if proc.returncode != 0:
+                            raise SystemExit(f"floor probe failed: {proc.stderr[-500:]}")
+                        out = json.loads(proc.stdout)
+                        ok = out.pop("got") == head_end and out["digest"] == head_digest
+                    elif who == "mcsync":
                         d = workdir / "cache"
                         shutil.rmtree(d, ignore_errors=True)
                         proc = subprocess.run(
@@ -298,6 +355,9 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, size: int, link
             continue
         ours = [r for r in mine if r["who"] == "mcsync"]
         theirs = [r for r in mine if r["who"] == "download"]
+        floors = [r for r in mine if r["who"] == "floor"]
+        first_byte = {r["rep"]: r["first_byte_s"] for r in theirs
+                      if r["first_byte_s"] is not None}
         for label, vals in (
                 ("mcsync `iter_safetensors`: first tensor in memory", [r["first_s"] for r in ours]),
                 ("mcsync: every tensor in memory, entry committed", [r["whole_s"] for r in ours]),
@@ -309,8 +369,16 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, size: int, link
                  [r["fsync_s"] for r in theirs]),
                 (f"{tool} + `safe_open().get_tensor`: first tensor",
                  [r["first_s"] for r in theirs]),
-                (f"{tool} + `load_file`: every tensor", [r["whole_s"] for r in theirs])):
-            lines.append(f"| {link} | {label} | {summary(vals)}")
+                (f"{tool} + `load_file`: every tensor", [r["whole_s"] for r in theirs]),
+                ("floor: header + first tensor in memory, one range GET, no cache",
+                 [r["first_s"] for r in floors]),
+                (f"mcsync first tensor − {tool}'s first byte, same round",
+                 [r["first_s"] - first_byte[r["rep"]] for r in ours if r["rep"] in first_byte]),
+                (f"floor − {tool}'s first byte, same round",
+                 [r["first_s"] - first_byte[r["rep"]] for r in floors
+                  if r["rep"] in first_byte])):
+            if vals or not label.startswith("floor"):
+                lines.append(f"| {link} | {label} | {summary(vals)}")
         wholes = [o["whole_s"] / t["whole_s"] for o, t in zip(
             sorted(ours, key=lambda r: r["rep"]), sorted(theirs, key=lambda r: r["rep"]),
             strict=False)]
