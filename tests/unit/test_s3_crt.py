@@ -24,8 +24,8 @@ from mcsync.errors import (
 from mcsync.retry import RetryPolicy
 from mcsync.stores.s3_clients import ClientSettings
 from mcsync.stores.s3_crt import crt_retry_config
-from mcsync.stores.s3_requests import Endpoint, Response, _checked, first, xml_fields
 from mcsync.stores.s3_errors import S3Answered, answer_of, crt_answer, crt_error, translate
+from mcsync.stores.s3_requests import Endpoint, Response, _checked, first, xml_fields
 
 
 def settings(url: str | None, *, path_style: bool = True) -> ClientSettings:
