@@ -6,7 +6,7 @@ obstore hands a GET's body out in pieces of its own (fresh memory: page faults, 
 into the part's buffer) and the CRT copies every body it sends into a buffer of its own. Here
 the socket reads into the part's buffer (``recv_into``) and writes from it (``sendall``), each
 in a C loop with the GIL released, as ``io.Copy`` does in rclone: the kernel's copy is the
-only one (figures: benchmarks/README.md, *Relay*).
+only one (figures: benchmarks/results/2026-12-07-relay-wire.md).
 
 Blocking connections on threads of the client's own (one per connection in use), kept alive
 between requests. Requests are signed by the CRT's signer (SigV4, UNSIGNED-PAYLOAD: used only
