@@ -1,5 +1,5 @@
-"""The relay's bodies over mcsync's own HTTP/1.1 connections: a part's ranged GET read straight
-into the run's buffer, and an UploadPart sent straight from it.
+"""The relay's bodies over mcsync's own HTTP/1.1 connections: a ranged GET read straight into
+the run's buffer, and an UploadPart (or a whole object's PUT) sent straight from it.
 
 Between two stores every byte passes through the client, and what it costs there is copies.
 obstore hands a GET's body out in pieces of its own (fresh memory: page faults, then a copy
