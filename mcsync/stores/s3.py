@@ -297,9 +297,9 @@ class S3Store:
 
     async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
                         expect: ObjectInfo | None = None) -> memoryview:
-        """Bytes ``rng`` of ``key`` into ``buf`` (pinned as ``get``), a piece at a time: a
-        part read whole is a new buffer of obstore's, fresh pages each, where the run's
-        buffers are reused (figures: benchmarks/README.md)."""
+        """Bytes ``rng`` of ``key`` into ``buf`` (pinned as ``get``): by the wire, the socket
+        reading into it; else obstore's pieces copied in (a part read whole would be a new
+        buffer of obstore's, fresh pages each, where the run's buffers are reused)."""
         wire = await self._clients.wire(rng.length)
         if wire is not None:
             what = self._what(key)
