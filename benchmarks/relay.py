@@ -14,7 +14,7 @@ RSS, and mcsync's ``limited_by`` verdict; every target is checked (keys and size
     .venv/bin/python benchmarks/relay.py --paths cross --rounds 3 --json cross.json
     .venv/bin/python benchmarks/relay.py --paths gs,az --rounds 3
 
-``--baseline DIR`` adds the mcsync of another checkout (``DIR/.venv``) to the cross rounds as
+``--baseline DIR`` adds the mcsync of another checkout (``DIR/.venv``) to every round as
 ``mcsync-base``: a change measured against the code before it in the same rounds.
 """
 
@@ -204,8 +204,8 @@ class Bench:
                 src: GcsLoc | AzLoc = GcsLoc(gcs.url, "bench-src", "relay/", str(gcs.ca))
             else:
                 src = AzLoc(self.servers["az"].url, "bench-src", "relay/")
-            inv = {"mcsync": McsyncTool, "rclone": RcloneTool,
-                   "gcloud": GcloudStorageTool}[tool]().invocation(src, dst, ctx)
+            inv = (GcloudStorageTool() if tool == "gcloud" else self.tool(tool)).invocation(
+                src, dst, ctx)
             self.measure(path, self.args.relay_set, tool, rnd, inv.argv, inv.env, expect, ctx)
 
 
@@ -267,7 +267,7 @@ def main() -> int:
     p.add_argument("--workdir", type=Path)
     p.add_argument("--json", type=Path)
     p.add_argument("--baseline", type=Path,
-                   help="cross: also run the mcsync of this checkout (its .venv) as mcsync-base")
+                   help="also run the mcsync of this checkout (its .venv) as mcsync-base")
     args = p.parse_args()
     paths = args.paths.split(",")
     sizes = [s for s in args.sizes.split(",") if s]
@@ -312,7 +312,8 @@ def main() -> int:
                                     continue
                                 bench.cross(name, total, rnd, tools)
                     else:
-                        tools = ["mcsync", "rclone"] + (["gcloud"] if path == "gs" else [])
+                        tools = ["mcsync", "rclone"] + (["gcloud"] if path == "gs" else []) + (
+                            [BASELINE] if args.baseline else [])
                         shift = rnd % len(tools)
                         bench.relay(path, rnd, tools[shift:] + tools[:shift], expect)
             log(f"done; load {os.getloadavg()}")
