@@ -62,8 +62,8 @@ from .s3_wire import WireClient
 
 log = logging.getLogger(__name__)
 # A smaller body goes by obstore, whose request costs less Python than the wire's (a thread's
-# hop, http.client): whole objects by the wire cost 1.2x obstore's CPU at 256 KiB and 1.5x at
-# 64 KiB, parts of 8 MiB 0.7x (results/2026-12-07-relay-wire.md); 1 MiB itself not measured.
+# hop, http.client): whole objects by the wire cost 1.2x obstore's CPU at 256 KiB and 1.6x at
+# 64 KiB, parts 0.66-0.88x (results/2026-12-07-relay-wire.md); 1 MiB itself not measured.
 WIRE_FROM = 1 << 20
 T = TypeVar("T")
 
