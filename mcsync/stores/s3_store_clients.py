@@ -57,7 +57,7 @@ from .s3_crt import CrtClient
 from .s3_errors import checksum_header_refusal, translate
 from .s3_keys import Keys, KeySource, Renewals, S3Credentials, process_keys
 from .s3_requests import S3Requests
-from .s3_transport import BotocoreTransport, CrtTransport, MultipartTransport, UploadIds
+from .s3_transport import BotocoreTransport, MultipartTransport, RequestsTransport, UploadIds
 from .s3_wire import WireClient
 
 log = logging.getLogger(__name__)
@@ -410,9 +410,9 @@ class S3Clients:
     async def sender(self, *, body: bool = False) -> MultipartTransport:
         """The transport that sends a multipart request (with a ``body``: UploadPart, by
         mcsync's own connections where the CRT would send it)."""
-        crt: S3Requests | None = await (self.wire() if body else self.crt_client())
-        if crt is not None:
-            return CrtTransport(crt, self.body_checksums)
+        client: S3Requests | None = await (self.wire() if body else self.crt_client())
+        if client is not None:
+            return RequestsTransport(client, self.body_checksums)
         return BotocoreTransport(await self.botocore(), self.body_checksums)
 
     def multipart(self) -> MultipartTransport:

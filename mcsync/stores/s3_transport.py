@@ -1,8 +1,9 @@
 """The multipart upload requests (and CopyObject) as a small protocol, ``MultipartTransport``,
-sent by one of two clients: the AWS CRT's (``CrtTransport``) or botocore's
-(``BotocoreTransport``). Both send the same S3 API, so an upload opened by one is resumed by the
-other. Which one sends a request is the store's clients' rule (``S3Clients.multipart``), not
-the caller's: ``S3Upload`` holds a transport and never asks.
+sent by one of two kinds of client: mcsync's own (``RequestsTransport``: the AWS CRT's, or for
+UploadPart mcsync's connections) or botocore's (``BotocoreTransport``). Both send the same S3
+API, so an upload opened by one is resumed by the other. Which one sends a request is the
+store's clients' rule (``S3Clients.multipart``), not the caller's: ``S3Upload`` holds a
+transport and never asks.
 
 A transport sends and returns what the answer names (ETags unquoted); it translates no error:
 the clients object that hands it out does, so the SDKs' own exceptions reach
@@ -60,44 +61,44 @@ class MultipartTransport(Protocol):
         ...
 
 
-class CrtTransport:
+class RequestsTransport:
     """The requests through one of mcsync's own clients: the AWS CRT's (``s3_crt``), or for
     UploadPart mcsync's connections (``s3_wire``)."""
 
-    def __init__(self, crt: S3Requests, checksums: BodyChecksums) -> None:
-        self._crt = crt
+    def __init__(self, client: S3Requests, checksums: BodyChecksums) -> None:
+        self._client = client
         self._checksums = checksums
 
     async def create(self, bucket: str, key: str, what: str) -> str:
-        return await self._crt.create_upload(bucket, key, what)
+        return await self._client.create_upload(bucket, key, what)
 
     async def upload_part(self, ids: UploadIds, number: int, data: Buffer) -> str | None:
         async def send(header: str, value: str) -> str:
-            return await self._crt.upload_part(ids.bucket, ids.key, ids.upload_id, number,
+            return await self._client.upload_part(ids.bucket, ids.key, ids.upload_id, number,
                                                data, (header, value), ids.what)
 
         return unquote_etag(await self._checksums.send("upload_part", data, send))
 
     async def copy_part(self, ids: UploadIds, number: int, source: S3CopySource,
                         rng: ByteRange) -> str | None:
-        return unquote_etag(await self._crt.copy_part(
+        return unquote_etag(await self._client.copy_part(
             ids.bucket, ids.key, ids.upload_id, number, source.bucket, source.key, source.etag,
             rng.start, rng.end - 1, ids.what))
 
     async def list_parts(self, ids: UploadIds) -> list[PartRef]:
-        found = await self._crt.list_parts(ids.bucket, ids.key, ids.upload_id, ids.what)
+        found = await self._client.list_parts(ids.bucket, ids.key, ids.upload_id, ids.what)
         return [PartRef(n, unquote_etag(etag) or "", size) for n, etag, size in found]
 
     async def complete(self, ids: UploadIds, parts: Sequence[PartRef]) -> str | None:
-        return unquote_etag(await self._crt.complete_upload(
+        return unquote_etag(await self._client.complete_upload(
             ids.bucket, ids.key, ids.upload_id, [(p.number, p.etag) for p in parts], ids.what))
 
     async def abort(self, ids: UploadIds) -> None:
-        await self._crt.abort_upload(ids.bucket, ids.key, ids.upload_id, ids.what)
+        await self._client.abort_upload(ids.bucket, ids.key, ids.upload_id, ids.what)
 
     async def copy_object(self, source: S3CopySource, bucket: str, key: str,
                           what: str) -> str | None:
-        return unquote_etag(await self._crt.copy_object(source.bucket, source.key, source.etag,
+        return unquote_etag(await self._client.copy_object(source.bucket, source.key, source.etag,
                                                         bucket, key, what))
 
 

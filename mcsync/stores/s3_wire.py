@@ -80,8 +80,10 @@ class WireClient(S3Requests):
     def __init__(self, settings: ClientSettings, keys: Keys) -> None:
         self._settings = settings
         self._endpoint = Endpoint.of(settings)
-        parts = urlsplit(settings.endpoint_url or "")
-        self._address = (parts.hostname or "", parts.port)
+        # Connected to the host its requests name: the bucket's own with virtual-hosted
+        # requests (as the CRT and obstore connect), whose name the certificate must match.
+        named = urlsplit("//" + self._endpoint.target(settings.bucket, None)[0])
+        self.address = (named.hostname or "", named.port)
         self._credentials = CrtCredentials(keys)
         self._tls = _tls_context(settings) if self._endpoint.tls else None
         self._start()
@@ -272,7 +274,7 @@ class WireClient(S3Requests):
         return False
 
     def _connect(self) -> http.client.HTTPConnection:
-        host, port = self._address
+        host, port = self.address
         conn: http.client.HTTPConnection
         if self._tls is not None:
             conn = http.client.HTTPSConnection(host, port, timeout=CONNECT_TIMEOUT_S,

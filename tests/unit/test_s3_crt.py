@@ -145,7 +145,7 @@ def test_bodies_that_must_be_signed_stay_with_botocore(url: str, crt_sends_bodie
     no SHA-256 (the CRT's S3 signer sends UNSIGNED-PAYLOAD); botocore sends the others."""
     from mcsync.stores.s3 import S3Store
     from mcsync.stores.s3_keys import S3Credentials
-    from mcsync.stores.s3_transport import BotocoreTransport, CrtTransport
+    from mcsync.stores.s3_transport import BotocoreTransport, RequestsTransport
 
     async def senders() -> tuple[object, object]:
         store = S3Store(scheme="meta", bucket="b", prefix="", endpoint_url=url,
@@ -157,5 +157,5 @@ def test_bodies_that_must_be_signed_stay_with_botocore(url: str, crt_sends_bodie
             await store.aclose()
 
     plain, with_body = asyncio.run(senders())
-    assert type(plain) is CrtTransport
-    assert type(with_body) is (CrtTransport if crt_sends_bodies else BotocoreTransport)
+    assert type(plain) is RequestsTransport
+    assert type(with_body) is (RequestsTransport if crt_sends_bodies else BotocoreTransport)

@@ -21,8 +21,11 @@ from mcsync.errors import (
     Transient,
     Unreachable,
 )
+from mcsync.retry import RetryPolicy
 from mcsync.stores.s3 import S3Store
-from mcsync.stores.s3_keys import S3Credentials
+from mcsync.stores.s3_clients import ClientSettings
+from mcsync.stores.s3_keys import Keys, S3Credentials
+from mcsync.stores.s3_requests import Endpoint
 from mcsync.stores.s3_store_clients import WIRE_FROM
 from mcsync.stores.s3_wire import WireClient, _Answer, _the_range
 from mcsync.types import ByteRange, ObjectInfo
@@ -273,3 +276,21 @@ def test_an_answer_is_the_range_asked_for(status: int, headers: dict[str, str],
     assert _the_range(_Answer(status, headers, b"", 5), ByteRange(5, 10)) is ok
     whole = _Answer(200, {"content-length": "10"}, b"", 10)
     assert _the_range(whole, ByteRange(0, 10))
+
+
+@pytest.mark.parametrize(("path_style", "address"), [
+    (True, ("store.example", 9000)),
+    (False, ("bkt.store.example", 9000)),  # virtual-hosted: the bucket's own name
+])
+def test_the_wire_connects_to_the_host_its_requests_name(
+        path_style: bool, address: tuple[str, int]) -> None:
+    settings = ClientSettings(bucket="bkt", endpoint_url="https://store.example:9000",
+                              region="us-east-1", path_style=path_style, max_connections=4,
+                              retry=RetryPolicy())
+    wire = WireClient(settings, Keys(S3Credentials("k", "s")))
+    try:
+        host_header = Endpoint.of(settings).target("bkt", "a/b")[0]
+        assert wire.address == address
+        assert host_header == f"{address[0]}:{address[1]}"
+    finally:
+        wire.close()
