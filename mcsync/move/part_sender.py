@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 from .. import checksums
 from ..delta.match import Part
@@ -35,6 +36,10 @@ class PartSender:
         self.cut_digests = cut_digests
         self.limits = limits
         self.streams = streams
+        # The store's abilities, asked once: a protocol's isinstance costs more than the rest
+        # of a part's bookkeeping on the event loop.
+        self._range_streamer = isinstance(store, RangeStreamer)
+        self._reads_into = isinstance(store, ReadsInto)
         self.check_crc = check_crc
         self.n_parts = 0
         self._crcs: dict[int, tuple[int, int]] = {}
@@ -47,20 +52,21 @@ class PartSender:
         # One request slot from read to acknowledgement: a part read ahead of a free slot to
         # send it would only hold memory.
         async with self.limits.requests:
-            if self.streams and isinstance(upload, FileUpload) and isinstance(
-                    self.store, RangeStreamer):
+            if self.streams and self._range_streamer and isinstance(upload, FileUpload):
                 # Into the hidden file as the bytes arrive; a part failing a check is never
                 # journalled, so never completed.
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self._threads, "mcsync-stream")
-                body = await self.store.open_range(self.key, rng, expect=self.src)
+                body = await cast(RangeStreamer, self.store).open_range(self.key, rng,
+                                                                       expect=self.src)
                 pieces = await asyncio.get_running_loop().run_in_executor(
                     self._pool, drain_into, body, upload, rng, chunks)
                 self._check_second_read(spec, pieces)
                 ref = upload.part_written(spec.number, rng.length)
-            elif isinstance(self.store, ReadsInto):  # into a buffer of the run's, reused
+            elif self._reads_into:  # into a buffer of the run's, reused
                 with self.limits.buffers.lent(rng.length) as buf:
-                    data: Buffer = await self.store.read_into(self.key, rng, buf, expect=self.src)
+                    data: Buffer = await cast(ReadsInto, self.store).read_into(
+                        self.key, rng, buf, expect=self.src)
                     ref, pieces = await self._send(spec, upload, data, chunks)
                     del data
             else:

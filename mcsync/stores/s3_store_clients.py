@@ -1,23 +1,25 @@
 """The clients of one S3 store, and the rule of which client sends which request, in one place.
 
-- obstore (Rust) sends listing pages, whole-object PUTs, every GET, HEAD and DELETE: the least
-  client CPU per request (the CRT's GETs and PUTs were slower). It refuses keys it cannot
+- obstore (Rust) sends listing pages, HEAD, DELETE, and the GETs and whole-object PUTs the
+  wire does not: the least client CPU per request for small bodies. It refuses keys it cannot
   spell ("a//b", "x/../y"): those requests, and a listing from the page that holds one, go by
   botocore.
-- the AWS CRT sends CopyObject, the multipart upload requests and a listing's levels delimited
-  by "/" (``level_pages``) to an explicit endpoint with keys (``crt_client``): a run that
-  uploads, copies, composes a delta or fans a listing out never starts botocore.
-  A body that must be SHA-256-signed (plain HTTP across a network) stays with botocore: the
-  CRT's S3 signer sends UNSIGNED-PAYLOAD.
+- mcsync's own connections (``s3_wire``, ``wire``) send the relay's bodies (a part's ranged
+  GET into the run's buffer, UploadPart, whole objects of ``WIRE_FROM`` and more), the rest of
+  the multipart API and the copies, to an explicit endpoint with keys.
+- the AWS CRT sends a listing's levels delimited by "/" (``level_pages``) there. A body that
+  must be SHA-256-signed (plain HTTP across a network) stays with botocore: the wire, like the
+  CRT's S3 client, sends UNSIGNED-PAYLOAD; the CRT then sends the multipart requests that
+  carry no body.
 - botocore sends the rest: what needs AWS's endpoint rules (no endpoint given), anonymous
   access, listings of open uploads, and what obstore cannot spell.
 
 With a client certificate (mutual TLS over https) obstore, which cannot present one, sends
 nothing: its requests (listings, GET, HEAD, whole PUT, DELETE, and the check's) go by botocore,
-and the CRT keeps CopyObject and the multipart requests, both presenting the certificate. The
-lock and the manifest's copy at the target are such requests too. ``either``, ``list_flat``,
-``probe`` (the check's client) and ``crt_client`` are the only places that choose; the store
-and ``S3Upload`` never do.
+and the wire keeps the bodies, CopyObject and the multipart requests, presenting the
+certificate. The lock and the manifest's copy at the target are such requests too.
+``either``, ``list_flat``, ``probe`` (the check's client), ``crt_client`` and ``wire`` are the
+only places that choose; the store and ``S3Upload`` never do.
 
 Every client signs with one ``Keys``; a refusal of expired keys asks ``Renewals`` for a forced
 renewal, made before the next request (with a fresh obstore client: obstore keeps a credential
@@ -408,9 +410,11 @@ class S3Clients:
         return self._wire
 
     async def sender(self, *, body: bool = False) -> MultipartTransport:
-        """The transport that sends a multipart request (with a ``body``: UploadPart, by
-        mcsync's own connections where the CRT would send it)."""
-        client: S3Requests | None = await (self.wire() if body else self.crt_client())
+        """The transport that sends a multipart request or a copy: mcsync's own connections
+        where the CRT would send bodies; else, for a request with no ``body``, the CRT."""
+        client: S3Requests | None = await self.wire()
+        if client is None and not body:
+            client = await self.crt_client()
         if client is not None:
             return RequestsTransport(client, self.body_checksums)
         return BotocoreTransport(await self.botocore(), self.body_checksums)

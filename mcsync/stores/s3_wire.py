@@ -9,13 +9,15 @@ in a C loop with the GIL released, as ``io.Copy`` does in rclone: the kernel's c
 only one (figures: benchmarks/results/2026-12-07-relay-wire.md).
 
 Blocking connections on threads of the client's own (one per connection in use), kept alive
-between requests. Requests are signed by the CRT's signer (SigV4, UNSIGNED-PAYLOAD: used only
+between requests. Besides the bodies, the wire sends the multipart API's other requests and
+the copies (``S3Clients.sender``): a run that relays needs no other client of the target.
+Requests are signed on the caller's thread (``s3_sign``: SigV4, UNSIGNED-PAYLOAD, used only
 where ``ClientSettings.sign_payload`` is False, as the CRT's own S3 client is; every body
 carries the checksum header its caller gives, which the target verifies). Answers are reduced
 to ``s3_errors.Answer`` and translated by the one table; a failed connection is mcsync's error
 here. No retries: those are the store's one retry layer's (a reused connection the server had
 closed is the exception: a request that failed there before any answer is sent once more on a
-new connection, as Go's client does; the wire sends only GETs and PUTs, which may be repeated).
+new connection, as Go's client does, but for a POST, which the server may have acted on).
 """
 
 from __future__ import annotations
@@ -36,17 +38,18 @@ from .._version import __version__
 from ..errors import Permanent, Transient, Unreachable
 from ..types import Buffer, ByteRange
 from .s3_clients import ClientSettings
-from .s3_crt import CrtCredentials
 from .s3_errors import S3Answered, crt_answer, not_trusted
 from .s3_keys import Keys
 from .s3_requests import ANSWER_TIMEOUT_S, SLOWEST_SEND_BYTES_S, Endpoint, Response, S3Requests
+from .s3_sign import sign
 
 CONNECT_TIMEOUT_S = 10.0
 USER_AGENT = ("User-Agent", f"mcsync/{__version__} wire")
 # How long a cancelled request may take to let go of the caller's buffer (its socket is shut
 # down at once; this bounds the thread's way out).
 RELEASE_TIMEOUT_S = 10.0
-# A connection the server closed while idle fails on its next request before any answer.
+# A connection the server closed while idle fails on its next request before any answer: sent
+# again at once, unless it is a POST (create, complete), which the server may have acted on.
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
 
@@ -84,7 +87,7 @@ class WireClient(S3Requests):
         # requests (as the CRT and obstore connect), whose name the certificate must match.
         named = urlsplit("//" + self._endpoint.target(settings.bucket, None)[0])
         self.address = (named.hostname or "", named.port)
-        self._credentials = CrtCredentials(keys)
+        self._keys = keys
         self._tls = _tls_context(settings) if self._endpoint.tls else None
         self._start()
 
@@ -105,8 +108,9 @@ class WireClient(S3Requests):
         host, path = self._endpoint.target(bucket, key)
         target = f"{path}?{query}" if query else path
         length = memoryview(body).nbytes if body is not None else 0
-        sent = await self._signed(method, target, [("Host", host), USER_AGENT,
-                                                   ("Content-Length", str(length)), *headers])
+        sent = await self._signed(method, path, query, [("Host", host), USER_AGENT,
+                                                        ("Content-Length", str(length)),
+                                                        *headers])
         got = await self._run(what, method, target, sent, body, None)
         if got.status >= 300:
             raise S3Answered(crt_answer(got.status, got.body))
@@ -121,7 +125,7 @@ class WireClient(S3Requests):
         asked = [("Host", host), USER_AGENT, ("Range", f"bytes={rng.start}-{rng.end - 1}")]
         if if_match:
             asked.append(("If-Match", f'"{if_match}"'))
-        sent = await self._signed("GET", path, asked)
+        sent = await self._signed("GET", path, "", asked)
         view = memoryview(buf)[:rng.length]
         got = await self._run(what, "GET", path, sent, None, view)
         if got.status >= 300:
@@ -142,22 +146,10 @@ class WireClient(S3Requests):
 
     # -- one exchange -----------------------------------------------------------------------------
 
-    async def _signed(self, method: str, target: str,
+    async def _signed(self, method: str, path: str, query: str,
                       headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        from awscrt import auth
-        from awscrt import http as crt_http
-
-        config = auth.AwsSigningConfig(
-            algorithm=auth.AwsSigningAlgorithm.V4,
-            signature_type=auth.AwsSignatureType.HTTP_REQUEST_HEADERS,
-            credentials_provider=await self._credentials.provider(),
-            region=self._settings.region, service="s3",
-            use_double_uri_encode=False, should_normalize_uri_path=False,
-            signed_body_value=auth.AwsSignedBodyValue.UNSIGNED_PAYLOAD,
-            signed_body_header_type=auth.AwsSignedBodyHeaderType.X_AMZ_CONTENT_SHA_256)
-        request = crt_http.HttpRequest(method, target, crt_http.HttpHeaders(headers))
-        signed = await asyncio.wrap_future(auth.aws_sign_request(request, config))
-        return list(signed.headers)
+        creds, _ = await self._keys.current()  # renewed keys, when they were
+        return sign(method, path, query, headers, creds, self._settings.region)
 
     async def _run(self, what: str, method: str, target: str, headers: list[tuple[str, str]],
                    body: Buffer | None, into: memoryview | None) -> _Answer:
@@ -185,7 +177,7 @@ class WireClient(S3Requests):
             try:
                 return self._send(call, method, target, headers, body, into)
             except _STALE:
-                if not reused or call.cancelled or call.answered:
+                if not reused or call.cancelled or call.answered or method == "POST":
                     raise
                 self._drop(call)
                 self._take(call, fresh=True)

@@ -73,6 +73,9 @@ def test_a_relay_sends_its_bodies_by_the_wire_byte_for_byte(
         assert _by_wire(proxy, "GetObject") == (4, 1)
         assert _by_wire(target, "UploadPart") == (3, 0)
         assert _by_wire(target, "PutObject")[0] == 1
+        # The rest of the multipart API too: a relay needs no other client of the target.
+        assert _by_wire(target, "CreateMultipartUpload") == (1, 0)
+        assert _by_wire(target, "CompleteMultipartUpload") == (1, 0)
         sent = [e for e in target.exchanges("PutObject") + target.exchanges("UploadPart")
                 if e.headers.get("user-agent", "").endswith(" wire")]
     assert len(sent) == 4
@@ -207,6 +210,32 @@ def test_a_connection_dropped_while_idle_is_replaced_without_a_failure(
     proxy.add(Rule(Reset("before"), op="GetObject", count=1))
     with pytest.raises(Transient):
         _read(proxy.endpoint, bucket, "a.bin", rng)
+
+
+def test_a_post_that_failed_before_any_answer_is_not_sent_again_by_the_wire(
+        seaweed: S3Endpoint, proxy: FaultProxy) -> None:
+    """A create (or complete) the server may have acted on is the retry layer's to send
+    again, with its back-off, not the wire's at once, even on a connection kept alive."""
+    data = payload(2 * MiB, 9)
+    bucket = new_bucket(seaweed, "post")
+    put_objects(seaweed, bucket, {"a.bin": data}, prefix="p/")
+    store = _store(proxy.endpoint, bucket)
+
+    async def go() -> None:
+        try:
+            await store.read_into("a.bin", ByteRange(0, len(data)), bytearray(len(data)))
+            wire = await store._clients.wire()
+            assert isinstance(wire, WireClient)
+            proxy.add(Rule(Reset("before"), op="CreateMultipartUpload", count=1))
+            with pytest.raises(Transient):
+                await wire.create_upload(bucket, "p/b.bin", "b.bin")
+            # the next one goes, on a connection of its own
+            assert await wire.create_upload(bucket, "p/b.bin", "b.bin")
+        finally:
+            await store.aclose()
+
+    asyncio.run(go())
+    assert [e.outcome for e in proxy.exchanges("CreateMultipartUpload")] == ["reset", "ok"]
 
 
 def _read_in_child(store: S3Store, rng: ByteRange, out: Any) -> None:
