@@ -15,7 +15,9 @@ RSS, and mcsync's ``limited_by`` verdict; every target is checked (keys and size
     .venv/bin/python benchmarks/relay.py --paths gs,az --rounds 3
 
 ``--baseline DIR`` adds the mcsync of another checkout (``DIR/.venv``) to every round as
-``mcsync-base``: a change measured against the code before it in the same rounds.
+``mcsync-base``: a change measured against the code before it in the same rounds. ``--floor``
+adds ``relay_floor.py`` to the cross rounds as ``floor``: mcsync's libraries and hashes
+without its engine (sets of 4 MiB and more).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ SIZES = {"8k": 8 * KIB, "4m": 4 * MIB, "24m": 24 * MIB, "64m": 64 * MIB, "160m":
          "512m": 512 * MIB}
 QUARTER = GIB // 2  # one nested quarter of a 2 GiB set
 BASELINE = "mcsync-base"
+FLOOR = "floor"
 
 
 def log(msg: str) -> None:
@@ -184,7 +187,11 @@ class Bench:
             ctx, dst = self.ctx(f"x-{name}-{str(total).replace('.', '')}-{tool}-{rnd}")
             src = S3Loc("A", "bench-src", prefix)
             inv = self.tool(tool).invocation(src, dst, ctx)
-            self.measure("cross", set_name, tool, rnd, inv.argv, inv.env, expect, ctx)
+            argv = inv.argv
+            if tool == FLOOR:  # the same endpoints and keys, from the same variables
+                argv = [sys.executable, str(Path(__file__).with_name("relay_floor.py")),
+                        *inv.argv[2:4]]
+            self.measure("cross", set_name, tool, rnd, argv, inv.env, expect, ctx)
 
     def tool(self, name: str) -> McsyncTool | RcloneTool:
         """``mcsync``, ``rclone``, or ``mcsync-base``: the mcsync of ``--baseline``'s
@@ -268,6 +275,8 @@ def main() -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--baseline", type=Path,
                    help="also run the mcsync of this checkout (its .venv) as mcsync-base")
+    p.add_argument("--floor", action="store_true",
+                   help="also run relay_floor.py (mcsync's libraries, no engine) as floor")
     args = p.parse_args()
     paths = args.paths.split(",")
     sizes = [s for s in args.sizes.split(",") if s]
@@ -304,6 +313,7 @@ def main() -> int:
                 for path in paths:
                     if path == "cross":
                         tools = ["mcsync", "rclone"] + ([BASELINE] if args.baseline else [])
+                        tools += [FLOOR] if args.floor else []
                         shift = rnd % len(tools)
                         tools = tools[shift:] + tools[:shift]
                         for name in sizes:
