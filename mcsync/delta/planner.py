@@ -24,7 +24,7 @@ from ..errors import NotFound
 from ..events import DeltaPlanned
 from ..limits import Limits
 from ..records import Action, ManifestEntry
-from ..stores.base import Composer, ReadStore, ScratchSpace, ServerSideCopier, Store
+from ..stores.base import Composer, ReadStore, ScratchSpace, ServerSideCopier, Store, has
 from ..types import ByteRange, ObjectInfo
 from . import bases as delta_bases
 from . import match as delta
@@ -102,7 +102,7 @@ class DeltaPlanner:
         src = action.src
         if not (action.kind == "copy" and src is not None and self.options.delta
                 and src.size > self.options.multipart_threshold
-                and isinstance(self.dst, Composer)):
+                and has(self.dst, Composer)):
             return False
         return action.known is not None or self._index_may_help()
 

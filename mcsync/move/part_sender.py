@@ -16,7 +16,7 @@ from ..errors import IntegrityError
 from ..hashing import chunk_digests_async
 from ..limits import Limits
 from ..records import WrittenPart
-from ..stores.base import FileUpload, RangeStreamer, ReadsInto, ReadStore, Upload
+from ..stores.base import FileUpload, RangeStreamer, ReadsInto, ReadStore, Upload, has
 from ..streaming import drain_into
 from ..types import Buffer, ByteRange, ObjectInfo, PartRef
 
@@ -36,10 +36,8 @@ class PartSender:
         self.cut_digests = cut_digests
         self.limits = limits
         self.streams = streams
-        # The store's abilities, asked once: a protocol's isinstance costs more than the rest
-        # of a part's bookkeeping on the event loop.
-        self._range_streamer = isinstance(store, RangeStreamer)
-        self._reads_into = isinstance(store, ReadsInto)
+        self._range_streamer = has(store, RangeStreamer)
+        self._reads_into = has(store, ReadsInto)
         self.check_crc = check_crc
         self.n_parts = 0
         self._crcs: dict[int, tuple[int, int]] = {}
@@ -52,17 +50,18 @@ class PartSender:
         # One request slot from read to acknowledgement: a part read ahead of a free slot to
         # send it would only hold memory.
         async with self.limits.requests:
-            if self.streams and self._range_streamer and isinstance(upload, FileUpload):
+            if self.streams and self._range_streamer and has(upload, FileUpload):
                 # Into the hidden file as the bytes arrive; a part failing a check is never
                 # journalled, so never completed.
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self._threads, "mcsync-stream")
+                into = cast(FileUpload, upload)
                 body = await cast(RangeStreamer, self.store).open_range(self.key, rng,
                                                                        expect=self.src)
                 pieces = await asyncio.get_running_loop().run_in_executor(
-                    self._pool, drain_into, body, upload, rng, chunks)
+                    self._pool, drain_into, body, into, rng, chunks)
                 self._check_second_read(spec, pieces)
-                ref = upload.part_written(spec.number, rng.length)
+                ref = into.part_written(spec.number, rng.length)
             elif self._reads_into:  # into a buffer of the run's, reused
                 with self.limits.buffers.lent(rng.length) as buf:
                     data: Buffer = await cast(ReadsInto, self.store).read_into(

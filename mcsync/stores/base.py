@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..types import (
     Buffer,
@@ -333,3 +333,19 @@ class FileTarget(Store, Protocol):
     async def resume_upload(
         self, key: str, upload_id: str, size: int, *, mtime: float | None = None
     ) -> FileUpload | None: ...
+
+
+_ABILITIES: dict[tuple[type, Any], bool] = {}
+
+
+def has(thing: object, ability: Any) -> bool:
+    """``isinstance(thing, ability)`` for the abilities above, asked once per class: they are
+    methods of a store's (or an upload's) class, fixed when it is made, while on Python 3.11
+    a protocol's ``isinstance`` walks every member of it at each call, which the per-object
+    path (an upload wrapped, a part sender made) paid several times an object. (No type
+    narrowing: mypy takes no protocol class for ``type[T]``; ``cast`` where it is needed.)"""
+    key = (type(thing), ability)
+    found = _ABILITIES.get(key)
+    if found is None:
+        found = _ABILITIES[key] = isinstance(thing, ability)
+    return found

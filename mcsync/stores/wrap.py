@@ -58,6 +58,7 @@ from .base import (
     ServerSideCopier,
     Store,
     TempFileSweeper,
+    has,
 )
 
 __all__ = ["Hooks", "Op", "PassThrough", "Rename", "Wrapped", "inner_of", "innermost",
@@ -162,7 +163,7 @@ def wrap(store: ReadStore, hooks: Hooks, *, name: str = "Wrapped", keys: Rename 
     the class's name (``FaultyWriteStreamer...``), for messages; ``keys`` and ``url``: see the
     module's text."""
     bases = tuple(mixin for ability, mixin in _STORE_MIXINS
-                  if isinstance(store, ability) and ability not in without)
+                  if has(store, ability) and ability not in without)
     wrapped: ReadStore = _class_for(name, (*bases, _Read), "ReadStore")(store, hooks, name,
                                                                         keys, url, facts)
     return wrapped
@@ -485,5 +486,5 @@ _UPLOAD_MIXINS: tuple[tuple[type, type], ...] = (
 
 def _wrap_upload(upload: Any, key: str, hooks: Hooks, name: str,
                  keys: Rename | None = None) -> Any:
-    bases = tuple(mixin for ability, mixin in _UPLOAD_MIXINS if isinstance(upload, ability))
+    bases = tuple(mixin for ability, mixin in _UPLOAD_MIXINS if has(upload, ability))
     return _class_for(name, (*bases, _Upload), "Upload")(upload, key, hooks, keys)

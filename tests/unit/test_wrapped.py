@@ -60,3 +60,22 @@ def test_a_one_object_view_is_one_under_any_wrapping_and_moves_without_workers(l
     assert options.workers == 0 and addresses is None
     options, addresses = reopenable(inner, MemoryStore(), SyncOptions(workers=2))
     assert options.workers == 2 and addresses is not None
+
+
+def test_an_ability_asked_once_per_class_answers_as_isinstance(tmp_path: Path):
+    """``has`` remembers a class's answer: it must be isinstance's for every store and
+    wrapper a run makes, asked first and asked again."""
+    from mcsync.stores import base
+
+    abilities = [c for c in vars(base).values()
+                 if isinstance(c, type) and getattr(c, "_is_runtime_protocol", False)]
+    assert len(abilities) >= 10
+    local = LocalStore(str(tmp_path / "d"))
+    stores = [MemoryStore(), local, wrap(MemoryStore(), PassThrough(), name="Once"),
+              resilient(wrap(local, PassThrough(), name="Metrics"), Pacing()),
+              wrap(local, PassThrough(), name="NoReads", without=(base.ReadsInto,))]
+    for _ in range(2):
+        for store in stores:
+            for ability in abilities:
+                assert base.has(store, ability) == isinstance(store, ability), (store, ability)
+    assert base.has(local, base.ReadsInto) and not base.has(stores[-1], base.ReadsInto)
