@@ -32,11 +32,12 @@ from ..stores.base import (
     FileTarget,
     PartCopyUpload,
     RangeStreamer,
+    ReadsInto,
     ServerSideCopier,
     Upload,
 )
 from ..streaming import STREAM_PART_SIZE
-from ..types import ByteRange, ObjectInfo
+from ..types import Buffer, ByteRange, ObjectInfo
 from .context import RunContext
 from .delta_sender import Composed, DeltaSender
 from .hash_tasks import RemoteScan, WorkerTasks
@@ -100,6 +101,7 @@ class Transfer:
                                                                               RangeStreamer)
         self._copier = dst if isinstance(dst, ServerSideCopier) else None
         self._copy_origin = src if isinstance(src, ServerSideCopier) else None
+        self._reads_into = src if isinstance(src, ReadsInto) else None
         # A previous run left uploads open: it was stopped, and may have left staging objects
         # of a block delta behind too.
         self.after_stop = bool(open_uploads)
@@ -234,20 +236,33 @@ class Transfer:
         # are bounded by the requests in flight alone.
         slot = self.limits.parts.slot() if src.size >= LARGE_OBJECT else contextlib.nullcontext()
         async with slot, self.limits.memory.hold(charge), self.limits.requests:
-            data = await self.src.get(action.key, expect=src)
-            if len(data) != src.size:
-                raise IntegrityError(
-                    f"{action.key}: read {len(data)} bytes, listing said {src.size}")
-            digest = await block_digest_async(data)
-            # A source that keeps a CRC32C (GCS) checks a whole-object read itself (the store
-            # knows the CRC of what it served); parts are combined and checked below.
-            written = await self.dst.put(action.key, data, mtime=src.mtime)
-            del data
+            # A megabyte or more is read as a part is, into a buffer of the run's: a buffer
+            # made for each object is zero-filled on the loop's thread first. A source that
+            # keeps a CRC32C (GCS) checks a whole-object read itself (the store knows the CRC
+            # of what it served), so it is asked for the whole object.
+            reader = self._reads_into if src.crc32c is None else None
+            if reader is not None and src.size >= LARGE_OBJECT:
+                with self.limits.buffers.lent(src.size) as buf:
+                    view = await reader.read_into(action.key, ByteRange(0, src.size), buf,
+                                                  expect=src)
+                    written, digest = await self._put_whole(action, src, view)
+                    del view
+            else:
+                data = await self.src.get(action.key, expect=src)
+                written, digest = await self._put_whole(action, src, data)
+                del data
         if src.size >= LARGE_OBJECT:
             self.limits.parts.moved(src.size)
         self.emit(BytesMoved(action.key, src.size))
         whole = Layout(src.size, [ByteRange(0, src.size)])
         return self._done(action, src, written, src.size, [digest], whole)
+
+    async def _put_whole(self, action: Action, src: ObjectInfo,
+                         data: Buffer) -> tuple[ObjectInfo, bytes]:
+        if len(data) != src.size:
+            raise IntegrityError(f"{action.key}: read {len(data)} bytes, listing said {src.size}")
+        digest = await block_digest_async(data)
+        return await self.dst.put(action.key, data, mtime=src.mtime), digest
 
     def _streams(self) -> bool:
         """Do parts read here stream into the target (an S3 range into a file)?"""

@@ -17,7 +17,7 @@ from mcsync.stores.memory import MemoryStore
 from mcsync.testing.faults import Call, Faults, Rule, faulty
 from mcsync.types import ObjectInfo
 
-from .test_engine import PART, contents, payload, seed
+from .test_engine import PART, MiB, contents, payload, seed
 
 
 class Journal:
@@ -131,3 +131,29 @@ def test_a_whole_objects_only_dispatch_hands_back_what_would_go_in_parts() -> No
     assert grown.handed_back and grown.record is None
     assert not small.handed_back and isinstance(small.event, ObjectDone)
     assert contents(dst) == {"small.bin": b"small"}
+
+
+def test_whole_objects_of_a_megabyte_or_more_reuse_one_buffer_of_the_run(tmp_path) -> None:
+    """From a source that reads into the caller's buffer (files here), each whole object of
+    a megabyte or more is read into a buffer of the run's pool, as a part is: one buffer
+    serves them all, one after another; a smaller object is read as before."""
+    from mcsync.stores.local import LocalStore
+
+    root = tmp_path / "src"
+    root.mkdir()
+    objects = {f"o{i}.bin": payload(2 * MiB + i, i) for i in range(6)} | {"small.bin": b"s"}
+    for key, data in objects.items():
+        (root / key).write_bytes(data)
+    src, dst = LocalStore(str(root)), MemoryStore("dst")
+    journal, events = Journal(), list[Event]()
+
+    async def run() -> int:
+        dispatch = _dispatch(src, dst, journal, events)
+        for key in objects:
+            await dispatch.run(Action("copy", key, await src.head(key), None, "new"))
+        return dispatch._transfer.limits.buffers.kept
+
+    kept = asyncio.run(run())
+    assert contents(dst) == objects
+    assert kept == 3 * MiB  # the one buffer (2 MiB + 5 rounded up to whole MiB), given back
+    assert not journal.calls  # all whole objects: nothing journalled
