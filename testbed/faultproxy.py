@@ -274,6 +274,7 @@ class FaultProxy:
         self._draws: Counter[tuple[str, ...]] = Counter()
         self._started = time.monotonic()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._idle: set[asyncio.StreamWriter] = set()  # clients between two requests
         self._conns = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
@@ -360,10 +361,13 @@ class FaultProxy:
         ex: Exchange | None = None
         try:
             while True:
+                self._idle.add(cw)
                 try:
                     head = await cr.readuntil(b"\r\n\r\n")
                 except (ConnectionError, asyncio.IncompleteReadError):
                     return  # the client closed between requests (or inside a head)
+                finally:
+                    self._idle.discard(cw)
                 ex = self._record(head, conn)
                 rule = self._choose(ex)
                 fault = rule.fault if rule is not None else None
@@ -501,6 +505,21 @@ class FaultProxy:
         self.url = f"http://{LOOPBACK}:{self._server.sockets[0].getsockname()[1]}"
         self._started = time.monotonic()
         return self
+
+    def close_idle(self) -> int:
+        """Close every client connection that is between two requests, as a server's idle
+        timeout does (a FIN, no answer); how many."""
+        loop = self._loop
+        if loop is None:
+            return 0
+
+        async def close() -> int:
+            idle = list(self._idle)
+            for writer in idle:
+                writer.close()
+            return len(idle)
+
+        return asyncio.run_coroutine_threadsafe(close(), loop).result(10)
 
     def stop(self) -> None:
         """Close every connection (a client in the middle of a request sees it reset)."""

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import http.client
 import os
+import select
 import socket
 import ssl
 import threading
@@ -48,8 +49,9 @@ USER_AGENT = ("User-Agent", f"mcsync/{__version__} wire")
 # How long a cancelled request may take to let go of the caller's buffer (its socket is shut
 # down at once; this bounds the thread's way out).
 RELEASE_TIMEOUT_S = 10.0
-# A connection the server closed while idle fails on its next request before any answer: sent
-# again at once, unless it is a POST (create, complete), which the server may have acted on.
+# A kept connection that fails on its next request before any answer (the server closed it as
+# the request went, past the idle check): sent again at once, unless it is a POST (create,
+# complete), which the server may have acted on.
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
 
@@ -254,12 +256,16 @@ class WireClient(S3Requests):
 
     def _take(self, call: _Call, *, fresh: bool = False) -> bool:
         """A connection for ``call``: an idle one (True) or a new one."""
-        if not fresh:
+        while not fresh:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
-            if conn is not None:
-                call.conn = conn
-                return True
+            if conn is None:
+                break
+            if _closed_while_idle(conn):
+                conn.close()
+                continue
+            call.conn = conn
+            return True
         call.conn = self._connect()
         if call.cancelled:
             call.abort()
@@ -288,6 +294,22 @@ class WireClient(S3Requests):
         conn, call.conn = call.conn, None
         if conn is not None:
             conn.close()
+
+
+def _closed_while_idle(conn: http.client.HTTPConnection) -> bool:
+    """Has the server closed (or written to) this kept connection since its last answer? An
+    idle connection has nothing to read: if it is readable, the server's idle timeout sent a
+    FIN, and a request sent on it would fail with no answer, which for a POST (create,
+    complete) nobody may send again. As Go's client and urllib3 check before reuse."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    poll = select.poll()  # not select(): no limit on the descriptor's number
+    poll.register(sock, select.POLLIN)
+    try:
+        return bool(poll.poll(0))
+    except OSError:
+        return True
 
 
 def _the_range(got: _Answer, rng: ByteRange) -> bool:

@@ -238,6 +238,37 @@ def test_a_post_that_failed_before_any_answer_is_not_sent_again_by_the_wire(
     assert [e.outcome for e in proxy.exchanges("CreateMultipartUpload")] == ["reset", "ok"]
 
 
+def test_a_connection_the_server_closed_while_idle_is_not_used_even_for_a_post(
+        seaweed: S3Endpoint, proxy: FaultProxy) -> None:
+    """A server's idle timeout closes a kept connection between requests: the wire sees it
+    closed before sending and takes a new one, so even a create (never sent twice) goes."""
+    data = payload(2 * MiB, 10)
+    bucket = new_bucket(seaweed, "idleclose")
+    put_objects(seaweed, bucket, {"a.bin": data}, prefix="p/")
+    store = _store(proxy.endpoint, bucket)
+
+    async def go() -> list[bytes]:
+        try:
+            got = [bytes(await store.read_into("a.bin", ByteRange(0, len(data)),
+                                               bytearray(len(data))))]
+            wire = await store._clients.wire()
+            assert isinstance(wire, WireClient)
+            assert proxy.close_idle() >= 1
+            await asyncio.sleep(0.2)  # the FIN reaches the client
+            upload = await wire.create_upload(bucket, "p/b.bin", "b.bin")
+            await wire.abort_upload(bucket, "p/b.bin", upload, "b.bin")
+            assert proxy.close_idle() >= 1
+            await asyncio.sleep(0.2)
+            got.append(bytes(await store.read_into("a.bin", ByteRange(0, len(data)),
+                                                   bytearray(len(data)))))
+            return got
+        finally:
+            await store.aclose()
+
+    assert asyncio.run(go()) == [data, data]
+    assert [e.outcome for e in proxy.exchanges()] == ["ok"] * 4
+
+
 def _read_in_child(store: S3Store, rng: ByteRange, out: Any) -> None:
     async def go() -> bytes:
         return bytes(await store.read_into("f.bin", rng, bytearray(rng.length)))
