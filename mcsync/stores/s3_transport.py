@@ -1,6 +1,7 @@
 """The multipart upload requests (and CopyObject) as a small protocol, ``MultipartTransport``,
-sent by one of two kinds of client: mcsync's own (``RequestsTransport``: the AWS CRT's, or for
-UploadPart mcsync's connections) or botocore's (``BotocoreTransport``). Both send the same S3
+sent by one of two kinds of client: mcsync's own (``RequestsTransport``: mcsync's connections,
+or the AWS CRT's for the requests without a body where a payload must be signed) or
+botocore's (``BotocoreTransport``). Both send the same S3
 API, so an upload opened by one is resumed by the other. Which one sends a request is the
 store's clients' rule (``S3Clients.multipart``), not the caller's: ``S3Upload`` holds a
 transport and never asks.
@@ -62,8 +63,8 @@ class MultipartTransport(Protocol):
 
 
 class RequestsTransport:
-    """The requests through one of mcsync's own clients: the AWS CRT's (``s3_crt``), or for
-    UploadPart mcsync's connections (``s3_wire``)."""
+    """The requests through one of mcsync's own clients: its connections (``s3_wire``), or
+    the AWS CRT's (``s3_crt``)."""
 
     def __init__(self, client: S3Requests, checksums: BodyChecksums) -> None:
         self._client = client
