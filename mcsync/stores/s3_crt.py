@@ -24,11 +24,12 @@ from typing import Any
 from ..errors import Permanent, Transient
 from ..retry import RetryPolicy
 from ..types import Buffer
+from .http_wire import ANSWER_TIMEOUT_S, SLOWEST_SEND_BYTES_S
 from .s3_body import Body
 from .s3_clients import ClientCert, ClientSettings
 from .s3_errors import S3Answered, crt_answer, crt_error
 from .s3_keys import Keys, S3Credentials
-from .s3_requests import ANSWER_TIMEOUT_S, SLOWEST_SEND_BYTES_S, Endpoint, Response, S3Requests
+from .s3_requests import Endpoint, Response, S3Requests
 
 CONNECT_TIMEOUT_MS = 10_000
 # How long a cancelled request may take to let go of its body (the caller's buffer, which goes

@@ -19,13 +19,6 @@ from .s3_body import BodyChecksums
 from .s3_clients import ClientSettings
 from .s3_errors import S3Answered, crt_answer
 
-# botocore's read_timeout: a CopyObject answers when the copy is done, so this bounds a copy
-# as it does botocore's (which fails a read that waits longer, and tries again). A request with
-# a body is given longer by its size: a client that reports no progress of a body it sends
-# bounds a part on a slow link by the slowest rate worth waiting for instead.
-ANSWER_TIMEOUT_S = 120.0
-SLOWEST_SEND_BYTES_S = 256 * 1024
-
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:

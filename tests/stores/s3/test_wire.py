@@ -22,12 +22,13 @@ from mcsync.errors import (
     Unreachable,
 )
 from mcsync.retry import RetryPolicy
+from mcsync.stores.http_wire import Reply, the_range
 from mcsync.stores.s3 import S3Store
 from mcsync.stores.s3_clients import ClientSettings
 from mcsync.stores.s3_keys import Keys, S3Credentials
 from mcsync.stores.s3_requests import Endpoint
 from mcsync.stores.s3_store_clients import WIRE_FROM
-from mcsync.stores.s3_wire import WireClient, _Answer, _the_range
+from mcsync.stores.s3_wire import WireClient
 from mcsync.types import ByteRange, ObjectInfo
 from testbed.faultproxy import EXPIRED_TOKEN, Corrupt, FaultProxy, Reset, Rule, ShortBody, Stall
 from testbed.servers import S3Endpoint
@@ -341,9 +342,9 @@ def test_a_refused_put_is_reported_as_the_refusal(seaweed: S3Endpoint,
 ])
 def test_an_answer_is_the_range_asked_for(status: int, headers: dict[str, str],
                                           ok: bool) -> None:
-    assert _the_range(_Answer(status, headers, b"", 5), ByteRange(5, 10)) is ok
-    whole = _Answer(200, {"content-length": "10"}, b"", 10)
-    assert _the_range(whole, ByteRange(0, 10))
+    assert the_range(Reply(status, headers, b"", 5), ByteRange(5, 10)) is ok
+    whole = Reply(200, {"content-length": "10"}, b"", 10)
+    assert the_range(whole, ByteRange(0, 10))
 
 
 @pytest.mark.parametrize(("path_style", "address"), [
