@@ -1,4 +1,6 @@
-"""Azure Blob Storage as a source (``az://container/prefix``), through obstore's Azure client.
+"""Azure Blob Storage as a source (``az://container/prefix``), through obstore's Azure client,
+and a relay's parts read into the run's buffers over mcsync's own connections (``azure_wire``)
+where the credential is an account key or a SAS.
 
 A source only, as ``gcs``: listing, HEAD and (ranged) GETs pinned to the listed ETag
 (``If-Match``: Azure answers 412 ConditionNotMet once a blob changed). The account, its
@@ -36,6 +38,7 @@ from ..errors import (
 )
 from ..retry import RetryPolicy
 from ..types import REMOTE, Buffer, ByteRange, ObjectInfo
+from .azure_wire import AzureWire, credential
 from .obstore_body import fill, pieces, whole
 from .s3_errors import translate
 
@@ -164,6 +167,8 @@ class AzureStore:
         self._max_connections = max_connections
         self._retry = retry or RetryPolicy()
         self._client: Any = None
+        self._wire: AzureWire | None = None
+        self._wire_asked = False  # whether the credential was looked at for the wire
         self._sorted = False  # list everything, then sort (see list)
 
     def _make(self, *, preflight: bool = False) -> Any:
@@ -218,6 +223,9 @@ class AzureStore:
 
     async def aclose(self) -> None:
         self._client = None
+        if self._wire is not None:
+            self._wire.close()
+        self._wire, self._wire_asked = None, False
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
         """Every blob under the prefix in UTF-8 byte order, a page at a time. Azure lists in
@@ -276,9 +284,28 @@ class AzureStore:
 
     async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
                         expect: ObjectInfo | None = None) -> memoryview:
-        """Bytes ``rng`` of ``key`` into ``buf`` a piece at a time (as ``S3Store``'s)."""
-        body = await self.open_range(key, rng, expect=expect)
-        return await asyncio.to_thread(fill, body, buf)
+        """Bytes ``rng`` of ``key`` into ``buf``: by the wire, the socket reading into it, or
+        from obstore's pieces, each copied in."""
+        wire = self._wire_client()
+        if wire is None or rng.length == 0:
+            body = await self.open_range(key, rng, expect=expect)
+            return await asyncio.to_thread(fill, body, buf)
+        with self.translating(key):
+            return await wire.read_into(self.container, self.prefix + key, f"{self.url}{key}",
+                                        rng, buf, expect.etag if expect is not None else None)
+
+    def _wire_client(self) -> AzureWire | None:
+        """The wire, made on first use, if the store's credential is one it signs with."""
+        if not self._wire_asked:
+            self._wire_asked = True
+            conn = self._connection
+            found = credential(self._config, conn.account_key if conn else None,
+                               conn.sas if conn else None, conn.account if conn else None)
+            endpoint = self._endpoint or (f"https://{found.account}.blob.core.windows.net"
+                                          if found and found.account else None)
+            self._wire = (AzureWire(endpoint, found, self._max_connections)
+                          if found is not None and endpoint else None)
+        return self._wire
 
     async def _request(self, key: str, rng: ByteRange | None,
                        expect: ObjectInfo | None) -> Any:
