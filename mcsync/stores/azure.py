@@ -39,6 +39,7 @@ from ..errors import (
 from ..retry import RetryPolicy
 from ..types import REMOTE, Buffer, ByteRange, ObjectInfo
 from .azure_wire import AzureWire, credential
+from .http_wire import behind_proxy
 from .obstore_body import fill, pieces, whole
 from .s3_errors import translate
 
@@ -304,7 +305,8 @@ class AzureStore:
             endpoint = self._endpoint or (f"https://{found.account}.blob.core.windows.net"
                                           if found and found.account else None)
             self._wire = (AzureWire(endpoint, found, self._max_connections)
-                          if found is not None and endpoint else None)
+                          if found is not None and endpoint and not behind_proxy(endpoint)
+                          else None)
         return self._wire
 
     async def _request(self, key: str, rng: ByteRange | None,

@@ -115,7 +115,8 @@ class AzureWire:
         self._base = where.path  # Azurite's account, in the path
         self._credential = credential
         tls = tls_context(None) if where.scheme == "https" else None
-        self._wire = HttpWire((where.hostname or "", where.port), tls, max_connections)
+        self._wire = HttpWire((where.hostname or "", where.port), tls, max_connections,
+                              ca_hint="the system's trust store (SSL_CERT_FILE)")
 
     async def read_into(self, container: str, name: str, what: str, rng: ByteRange,
                         buf: bytearray, if_match: str | None) -> memoryview:

@@ -27,14 +27,15 @@ import select
 import socket
 import ssl
 import threading
+import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from .._version import __version__
 from ..errors import Permanent, Transient, Unreachable
 from ..types import Buffer, ByteRange
-from .s3_errors import not_trusted
 
 CONNECT_TIMEOUT_S = 10.0
 # botocore's read_timeout: a CopyObject answers when the copy is done, so this bounds a copy
@@ -82,12 +83,14 @@ class _Call:
 
 class HttpWire:
     """Kept-alive connections to ``address`` (TLS when ``tls`` is given), at most
-    ``max_connections`` at once, each request on a thread of this wire's own."""
+    ``max_connections`` at once, each request on a thread of this wire's own. ``ca_hint``:
+    where a private CA goes, for the error of a certificate that does not verify."""
 
     def __init__(self, address: tuple[str, int | None], tls: ssl.SSLContext | None,
-                 max_connections: int) -> None:
+                 max_connections: int, *, ca_hint: str) -> None:
         self.address = address
         self._tls = tls
+        self._ca_hint = ca_hint
         self._max_connections = max(1, max_connections)
         self._start()
 
@@ -146,7 +149,9 @@ class HttpWire:
                 return self._send(call, method, target, headers, body, into)
         except ssl.SSLCertVerificationError as exc:
             self._drop(call)
-            raise not_trusted(what, exc.verify_message or str(exc)) from None
+            reason = exc.verify_message or str(exc)
+            raise Permanent(f"{what}: the endpoint's TLS certificate is not trusted ({reason}): "
+                            f"a private CA goes in {self._ca_hint}") from None
         except ssl.SSLError as exc:
             self._drop(call)
             raise Permanent(f"{what}: TLS refused: {exc.reason or exc}") from None
@@ -291,6 +296,17 @@ def _read_into(resp: http.client.HTTPResponse, view: memoryview) -> int:
             break
         got += n
     return got
+
+
+def behind_proxy(url: str) -> bool:
+    """Would the environment's proxy (``HTTPS_PROXY``, ``ALL_PROXY``, less ``NO_PROXY``) carry
+    requests to ``url``? The wire connects directly: a store reached through a proxy keeps
+    its SDK's client, which goes through it."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    if parts.scheme not in proxies and "all" not in proxies:
+        return False
+    return not urllib.request.proxy_bypass(parts.hostname or "")
 
 
 def tls_context(ca_pem: str | None, client_cert: tuple[str, str] | None = None) -> ssl.SSLContext:

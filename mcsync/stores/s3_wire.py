@@ -39,7 +39,8 @@ class WireClient(S3Requests):
         if self._endpoint.tls:
             cert = settings.client_cert
             tls = tls_context(settings.ca_pem, (cert.cert, cert.key) if cert else None)
-        self._wire = HttpWire(self.address, tls, settings.max_connections)
+        self._wire = HttpWire(self.address, tls, settings.max_connections,
+                              ca_hint="AWS_CA_BUNDLE (meta://: MCSYNC_META_CA_BUNDLE)")
 
     async def request(self, method: str, bucket: str, key: str | None, what: str, *,
                       operation: str,
