@@ -62,15 +62,12 @@ a target before anything is asked of it.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import json
 import logging
 import os
+import ssl
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from datetime import datetime
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -96,12 +93,15 @@ from ..errors import (
 from ..retry import RetryPolicy, retrying
 from ..types import REMOTE, ByteRange, ObjectInfo
 from .base import Buffer
+from .gcs_answers import as_json, error_message, hash_of, object_info
 from .gcs_credentials import (
     CA_BUNDLE_VARIABLES,
     ca_bundle_from_env,
     find_credentials,
     tls_context,
 )
+from .gcs_wire import GcsWire
+from .http_wire import Reply, behind_proxy, the_range
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -155,6 +155,9 @@ class GCSStore:
         self._session: aiohttp.ClientSession | None = None
         self._token: Any = None
         self._credential_source = "no credentials (emulator)" if self._anonymous else ""
+        self._tls: ssl.SSLContext | None = None
+        self._wire: GcsWire | None = None
+        self._wire_ranges = True  # until a server answers a Range with the whole object
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -162,7 +165,7 @@ class GCSStore:
         if self._session is None:
             async with self._lock:
                 if self._session is None:
-                    tls = tls_context(self._ca_bundle, self._api_root, self.url)
+                    tls = self._tls = tls_context(self._ca_bundle, self._api_root, self.url)
                     if not self._anonymous:
                         self._token = self._make_token()
                     self._session = aiohttp.ClientSession(
@@ -194,6 +197,9 @@ class GCSStore:
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
+        wire, self._wire = self._wire, None
+        if wire is not None:
+            wire.close()
         token, self._token = self._token, None
         if token is not None:
             with contextlib.suppress(Exception):
@@ -283,7 +289,7 @@ class GCSStore:
 
     def _status_error(self, status: int, body: bytes, what: str, *,
                       bucket_level: bool) -> MCSyncError:
-        message = _error_message(body)
+        message = error_message(body)
         detail = f": {message}" if message else ""
         if status == 404:
             if bucket_level:
@@ -323,7 +329,7 @@ class GCSStore:
                 params["pageToken"] = token
             _, _, body = await self._send(self._objects, params, what=self.url,
                                          bucket_level=True)
-            page = _json(body, self.url)
+            page = as_json(body, self.url)
             for item in page.get("items") or ():
                 name = item["name"]
                 if name <= last:
@@ -334,7 +340,7 @@ class GCSStore:
                     raise Permanent(f"{self.url}: server listed {name!r} outside the prefix")
                 key = name[cut:]
                 if key:  # the prefix's own "directory marker" is not an object under it
-                    yield _info(key, item)
+                    yield object_info(key, item)
             token = page.get("nextPageToken")
             if not token:
                 return
@@ -343,7 +349,7 @@ class GCSStore:
         what = f"{self.url}{key}"
         _, _, body = await self._send(self._object_url(key), {"fields": _OBJECT_FIELDS},
                                       what=what)
-        return _info(key, _json(body, what))
+        return object_info(key, as_json(body, what))
 
     async def get(
         self, key: str, rng: ByteRange | None = None, *, expect: ObjectInfo | None = None
@@ -362,21 +368,40 @@ class GCSStore:
                 raise Transient(f"{what}: short read ({len(data)} of {rng.length} bytes)")
         whole = rng is None or (expect is not None and rng.start == 0 and rng.end == expect.size)
         if whole:
-            expected = (expect.crc32c if expect is not None else None) or _hash(got, "crc32c")
+            expected = (expect.crc32c if expect is not None else None) or hash_of(got, "crc32c")
             if expected:
                 verify(expected, await crc32c_async(data), what)
         return data
 
     async def read_into(self, key: str, rng: ByteRange, buf: bytearray, *,
                         expect: ObjectInfo | None = None) -> memoryview:
-        """Bytes ``rng`` of ``key`` (pinned as ``get``) into ``buf``, each piece copied in as
-        it comes off the connection: ``get``'s ``resp.read()`` joins the pieces into a new
-        ``bytes`` of the part's size, fresh pages for every part, where the run's buffers are
-        reused (as ``S3Store.read_into``). The part's CRC32C is checked by the caller."""
+        """Bytes ``rng`` of ``key`` (pinned as ``get``) into ``buf``: by the wire, the socket
+        reading into it (``gcs_wire``), or from aiohttp's pieces, each copied in (a server that
+        ignored a Range, an endpoint behind a proxy). ``get``'s ``resp.read()`` would join the
+        pieces into a new ``bytes`` of the part's size, fresh pages for every part, where the
+        run's buffers are reused. The part's CRC32C is checked by the caller."""
         what = f"{self.url}{key}"
         view = memoryview(buf)
         if rng.length == 0:
             return view[:0]
+        params, headers, generation = _media(rng, expect)
+        wire = await self._wire_client()
+        if wire is not None:
+            async def once() -> Reply:
+                sent = headers | await self._auth(what)
+                got = await wire.read_into(self._object_url(key), params, sent,
+                                           view[:rng.length], what)
+                if got.status >= 300:
+                    raise self._status_error(got.status, got.body, what, bucket_level=False)
+                return got
+
+            got = await retrying(once, self._retry, attempts=self._retry.sdk_attempts)
+            _check_generation(got.headers, generation, what)
+            if got.read == rng.length and the_range(got, rng):
+                return view[:rng.length]
+            if got.status != 200:
+                raise Transient(f"{what}: read {got.read} bytes of a {rng.length}-byte range")
+            self._wire_ranges = False  # Range ignored: aiohttp's path skips to it
 
         async def into(resp: aiohttp.ClientResponse) -> int:
             skip = rng.start if resp.status == 200 else 0  # Range ignored: the whole object
@@ -396,13 +421,21 @@ class GCSStore:
                     break
             return at
 
-        params, headers, generation = _media(rng, expect)
-        _, got, n = await self._request(self._object_url(key), params, into, what=what,
-                                        headers=headers)
-        _check_generation(got, generation, what)
+        _, answered, n = await self._request(self._object_url(key), params, into, what=what,
+                                             headers=headers)
+        _check_generation(answered, generation, what)
         if n != rng.length:
             raise Transient(f"{what}: short read ({n} of {rng.length} bytes)")
         return view[:n]
+
+    async def _wire_client(self) -> GcsWire | None:
+        """The wire, made on first use (after the session: the token), unless the endpoint
+        is reached through a proxy or was found to ignore a Range."""
+        await self._http()
+        if self._wire is None and self._wire_ranges and not behind_proxy(self._api_root):
+            self._wire = GcsWire(self._api_root, self._tls, self._max_connections,
+                                 CA_BUNDLE_VARIABLES[0])
+        return self._wire if self._wire_ranges else None
 
     def _object_url(self, key: str) -> str:
         return f"{self._objects}/{quote(self.prefix + key, safe='')}"
@@ -434,66 +467,3 @@ def _check_generation(got: Mapping[str, str], generation: str | None, what: str)
     if generation and served and served != generation:
         raise PreconditionFailed(f"{what}: changed since it was listed (generation "
                                  f"{generation} planned, {served} served)")
-
-
-def _info(key: str, item: Mapping[str, Any]) -> ObjectInfo:
-    generation = item.get("generation")
-    return ObjectInfo(
-        key,
-        int(item["size"]),
-        _md5_hex(item.get("md5Hash")),
-        _timestamp(item.get("updated")),
-        str(generation) if generation is not None else None,
-        item.get("crc32c") or None,
-    )
-
-
-def _md5_hex(value: str | None) -> str | None:
-    if not value:
-        return None
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    return raw.hex() if len(raw) == 16 else None
-
-
-def _timestamp(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()  # RFC 3339 with 'Z' (Python 3.11)
-    except ValueError:
-        return None
-
-
-def _hash(headers: Mapping[str, str], kind: str) -> str | None:
-    """One hash out of ``x-goog-hash: crc32c=...,md5=...`` (the header may repeat)."""
-    values = headers.getall("x-goog-hash", []) if hasattr(headers, "getall") else [
-        headers.get("x-goog-hash", "")]
-    for value in values:
-        for part in value.split(","):
-            name, _, encoded = part.strip().partition("=")
-            if name == kind and encoded:
-                return encoded
-    return None
-
-
-def _json(body: bytes, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise Transient(f"{what}: the server's answer is not JSON") from None
-    if not isinstance(data, dict):
-        raise Permanent(f"{what}: unexpected answer from the server")
-    return data
-
-
-def _error_message(body: bytes) -> str:
-    """GCS's error message (``{"error": {"message": ...}}``), else the first line of the body."""
-    text = body.decode("utf-8", "replace").strip()
-    with contextlib.suppress(ValueError, KeyError, TypeError):
-        message = json.loads(text)["error"]["message"]
-        if isinstance(message, str):
-            text = message
-    return text.splitlines()[0][:300] if text else ""
