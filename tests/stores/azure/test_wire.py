@@ -213,3 +213,26 @@ def test_a_wrong_credential_is_access_denied_without_it_in_the_message(
     message = asyncio.run(go())
     assert "x.bin" in message and "\n" not in message
     assert wrong not in message and "sig=" not in message
+
+
+@pytest.mark.parametrize(("env", "url", "proxied"), [
+    ({"HTTPS_PROXY": "http://proxy:3128"}, "https://acct.blob.core.windows.net", True),
+    ({"https_proxy": "http://proxy:3128", "NO_PROXY": ".windows.net"},
+     "https://acct.blob.core.windows.net", False),
+    ({"HTTPS_PROXY": "http://proxy:3128"}, "http://127.0.0.1:10000/devstoreaccount1", False),
+    ({"ALL_PROXY": "http://proxy:3128"}, "http://127.0.0.1:10000/devstoreaccount1", True),
+    ({}, "https://storage.googleapis.com", False),
+])
+def test_the_wire_is_not_used_where_a_proxy_would_carry_the_requests(
+        env: dict[str, str], url: str, proxied: bool, monkeypatch) -> None:
+    from mcsync.stores.http_wire import behind_proxy
+
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                 "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert behind_proxy(url) is proxied
+    store = AzureStore(container="c", prefix="", endpoint=url,
+                       config={"account_name": ACCOUNT, "account_key": KEY})
+    assert (store._wire_client() is None) is proxied
