@@ -10,6 +10,8 @@ against rclone (azureblob backend, the emulator's endpoint). gs and az copy ``--
 Every round runs each (set, tool) once, the tools' order alternated round by round. Each run:
 wall, client CPU (user + sys of the tool's process tree, ``bench_measure.run_measured``), peak
 RSS, and mcsync's ``limited_by`` verdict; every target is checked (keys and sizes) and deleted.
+The cross sets' CPU is then split, from each round's smallest and largest total, into what a
+further GiB costs and a fixed part (``marginal``).
 
     .venv/bin/python benchmarks/relay.py --paths cross --rounds 3 --json cross.json
     .venv/bin/python benchmarks/relay.py --paths gs,az --rounds 3
@@ -262,6 +264,40 @@ def table(runs: list[Run]) -> str:
     return "\n".join(rows)
 
 
+def marginal(runs: list[Run]) -> str:
+    """The cross sets' CPU split in two, per tool and object size, from the same round's runs
+    at the smallest and the largest total: what each further GiB costs (the slope: what a
+    petabyte costs) and what is left at zero bytes (the fixed part: start-up, listing, the
+    end of the run). Medians (ranges) over rounds."""
+    by: dict[tuple[str, str], dict[int, list[Run]]] = {}
+    for r in runs:
+        if r.ok and r.path == "cross":
+            by.setdefault((r.set.split("@")[0], r.tool), {}).setdefault(r.round, []).append(r)
+    slopes: dict[tuple[str, str], list[float]] = {}
+    fixed: dict[tuple[str, str], list[float]] = {}
+    for key, rounds in by.items():
+        for rs in rounds.values():
+            low, high = min(rs, key=lambda r: r.bytes), max(rs, key=lambda r: r.bytes)
+            if high.bytes <= low.bytes:
+                continue
+            slope = (high.cpu_s - low.cpu_s) / ((high.bytes - low.bytes) / GIB)
+            slopes.setdefault(key, []).append(slope)
+            fixed.setdefault(key, []).append(low.cpu_s - slope * low.bytes / GIB)
+    if not slopes:
+        return ""
+    rows = ["| set | tool | CPU-s per further GiB | ÷ rclone | fixed CPU-s |",
+            "|---|---|---|---|---|"]
+    for (size, tool), xs in slopes.items():
+        base = slopes.get((size, "rclone"))
+        ratio = (f"{statistics.median(xs) / statistics.median(base):.2f}"
+                 if base and tool != "rclone" else "")
+        f = fixed[(size, tool)]
+        rows.append(f"| {size} | {tool} | {statistics.median(xs):.2f} ({min(xs):.2f}-"
+                    f"{max(xs):.2f}) | {ratio} | {statistics.median(f):.2f} ({min(f):.2f}-"
+                    f"{max(f):.2f}) |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="benchmarks/relay.py", description=__doc__.split("\n")[0])
     p.add_argument("--paths", default="cross", help="cross,gs,az")
@@ -330,6 +366,9 @@ def main() -> int:
     finally:
         if bench is not None:
             print(table(bench.runs))
+            split = marginal(bench.runs)
+            if split:
+                print("\n" + split)
             if args.json:
                 args.json.write_text(json.dumps([asdict(r) for r in bench.runs], indent=1))
         if args.workdir is None:
