@@ -79,9 +79,11 @@ class PartSender:
         """Hash a part read whole, check it, and send it."""
         pieces = await chunk_digests_async(data, spec.rng.start, chunks)
         self._check_second_read(spec, pieces)
-        if self.check_crc:
-            self._crcs[spec.number] = (await checksums.crc32c_async(data), len(data))
-        return await upload.put_part(spec.number, spec.rng.start, data), pieces
+        crc = None
+        if self.check_crc:  # summed once: the target's checksum header is this one too
+            crc = await checksums.crc32c_async(data)
+            self._crcs[spec.number] = (crc, len(data))
+        return await upload.put_part(spec.number, spec.rng.start, data, crc32c=crc), pieces
 
     def _check_second_read(self, spec: Part, pieces: list[bytes]) -> None:
         """Cutting by content read these bytes once already: a second read that hashes

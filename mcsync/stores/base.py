@@ -79,7 +79,12 @@ class Upload(Protocol):
 
     upload_id: str
 
-    async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef: ...
+    async def put_part(self, number: int, offset: int, data: Buffer, *,
+                       crc32c: int | None = None) -> PartRef:
+        """Write part ``number`` (``offset`` bytes into the object). ``crc32c``: ``data``'s
+        CRC32C when the caller summed it already, so a checksum the target verifies is not
+        summed a second time."""
+        ...
 
     async def confirm_parts(self, claims: Sequence[PartClaim]) -> set[int]:
         """Of the parts a journal claims were written, the numbers the target really holds

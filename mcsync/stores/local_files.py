@@ -79,7 +79,8 @@ class LocalUpload:
     def part_written(self, number: int, size: int) -> PartRef:
         return PartRef(number, "", size)
 
-    async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
+    async def put_part(self, number: int, offset: int, data: Buffer, *,
+                       crc32c: int | None = None) -> PartRef:
         await asyncio.to_thread(self.write_at, offset, data)
         return self.part_written(number, len(data))
 

@@ -286,7 +286,8 @@ class MemoryUpload:
         self._held().parts[number] = (data, etag)
         return PartRef(number, etag, len(data))
 
-    async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
+    async def put_part(self, number: int, offset: int, data: Buffer, *,
+                       crc32c: int | None = None) -> PartRef:
         await asyncio.sleep(0)
         return self._add(number, bytes(data))
 

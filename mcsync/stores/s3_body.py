@@ -61,12 +61,15 @@ class BodyChecksums:
     _taken: dict[str, str] = field(default_factory=dict)
 
     async def send(self, operation: str, data: Buffer,
-                   call: Callable[[str, str], Awaitable[T]]) -> T:
+                   call: Callable[[str, str], Awaitable[T]], *, crc32c: int | None = None) -> T:
         """``call(header, value)`` sends ``data`` with a checksum the target verifies: the
-        header (``CRC32C_HEADER`` or ``MD5_HEADER``) and its value. Errors are the client's
-        (botocore's or the CRT's): the caller translates them."""
+        header (``CRC32C_HEADER`` or ``MD5_HEADER``) and its value (``crc32c``: ``data``'s,
+        summed by the caller already). Errors are the client's (botocore's or the CRT's):
+        the caller translates them."""
         if self._taken.get(operation) != "md5":
-            crc = checksums.to_base64(await checksums.crc32c_async(data))
+            if crc32c is None:
+                crc32c = await checksums.crc32c_async(data)
+            crc = checksums.to_base64(crc32c)
             try:
                 r = await call(CRC32C_HEADER, crc)
             except Exception as exc:

@@ -436,10 +436,11 @@ class _Routed:
         with self._clients.translating(what):
             return await sender.create(bucket, key, what)
 
-    async def upload_part(self, ids: UploadIds, number: int, data: Buffer) -> str | None:
+    async def upload_part(self, ids: UploadIds, number: int, data: Buffer, *,
+                          crc32c: int | None = None) -> str | None:
         sender = await self._clients.sender(body=True)
         with self._clients.translating(ids.what):
-            return await sender.upload_part(ids, number, data)
+            return await sender.upload_part(ids, number, data, crc32c=crc32c)
 
     async def copy_part(self, ids: UploadIds, number: int, source: S3CopySource,
                         rng: ByteRange) -> str | None:

@@ -38,8 +38,10 @@ class MultipartTransport(Protocol):
         """CreateMultipartUpload of ``key`` (a full key); the upload id."""
         ...
 
-    async def upload_part(self, ids: UploadIds, number: int, data: Buffer) -> str | None:
-        """UploadPart ``number`` with a checksum the target verifies; its ETag."""
+    async def upload_part(self, ids: UploadIds, number: int, data: Buffer, *,
+                          crc32c: int | None = None) -> str | None:
+        """UploadPart ``number`` with a checksum the target verifies (``crc32c``: ``data``'s
+        CRC32C, when the caller has it); its ETag."""
         ...
 
     async def copy_part(self, ids: UploadIds, number: int, source: S3CopySource,
@@ -73,12 +75,14 @@ class RequestsTransport:
     async def create(self, bucket: str, key: str, what: str) -> str:
         return await self._client.create_upload(bucket, key, what)
 
-    async def upload_part(self, ids: UploadIds, number: int, data: Buffer) -> str | None:
+    async def upload_part(self, ids: UploadIds, number: int, data: Buffer, *,
+                          crc32c: int | None = None) -> str | None:
         async def send(header: str, value: str) -> str:
             return await self._client.upload_part(ids.bucket, ids.key, ids.upload_id, number,
                                                data, (header, value), ids.what)
 
-        return unquote_etag(await self._checksums.send("upload_part", data, send))
+        return unquote_etag(await self._checksums.send("upload_part", data, send,
+                                                       crc32c=crc32c))
 
     async def copy_part(self, ids: UploadIds, number: int, source: S3CopySource,
                         rng: ByteRange) -> str | None:
@@ -115,9 +119,10 @@ class BotocoreTransport:
         upload_id: str = r["UploadId"]
         return upload_id
 
-    async def upload_part(self, ids: UploadIds, number: int, data: Buffer) -> str | None:
+    async def upload_part(self, ids: UploadIds, number: int, data: Buffer, *,
+                          crc32c: int | None = None) -> str | None:
         r = await self._checksums.send("upload_part", data, botocore_body(
-            self._client.upload_part, data, PartNumber=number, **_ids(ids)))
+            self._client.upload_part, data, PartNumber=number, **_ids(ids)), crc32c=crc32c)
         return unquote_etag(r["ETag"])
 
     async def copy_part(self, ids: UploadIds, number: int, source: S3CopySource,

@@ -39,8 +39,9 @@ class S3Upload:
         upload_id = await transport.create(bucket, full_key, what)
         return cls(transport, key, UploadIds(bucket, full_key, upload_id, what), size)
 
-    async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
-        etag = await self.transport.upload_part(self.ids, number, data)
+    async def put_part(self, number: int, offset: int, data: Buffer, *,
+                       crc32c: int | None = None) -> PartRef:
+        etag = await self.transport.upload_part(self.ids, number, data, crc32c=crc32c)
         return PartRef(number, etag or "", len(data))
 
     async def list_parts(self) -> list[PartRef]:

@@ -433,9 +433,11 @@ class _Upload:
         self.key = key
         self.upload_id: str = inner.upload_id
 
-    async def put_part(self, number: int, offset: int, data: Buffer) -> PartRef:
+    async def put_part(self, number: int, offset: int, data: Buffer, *,
+                       crc32c: int | None = None) -> PartRef:
         return await self._hooks.call(Op("put_part", self.key, len(data)),
-                                      lambda: self._inner.put_part(number, offset, data))
+                                      lambda: self._inner.put_part(number, offset, data,
+                                                                   crc32c=crc32c))
 
     async def confirm_parts(self, claims: Sequence[PartClaim]) -> set[int]:
         confirmed = await self._hooks.call(Op("confirm_parts", self.key),

@@ -112,6 +112,29 @@ def test_relayed_byte_for_byte_with_the_hashes_of_its_bytes(source, seaweed, tmp
     assert_hashes_are_the_bytes(manifest)
 
 
+def test_each_part_of_a_gcs_object_is_summed_once(seaweed, tmp_path, request, monkeypatch):
+    """GCS keeps every object's CRC32C: a part's sum, checked against it before Complete, is
+    also the checksum header the target verifies, not summed a second time."""
+    from mcsync import checksums
+
+    summed: list[int] = []
+    real = checksums.crc32c_async
+
+    async def counted(data: checksums.Buffer) -> int:
+        summed.append(len(data))
+        return await real(data)
+
+    monkeypatch.setattr(checksums, "crc32c_async", counted)
+    source = _gs(request)
+    bucket = new_bucket(seaweed)
+    result = run_cli(*args(source, f"meta://{bucket}/", tmp_path / "m.sqlite"),
+                     env=source.env | seaweed.meta_env())
+    assert result.exit_code == 0, result.output
+    assert read_bucket(seaweed, bucket) == OBJECTS
+    multipart = [len(data) for data in OBJECTS.values() if len(data) > PART]
+    assert sum(n for n in summed if n >= MiB) == sum(multipart)  # 7 parts, each once
+
+
 def test_bytes_damaged_on_the_way_to_the_target_are_refused(source, seaweed, tmp_path):
     """The checksum each PUT and part carries is the one the target verifies: bytes damaged
     after mcsync read them (a proxy flips one) are refused, and nothing of them is stored."""

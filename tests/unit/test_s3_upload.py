@@ -27,7 +27,8 @@ class FakeTransport:
         self.sent.append(("create", (bucket, key)))
         return "u1"
 
-    async def upload_part(self, ids: UploadIds, number: int, data: Buffer) -> str | None:
+    async def upload_part(self, ids: UploadIds, number: int, data: Buffer, *,
+                          crc32c: int | None = None) -> str | None:
         self.sent.append(("upload_part", number))
         return f"e{number}"
 
