@@ -7,9 +7,9 @@ into reused buffers and the bodies sent from them by mcsync's connections
 (``stores/s3_wire.WireClient``, signed by ``stores/s3_sign``), the xxh3 of every part and the
 CRC32C the target verifies (the same libraries). It leaves out everything else: no plan,
 manifest, journal, retry layer, events, pacing or adaptive limits, and no error handling
-beyond failing. So mcsync's CPU less the floor's is the engine's cost per part and per
-object, and the floor's less rclone's what the interpreter and these libraries cost against
-Go's.
+beyond failing. It runs on mcsync's event loop (uvloop, ``mcsync.run_blocking``). So mcsync's
+CPU less the floor's is the engine's cost per part and per object, and the floor's less
+rclone's what the interpreter and these libraries cost against Go's.
 
     relay_floor.py s3://SRC/PREFIX/ meta://DST/PREFIX/
 
@@ -26,7 +26,7 @@ import os
 import sys
 from urllib.parse import urlsplit
 
-from mcsync import checksums
+from mcsync import checksums, run_blocking
 from mcsync.hashing import block_digest_async
 from mcsync.retry import RetryPolicy
 from mcsync.stores.s3_body import CRC32C_HEADER
@@ -141,4 +141,4 @@ async def main(src_url: str, dst_url: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(sys.argv[1], sys.argv[2])))
+    sys.exit(run_blocking(main(sys.argv[1], sys.argv[2])))  # mcsync's loop: uvloop
