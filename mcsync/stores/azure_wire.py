@@ -24,9 +24,8 @@ from email.utils import formatdate
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from ..errors import Transient
 from ..types import ByteRange
-from .http_wire import USER_AGENT, HttpWire, Reply, the_range, tls_context
+from .http_wire import USER_AGENT, HttpWire, Reply, check_range, tls_context
 from .s3_errors import Answer, S3Answered, crt_answer
 
 # The service version obstore's Azure client asks for: Azurite serves it, and every
@@ -140,11 +139,7 @@ class AzureWire:
         got = await self._wire.exchange(what, "GET", target, headers, None, view)
         if got.status >= 300:
             raise S3Answered(_answer(got))
-        if got.read != rng.length:
-            raise Transient(f"{what}: read {got.read} bytes of a {rng.length}-byte range")
-        if not the_range(got, rng):
-            raise Transient(f"{what}: asked for bytes {rng.start}-{rng.end - 1}, answered "
-                            f"{got.status} {got.headers.get('content-range', '(no range)')}")
+        check_range(got, rng, what)
         return view
 
     def close(self) -> None:

@@ -101,7 +101,7 @@ from .gcs_credentials import (
     tls_context,
 )
 from .gcs_wire import GcsWire
-from .http_wire import Reply, behind_proxy, the_range
+from .http_wire import Reply, behind_proxy, check_range, the_range
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -157,6 +157,7 @@ class GCSStore:
         self._credential_source = "no credentials (emulator)" if self._anonymous else ""
         self._tls: ssl.SSLContext | None = None
         self._wire: GcsWire | None = None
+        self._wire_asked = False  # whether the proxy was looked at for the wire
         self._wire_ranges = True  # until a server answers a Range with the whole object
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -197,7 +198,7 @@ class GCSStore:
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
-        wire, self._wire = self._wire, None
+        wire, self._wire, self._wire_asked = self._wire, None, False
         if wire is not None:
             wire.close()
         token, self._token = self._token, None
@@ -397,10 +398,9 @@ class GCSStore:
 
             got = await retrying(once, self._retry, attempts=self._retry.sdk_attempts)
             _check_generation(got.headers, generation, what)
-            if got.read == rng.length and the_range(got, rng):
+            if got.status != 200 or the_range(got, rng):
+                check_range(got, rng, what)
                 return view[:rng.length]
-            if got.status != 200:
-                raise Transient(f"{what}: read {got.read} bytes of a {rng.length}-byte range")
             self._wire_ranges = False  # Range ignored: aiohttp's path skips to it
 
         async def into(resp: aiohttp.ClientResponse) -> int:
@@ -432,9 +432,11 @@ class GCSStore:
         """The wire, made on first use (after the session: the token), unless the endpoint
         is reached through a proxy or was found to ignore a Range."""
         await self._http()
-        if self._wire is None and self._wire_ranges and not behind_proxy(self._api_root):
-            self._wire = GcsWire(self._api_root, self._tls, self._max_connections,
-                                 CA_BUNDLE_VARIABLES[0])
+        if not self._wire_asked:
+            self._wire_asked = True
+            if not behind_proxy(self._api_root):
+                self._wire = GcsWire(self._api_root, self._tls, self._max_connections,
+                                     CA_BUNDLE_VARIABLES[0])
         return self._wire if self._wire_ranges else None
 
     def _object_url(self, key: str) -> str:

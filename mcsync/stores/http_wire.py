@@ -286,6 +286,15 @@ def the_range(got: Reply, rng: ByteRange) -> bool:
     return found == f"{rng.start}-{rng.end - 1}"
 
 
+def check_range(got: Reply, rng: ByteRange, what: str) -> None:
+    """Transient unless ``got`` read exactly the range asked for, and said so."""
+    if got.read != rng.length:
+        raise Transient(f"{what}: read {got.read} bytes of a {rng.length}-byte range")
+    if not the_range(got, rng):
+        raise Transient(f"{what}: asked for bytes {rng.start}-{rng.end - 1}, answered "
+                        f"{got.status} {got.headers.get('content-range', '(no range)')}")
+
+
 def _read_into(resp: http.client.HTTPResponse, view: memoryview) -> int:
     """The body of ``resp`` into ``view`` until either ends: each read a ``recv_into`` of what
     is left, straight into the caller's memory."""

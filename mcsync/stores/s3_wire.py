@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from ..errors import Transient
 from ..types import Buffer, ByteRange
-from .http_wire import USER_AGENT, HttpWire, the_range, tls_context
+from .http_wire import USER_AGENT, HttpWire, check_range, tls_context
 from .s3_clients import ClientSettings
 from .s3_errors import S3Answered, crt_answer
 from .s3_keys import Keys
@@ -71,11 +70,7 @@ class WireClient(S3Requests):
         got = await self._wire.exchange(what, "GET", path, sent, None, view)
         if got.status >= 300:
             raise S3Answered(crt_answer(got.status, got.body))
-        if got.read != rng.length:
-            raise Transient(f"{what}: read {got.read} bytes of a {rng.length}-byte range")
-        if not the_range(got, rng):
-            raise Transient(f"{what}: asked for bytes {rng.start}-{rng.end - 1}, answered "
-                            f"{got.status} {got.headers.get('content-range', '(no range)')}")
+        check_range(got, rng, what)
         return view
 
     def close(self) -> None:
