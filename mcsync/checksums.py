@@ -28,13 +28,13 @@ benchmarks/results/figures-from-code.md).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import functools
 from collections.abc import Callable, Iterable
 
 from .errors import IntegrityError
+from .offload import off_loop
 
 Buffer = bytes | bytearray | memoryview
 
@@ -61,7 +61,7 @@ def crc32c(data: Buffer, value: int = 0) -> int:
 async def crc32c_async(data: Buffer) -> int:
     """``crc32c(data)``, off the event loop for large buffers."""
     if len(data) >= _OFF_LOOP:
-        return await asyncio.to_thread(_implementation(), data, 0)
+        return await off_loop(_implementation(), data, 0)
     return _implementation()(data, 0)
 
 

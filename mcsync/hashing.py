@@ -7,10 +7,9 @@ parallel as they stream). The block size is reported beside it.
 
 from __future__ import annotations
 
-import asyncio
-
 import xxhash
 
+from .offload import off_loop
 from .types import Buffer, ByteRange
 
 DIGEST_SIZE = 16  # bytes of an xxh3-128 digest
@@ -19,7 +18,7 @@ _OFF_LOOP = 1 << 20  # hash buffers of 1 MiB and more in a worker thread (xxhash
 
 async def block_digest_async(data: Buffer) -> bytes:
     if len(data) >= _OFF_LOOP:
-        return await asyncio.to_thread(xxhash.xxh3_128_digest, data)
+        return await off_loop(xxhash.xxh3_128_digest, data)
     return xxhash.xxh3_128_digest(data)
 
 
@@ -37,5 +36,5 @@ def chunk_digests(data: Buffer, base: int, chunks: list[ByteRange]) -> list[byte
 
 async def chunk_digests_async(data: Buffer, base: int, chunks: list[ByteRange]) -> list[bytes]:
     if len(data) >= _OFF_LOOP:
-        return await asyncio.to_thread(chunk_digests, data, base, chunks)
+        return await off_loop(chunk_digests, data, base, chunks)
     return chunk_digests(data, base, chunks)

@@ -29,12 +29,12 @@ import ssl
 import threading
 import urllib.request
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .._version import __version__
 from ..errors import Permanent, Transient, Unreachable
+from ..offload import Threads
 from ..types import Buffer, ByteRange
 
 CONNECT_TIMEOUT_S = 10.0
@@ -101,8 +101,7 @@ class HttpWire:
         self._pid = os.getpid()
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
-        self._threads = ThreadPoolExecutor(max_workers=self._max_connections,
-                                           thread_name_prefix="mcsync-wire")
+        self._threads = Threads(self._max_connections, "mcsync-wire")
 
     async def exchange(self, what: str, method: str, target: str,
                        headers: Sequence[tuple[str, str]], body: Buffer | None,
@@ -114,9 +113,8 @@ class HttpWire:
         if os.getpid() != self._pid:
             self._start()  # the parent's connections are never used here
         call = _Call()
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._threads, self._exchange, call, what, method,
-                                      target, headers, body, into)
+        future = self._threads.run(self._exchange, call, what, method, target, headers, body,
+                                   into)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -126,7 +124,7 @@ class HttpWire:
             raise
 
     def close(self) -> None:
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        self._threads.close()
         with self._lock:
             idle, self._idle = self._idle, []
         for conn in idle:

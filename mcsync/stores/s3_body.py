@@ -13,7 +13,6 @@ A leaf: it imports no other S3 module, so every client and transport can build o
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import logging
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .. import checksums
+from ..offload import off_loop
 from ..types import Buffer
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class BodyChecksums:
             else:
                 self._taken.setdefault(operation, "crc32c")
                 return r
-        md5 = await asyncio.to_thread(lambda: hashlib.md5(data, usedforsecurity=False).digest())
+        md5 = await off_loop(lambda: hashlib.md5(data, usedforsecurity=False).digest())
         return await call(MD5_HEADER, base64.b64encode(md5).decode("ascii"))
 
 

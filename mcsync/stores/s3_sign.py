@@ -33,7 +33,7 @@ def sign(method: str, path: str, query: str, headers: Sequence[tuple[str, str]],
     Authorization header added, for a request of ``method`` to ``path`` (already URI-encoded,
     as it is sent) with the query string ``query`` (``name=value`` pairs joined by ``&``,
     values encoded; a name alone, like ``uploads``, has an empty value)."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    stamp = _stamp(int(time.time() if now is None else now))
     day = stamp[:8]
     added = [("x-amz-date", stamp), ("x-amz-content-sha256", UNSIGNED_PAYLOAD)]
     if creds.session_token:
@@ -65,6 +65,12 @@ def _canonical_query(query: str) -> str:
         name, _, value = pair.partition("=")
         pairs.append((quote(unquote(name), safe=""), quote(unquote(value), safe="")))
     return "&".join(f"{name}={value}" for name, value in sorted(pairs))
+
+
+@functools.lru_cache(maxsize=2)
+def _stamp(second: int) -> str:
+    """SigV4's date, formatted once a second: ``strftime`` was a tenth of a signature's time."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second))
 
 
 @functools.lru_cache(maxsize=8)
