@@ -34,7 +34,7 @@ import functools
 from collections.abc import Callable, Iterable
 
 from .errors import IntegrityError
-from .offload import off_loop
+from .tasks import off_loop
 
 Buffer = bytes | bytearray | memoryview
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import xxhash
 
-from .offload import off_loop
+from .tasks import off_loop
 from .types import Buffer, ByteRange
 
 DIGEST_SIZE = 16  # bytes of an xxh3-128 digest

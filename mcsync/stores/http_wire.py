@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from .._version import __version__
 from ..errors import Permanent, Transient, Unreachable
-from ..offload import Threads
+from ..tasks import Threads
 from ..types import Buffer, ByteRange
 
 CONNECT_TIMEOUT_S = 10.0

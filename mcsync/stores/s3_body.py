@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .. import checksums
-from ..offload import off_loop
+from ..tasks import off_loop
 from ..types import Buffer
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""offload.Threads: what to_thread promised (an answer, an error, a bounded set of threads, a
+"""tasks.Threads: what to_thread promised (an answer, an error, a bounded set of threads, a
 cancelled caller left alone), on real threads and, for fork, a real child process."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from mcsync import run_blocking
-from mcsync.offload import Threads, off_loop
+from mcsync.tasks import Threads, off_loop
 
 
 def test_answers_and_errors_come_back_to_the_caller() -> None:
