@@ -48,6 +48,12 @@ class Gate:
         self.busy -= 1
         self._wake()
 
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
     def _wake(self) -> None:
         while self._waiters and self.busy < self.limit:
             fut = self._waiters.popleft()

@@ -9,7 +9,7 @@ import collections
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .gate import Gate, MeteredGate
@@ -65,13 +65,26 @@ class ByteBudget:
             self._free -= n
             fut.set_result(None)
 
-    @contextlib.asynccontextmanager
-    async def hold(self, n: int) -> AsyncIterator[None]:
-        got = await self.acquire(n)
-        try:
-            yield
-        finally:
-            self.release(got)
+    def hold(self, n: int) -> _Holding:
+        """``async with budget.hold(n)``: ``n`` bytes (at most the capacity) for its body."""
+        return _Holding(self, n)
+
+
+class _Holding:
+    """``ByteBudget.hold``'s context: a class, not a generator, since the relay enters one
+    for every object and part and contextlib's machinery cost twice as much
+    (benchmarks/results/2026-12-07-thread-handoff.md)."""
+
+    __slots__ = ("_budget", "_got", "_n")
+
+    def __init__(self, budget: ByteBudget, n: int) -> None:
+        self._budget, self._n, self._got = budget, n, 0
+
+    async def __aenter__(self) -> None:
+        self._got = await self._budget.acquire(self._n)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._budget.release(self._got)
 
 
 class GoodputSlots(MeteredGate):
@@ -108,13 +121,10 @@ class GoodputSlots(MeteredGate):
         self._probe_after = probe_after
         self._plateau = 0  # intervals held at the best limit since it last changed
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        await self.acquire()
-        try:
-            yield
-        finally:
-            self.release()
+    def slot(self) -> GoodputSlots:
+        """``async with slots.slot()``: one data-bearing request on the wire for its body
+        (the gate itself is the context: ``Gate.__aenter__``)."""
+        return self
 
     def _adapt(self, rate: float) -> None:
         if not self._best_rate:  # the first interval (or the first after throttling) is the
@@ -219,6 +229,10 @@ class BufferPool:
         bisect.insort(self._free, buf, key=len)
         self._trim()
 
+    def drop(self) -> None:
+        """A lent buffer is not coming back (its borrower failed or was cancelled)."""
+        self._lent -= 1
+
     def _trim(self) -> None:
         while self._free and (len(self._free) > self.keep
                               or len(self._free) + self._lent > self._most_lent):
@@ -229,19 +243,31 @@ class BufferPool:
         """Bytes held in free buffers."""
         return sum(len(b) for b in self._free)
 
-    @contextlib.contextmanager
-    def lent(self, size: int) -> Iterator[bytearray]:
+    def lent(self, size: int) -> _Lent:
         """A buffer of at least ``size`` bytes for the body of the ``with``. One whose borrower
         failed or was cancelled is dropped, never lent again: a worker thread reading into it
         (``ReadsInto``) may still be writing, and a part given it next would be sent with
         those bytes, under checksums computed over them."""
-        buf = self.take(size)
-        try:
-            yield buf
-        except BaseException:
-            self._lent -= 1
-            raise
-        self.give(buf)
+        return _Lent(self, size)
+
+
+class _Lent:
+    """``BufferPool.lent``'s context (a class for the reason ``_Holding`` is one)."""
+
+    __slots__ = ("_buf", "_pool", "_size")
+
+    def __init__(self, pool: BufferPool, size: int) -> None:
+        self._pool, self._size = pool, size
+
+    def __enter__(self) -> bytearray:
+        self._buf = self._pool.take(self._size)
+        return self._buf
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:
+            self._pool.give(self._buf)
+        else:
+            self._pool.drop()
 
 
 # Data-bearing requests on the wire when a run starts; GoodputSlots grows it while that pays.

@@ -273,3 +273,51 @@ def test_tuned_parts_grow_no_further_while_the_client_or_a_rate_limit_bounds_the
     assert limits_after(slots, clock, (200, 200, 200)) == [16] * 3
     slots.bound_by("target")  # waiting on the target again: more in flight may help
     assert limits_after(slots, clock, (250,)) == [24]
+
+
+def test_a_hold_gives_back_what_it_took_however_its_body_ends():
+    async def go():
+        b = ByteBudget(10)
+        async with b.hold(100):  # clamped to the whole budget
+            inside = b.in_use
+        with pytest.raises(ValueError):
+            async with b.hold(4):
+                raise ValueError("the part failed")
+        async with b.hold(10):
+            waiting = asyncio.create_task(_hold(b, 3))
+            await asyncio.sleep(0)
+            waiting.cancel()  # cancelled while it waits: it took nothing
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+        return inside, b.in_use, b.peak
+
+    assert asyncio.run(go()) == (10, 0, 10)
+
+
+async def _hold(b, n):
+    async with b.hold(n):
+        await asyncio.sleep(10)
+
+
+def test_a_gate_is_its_own_context():
+    from mcsync.limits import GoodputSlots
+
+    async def go():
+        slots = GoodputSlots(2, 2)
+        async with slots.slot(), slots.slot():
+            held = slots.busy
+            third = asyncio.create_task(_enter(slots))
+            await asyncio.sleep(0)
+            assert not third.done()  # two is the limit
+        await third
+        with pytest.raises(ValueError):
+            async with slots.slot():
+                raise ValueError("the request failed")
+        return held, slots.busy
+
+    assert asyncio.run(go()) == (2, 0)
+
+
+async def _enter(slots):
+    async with slots.slot():
+        pass
