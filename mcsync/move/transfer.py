@@ -16,6 +16,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+from .. import checksums
 from ..checkpoints.frameworks import is_commit_marker
 from ..chunking import Layout, group_parts
 from ..delta.match import Part
@@ -262,7 +263,11 @@ class Transfer:
         if len(data) != src.size:
             raise IntegrityError(f"{action.key}: read {len(data)} bytes, listing said {src.size}")
         digest = await block_digest_async(data)
-        return await self.dst.put(action.key, data, mtime=src.mtime), digest
+        # A source that keeps a CRC32C checked the whole object's bytes against it as it
+        # served them (see _copy_whole): the target's checksum header is that one, not summed
+        # a second time.
+        crc = checksums.from_base64(src.crc32c) if src.crc32c is not None else None
+        return await self.dst.put(action.key, data, mtime=src.mtime, crc32c=crc), digest
 
     def _streams(self) -> bool:
         """Do parts read here stream into the target (an S3 range into a file)?"""

@@ -181,8 +181,10 @@ class Store(ReadStore, Protocol):
         ``plan`` (a dry run's target: it may not exist yet, and nothing is created)."""
         ...
 
-    async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
-        """Write a whole object. ``mtime`` is the source's; stores that can keep it do."""
+    async def put(self, key: str, data: Buffer, *, mtime: float | None = None,
+                  crc32c: int | None = None) -> ObjectInfo:
+        """Write a whole object. ``mtime`` is the source's; stores that can keep it do.
+        ``crc32c``: ``data``'s CRC32C when it is known already (as ``Upload.put_part``)."""
         ...
 
     async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> Upload:

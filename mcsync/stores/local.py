@@ -324,7 +324,8 @@ class LocalStore:
 
     # -- writes -----------------------------------------------------------------------------
 
-    async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
+    async def put(self, key: str, data: Buffer, *, mtime: float | None = None,
+                  crc32c: int | None = None) -> ObjectInfo:
         path = self.path_for(key)
 
         def write() -> ObjectInfo:

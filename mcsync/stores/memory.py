@@ -194,7 +194,8 @@ class MemoryStore:
 
     # -- the write side ---------------------------------------------------------------------
 
-    async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
+    async def put(self, key: str, data: Buffer, *, mtime: float | None = None,
+                  crc32c: int | None = None) -> ObjectInfo:
         await asyncio.sleep(0)
         blob = bytes(data)
         return self._info(key, self._store(self._writable(key), blob, _md5(blob).hex()))

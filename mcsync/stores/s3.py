@@ -340,13 +340,14 @@ class S3Store:
 
     # -- writes -----------------------------------------------------------------------------------
 
-    async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
+    async def put(self, key: str, data: Buffer, *, mtime: float | None = None,
+                  crc32c: int | None = None) -> ObjectInfo:
         wire = await self._clients.wire(memoryview(data).nbytes)
         if wire is not None:
             what = self._what(key)
             with self._clients.translating(what):
                 etag = await wire.put_object(self.bucket, self.full_key(key), data,
-                                             self._clients.body_checksums, what)
+                                             self._clients.body_checksums, what, crc32c=crc32c)
             return ObjectInfo(key, len(data), unquote_etag(etag), None)
 
         async def fast(client: Any) -> str | None:
@@ -355,7 +356,8 @@ class S3Store:
 
         async def slow(client: Any) -> str | None:
             r = await self._clients.body_checksums.send("put_object", data, botocore_body(
-                client.put_object, data, Bucket=self.bucket, Key=self.full_key(key)))
+                client.put_object, data, Bucket=self.bucket, Key=self.full_key(key)),
+                crc32c=crc32c)
             return r.get("ETag")
 
         etag = unquote_etag(await self._clients.either(self._what(key), fast, slow))

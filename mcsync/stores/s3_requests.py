@@ -120,13 +120,14 @@ class S3Requests:
         return etag
 
     async def put_object(self, bucket: str, key: str, data: Buffer, checksums: BodyChecksums,
-                         what: str) -> str | None:
-        """PutObject of ``data`` with a checksum the target verifies; its ETag."""
+                         what: str, *, crc32c: int | None = None) -> str | None:
+        """PutObject of ``data`` with a checksum the target verifies (``crc32c``: data's,
+        when known already); its ETag."""
         async def send(header: str, value: str) -> Response:
             return await self.request("PUT", bucket, key, what, operation="PutObject",
                                       headers=[(header, value)], body=data)
 
-        return (await checksums.send("put_object", data, send)).headers.get("etag")
+        return (await checksums.send("put_object", data, send, crc32c=crc32c)).headers.get("etag")
 
     async def copy_part(self, bucket: str, key: str, upload_id: str, number: int,
                         source_bucket: str, source_key: str, source_etag: str | None,

@@ -263,9 +263,11 @@ class _Write:
         caps: Capabilities = self._inner.caps
         return caps
 
-    async def put(self, key: str, data: Buffer, *, mtime: float | None = None) -> ObjectInfo:
+    async def put(self, key: str, data: Buffer, *, mtime: float | None = None,
+                  crc32c: int | None = None) -> ObjectInfo:
         return self._out(await self._hooks.call(
-            Op("put", key, len(data)), lambda: self._inner.put(self._in(key), data, mtime=mtime)))
+            Op("put", key, len(data)),
+            lambda: self._inner.put(self._in(key), data, mtime=mtime, crc32c=crc32c)))
 
     async def open_upload(self, key: str, size: int, *, mtime: float | None = None) -> Any:
         upload = await self._hooks.call(

@@ -112,10 +112,14 @@ def test_relayed_byte_for_byte_with_the_hashes_of_its_bytes(source, seaweed, tmp
     assert_hashes_are_the_bytes(manifest)
 
 
-def test_each_part_of_a_gcs_object_is_summed_once(seaweed, tmp_path, request, monkeypatch):
-    """GCS keeps every object's CRC32C: a part's sum, checked against it before Complete, is
-    also the checksum header the target verifies, not summed a second time."""
+def test_each_byte_of_a_gcs_object_is_summed_once(seaweed, tmp_path, request, monkeypatch):
+    """GCS keeps every object's CRC32C: a part's sum, checked against it before Complete, and
+    a whole object's, checked as the store serves it, are also the checksum header the target
+    verifies, not summed a second time."""
+    from testbed.gcs import upload
+
     from mcsync import checksums
+    from mcsync.stores import gcs
 
     summed: list[int] = []
     real = checksums.crc32c_async
@@ -125,14 +129,20 @@ def test_each_part_of_a_gcs_object_is_summed_once(seaweed, tmp_path, request, mo
         return await real(data)
 
     monkeypatch.setattr(checksums, "crc32c_async", counted)
+    monkeypatch.setattr(gcs, "crc32c_async", counted)  # the store's check of a whole object
     source = _gs(request)
+    whole = payload(3 * MiB, 4)  # one PUT, with a checksum header (1 MiB and more)
+    upload(request.getfixturevalue("gcs_fake_server"), source.url[5:-1], "data/whole.bin",
+           whole)
     bucket = new_bucket(seaweed)
     result = run_cli(*args(source, f"meta://{bucket}/", tmp_path / "m.sqlite"),
                      env=source.env | seaweed.meta_env())
     assert result.exit_code == 0, result.output
-    assert read_bucket(seaweed, bucket) == OBJECTS
+    assert read_bucket(seaweed, bucket) == OBJECTS | {"data/whole.bin": whole}
     multipart = [len(data) for data in OBJECTS.values() if len(data) > PART]
-    assert sum(n for n in summed if n >= MiB) == sum(multipart)  # 7 parts, each once
+    # 7 parts and the whole object, each once (the small objects are checked, not sent with
+    # a checksum: under 1 MiB they go by obstore)
+    assert sum(n for n in summed if n >= MiB) == sum(multipart) + len(whole)
 
 
 def test_bytes_damaged_on_the_way_to_the_target_are_refused(source, seaweed, tmp_path):
