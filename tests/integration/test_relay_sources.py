@@ -116,10 +116,9 @@ def test_each_byte_of_a_gcs_object_is_summed_once(seaweed, tmp_path, request, mo
     """GCS keeps every object's CRC32C: a part's sum, checked against it before Complete, and
     a whole object's, checked as the store serves it, are also the checksum header the target
     verifies, not summed a second time."""
-    from testbed.gcs import upload
-
     from mcsync import checksums
     from mcsync.stores import gcs
+    from testbed.gcs import upload
 
     summed: list[int] = []
     real = checksums.crc32c_async
