@@ -99,6 +99,7 @@ class HttpWire:
         worker) starts again, since the parent's threads are not in it and its connections
         are the parent's."""
         self._pid = os.getpid()
+        self._closed = False
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
         self._threads = Threads(self._max_connections, "mcsync-wire")
@@ -124,6 +125,7 @@ class HttpWire:
             raise
 
     def close(self) -> None:
+        self._closed = True
         self._threads.close()
         with self._lock:
             idle, self._idle = self._idle, []
@@ -135,6 +137,8 @@ class HttpWire:
     def _exchange(self, call: _Call, what: str, method: str, target: str,
                   headers: Sequence[tuple[str, str]], body: Buffer | None,
                   into: memoryview | None) -> Reply:
+        if call.cancelled or self._closed:  # let go of while it waited for a thread: unsent
+            raise Transient(f"{what}: not sent: cancelled while it waited for a connection")
         try:
             reused = self._take(call)
             try:

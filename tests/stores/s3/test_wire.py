@@ -183,6 +183,44 @@ def test_a_cancelled_read_lets_go_of_the_buffer_at_once(
     assert again == data
 
 
+def test_a_request_let_go_of_while_it_waited_for_a_connection_is_never_sent(
+        seaweed: S3Endpoint, proxy: FaultProxy) -> None:
+    """With every connection busy a request waits for a thread; cancelled meanwhile, it must
+    not go out later (a part's PUT would land in an upload being aborted), nor once the wire
+    is closed."""
+    data = payload(MiB, 8)
+    bucket = new_bucket(seaweed, "wait")
+    put_objects(seaweed, bucket, {"w.bin": data}, prefix="p/")
+    proxy.add(Rule(Stall(1.5), op="GetObject", count=1))
+    settings = ClientSettings(bucket=bucket, endpoint_url=proxy.endpoint.url,
+                              region=seaweed.region, path_style=True, max_connections=1,
+                              retry=RetryPolicy())
+    wire = WireClient(settings, Keys(S3Credentials(seaweed.access_key, seaweed.secret_key)))
+    rng = ByteRange(0, len(data))
+
+    async def go() -> bytes:
+        first = asyncio.create_task(
+            wire.read_into(bucket, "p/w.bin", "w.bin", rng, bytearray(len(data)), None))
+        await asyncio.sleep(0.3)  # the one connection is held at the proxy
+        second = asyncio.create_task(
+            wire.read_into(bucket, "p/w.bin", "w.bin", rng, bytearray(len(data)), None))
+        await asyncio.sleep(0.1)
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        got = bytes(await first)
+        wire.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            await wire.read_into(bucket, "p/w.bin", "w.bin", rng, bytearray(len(data)), None)
+        return got
+
+    try:
+        assert asyncio.run(go()) == data
+    finally:
+        wire.close()
+    assert len(proxy.exchanges("GetObject")) == 1  # the second never reached the server
+
+
 def test_a_connection_dropped_while_idle_is_replaced_without_a_failure(
         seaweed: S3Endpoint, proxy: FaultProxy) -> None:
     data = payload(2 * MiB, 7)
