@@ -138,7 +138,8 @@ class HttpWire:
                   headers: Sequence[tuple[str, str]], body: Buffer | None,
                   into: memoryview | None) -> Reply:
         if call.cancelled or self._closed:  # let go of while it waited for a thread: unsent
-            raise Transient(f"{what}: not sent: cancelled while it waited for a connection")
+            why = "the wire was closed" if self._closed else "it was cancelled"
+            raise Transient(f"{what}: not sent: {why} while it waited for a connection")
         try:
             reused = self._take(call)
             try:
@@ -253,9 +254,13 @@ class HttpWire:
 
     def _give(self, call: _Call) -> None:
         conn, call.conn = call.conn, None
-        if conn is not None:
-            with self._lock:
+        if conn is None:
+            return
+        with self._lock:
+            if not self._closed:
                 self._idle.append(conn)
+                return
+        conn.close()  # answered after close: nothing will take it up
 
     def _drop(self, call: _Call) -> None:
         conn, call.conn = call.conn, None

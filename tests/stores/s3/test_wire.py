@@ -185,9 +185,9 @@ def test_a_cancelled_read_lets_go_of_the_buffer_at_once(
 
 def test_a_request_let_go_of_while_it_waited_for_a_connection_is_never_sent(
         seaweed: S3Endpoint, proxy: FaultProxy) -> None:
-    """With every connection busy a request waits for a thread; cancelled meanwhile, it must
-    not go out later (a part's PUT would land in an upload being aborted), nor once the wire
-    is closed."""
+    """With every connection busy a request waits for a thread; cancelled meanwhile, or still
+    waiting when the wire is closed, it must not go out later (a part's PUT would land in an
+    upload being aborted)."""
     data = payload(MiB, 8)
     bucket = new_bucket(seaweed, "wait")
     put_objects(seaweed, bucket, {"w.bin": data}, prefix="p/")
@@ -202,14 +202,19 @@ def test_a_request_let_go_of_while_it_waited_for_a_connection_is_never_sent(
         first = asyncio.create_task(
             wire.read_into(bucket, "p/w.bin", "w.bin", rng, bytearray(len(data)), None))
         await asyncio.sleep(0.3)  # the one connection is held at the proxy
-        second = asyncio.create_task(
+        second, third = (asyncio.create_task(
             wire.read_into(bucket, "p/w.bin", "w.bin", rng, bytearray(len(data)), None))
-        await asyncio.sleep(0.1)
+            for _ in range(2))
+        await asyncio.sleep(0.1)  # both wait for the one thread
         second.cancel()
+        await asyncio.sleep(0.1)
+        wire.close()  # the first is still on the wire
+        got = bytes(await first)
         with pytest.raises(asyncio.CancelledError):
             await second
-        got = bytes(await first)
-        wire.close()
+        with pytest.raises(Transient, match="not sent: the wire was closed"):
+            await third
+        assert wire._wire._idle == []  # the first's connection, answered after close, is shut
         with pytest.raises(RuntimeError, match="closed"):
             await wire.read_into(bucket, "p/w.bin", "w.bin", rng, bytearray(len(data)), None)
         return got
@@ -218,7 +223,7 @@ def test_a_request_let_go_of_while_it_waited_for_a_connection_is_never_sent(
         assert asyncio.run(go()) == data
     finally:
         wire.close()
-    assert len(proxy.exchanges("GetObject")) == 1  # the second never reached the server
+    assert len(proxy.exchanges("GetObject")) == 1  # neither the second nor the third went out
 
 
 def test_a_connection_dropped_while_idle_is_replaced_without_a_failure(
